@@ -1,0 +1,34 @@
+"""The `sessiongate` command line: one subcommand per process kind."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sessiongate import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sessiongate",
+        description="Session-aware gateway for multi-turn and agentic LLM traffic.",
+    )
+    parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from sessiongate.mock_engine import cli as mock_engine_cli
+
+    mock_engine_cli.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.run(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
