@@ -1,0 +1,21 @@
+"""Chat tokenizer layer: load a tokenizer + chat template and render conversations to ids.
+
+``load_tokenizer(None)`` gives the small built-in ChatML tokenizer (no network needed);
+``load_tokenizer(path)`` loads a local Hugging Face tokenizer directory. See docs/tokenizer.md.
+"""
+
+from sessiongate.tokenizer.chat_tokenizer import (
+    BUILTIN_TOKENIZER_DIR,
+    BUILTIN_TOKENIZER_NAME,
+    ChatTokenizer,
+    load_tokenizer,
+)
+from sessiongate.tokenizer.template import TokenizerError
+
+__all__ = [
+    "BUILTIN_TOKENIZER_DIR",
+    "BUILTIN_TOKENIZER_NAME",
+    "ChatTokenizer",
+    "TokenizerError",
+    "load_tokenizer",
+]

@@ -1,0 +1,344 @@
+"""ChatTokenizer: a fast tokenizer plus its chat template, loaded without ``transformers``.
+
+The gateway needs exactly three things from a model's tokenizer: render a conversation with
+the model's chat template, turn that text into ids (and back), and know a few special ids
+(end of turn, generation prompt). This module does that from a local Hugging Face tokenizer
+directory (``tokenizer.json`` + ``tokenizer_config.json``) or from the built-in tokenizer
+shipped in ``data/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
+
+__all__ = [
+    "BUILTIN_TOKENIZER_DIR",
+    "BUILTIN_TOKENIZER_NAME",
+    "ChatTokenizer",
+    "TokenizerError",
+    "load_tokenizer",
+]
+
+BUILTIN_TOKENIZER_DIR = Path(__file__).resolve().parent / "data"
+# ``load_tokenizer("builtin")`` also selects the built-in (handy for CLI flags); a local
+# directory literally called "builtin" can still be given as "./builtin".
+BUILTIN_TOKENIZER_NAME = "builtin"
+
+# Probe conversation used to derive facts from the template by rendering it.
+_PROBE_USER = {"role": "user", "content": "Hi"}
+_PROBE_MARK = "sessiongate-probe-7f3a"
+
+
+class ChatTokenizer:
+    """A ``tokenizers.Tokenizer`` and a compiled chat template.
+
+    Instances are immutable after construction and safe to share between threads: the
+    Rust tokenizer is thread-safe and the compiled template renders into a fresh context per
+    call. Lazily derived facts (generation prompt, end-of-turn id) are idempotent to compute.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        chat_template: str,
+        eos_token: str,
+        name_or_path: str,
+        special_tokens: Mapping[str, Any] | None = None,
+        template_origin: str | None = None,
+    ) -> None:
+        self._tok = tokenizer
+        # The gateway controls ids itself: never pad, truncate or keep special tokens literal.
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self._tok.encode_special_tokens = False
+        self._name_or_path = name_or_path
+        self._template: CompiledTemplate = compile_template(
+            chat_template, template_origin or name_or_path
+        )
+        eos_id = tokenizer.token_to_id(eos_token)
+        if eos_id is None:
+            raise TokenizerError(
+                f"eos_token {eos_token!r} of {name_or_path} is not in its tokenizer vocabulary"
+            )
+        self._eos_token = eos_token
+        self._eos_token_id = eos_id
+        # Template variables, as transformers passes its special_tokens_map: only tokens that
+        # are set (a template's `{{ bos_token }}` must render "" when there is none, not "None").
+        self._special_vars: dict[str, Any] = {
+            k: v for k, v in (special_tokens or {}).items() if v is not None
+        }
+        self._special_vars.setdefault("eos_token", eos_token)
+        self._special_ids = frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special
+        )
+        self._generation_prompt_ids: tuple[int, ...] | None = None
+        self._end_of_turn_token_id: int | None = None
+
+    # --- ids <-> text --------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Ids for ``text``; never adds BOS/EOS. Special-token strings map to their ids."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    # --- chat template -------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render ``messages`` with the chat template (no tokenization)."""
+        _check_messages(messages)
+        if tools is not None and (
+            not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
+        ):
+            raise TokenizerError("tools must be a list of objects or None")
+        variables = {
+            **self._special_vars,
+            **template_kwargs,
+            "messages": messages,
+            "tools": tools,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        return self._template.render(variables)
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> list[int]:
+        """``encode(render(...))``."""
+        text = self.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
+        )
+        return self.encode(text)
+
+    @property
+    def chat_template(self) -> str:
+        return self._template.source
+
+    @property
+    def generation_prompt_ids(self) -> list[int]:
+        """Ids that ``add_generation_prompt=True`` appends, found by diffing two renderings.
+
+        Computed once with default template kwargs; a template whose generation prompt depends
+        on kwargs (e.g. a thinking switch) may append something else when given them.
+        """
+        if self._generation_prompt_ids is None:
+            without = self.render([_PROBE_USER], add_generation_prompt=False)
+            with_prompt = self.render([_PROBE_USER], add_generation_prompt=True)
+            if not with_prompt.startswith(without):
+                raise TokenizerError(
+                    f"chat template of {self._name_or_path} is not append-only: the rendering "
+                    "with add_generation_prompt=True does not extend the one without"
+                )
+            self._generation_prompt_ids = tuple(self.encode(with_prompt[len(without) :]))
+        return list(self._generation_prompt_ids)
+
+    @property
+    def end_of_turn_token_id(self) -> int:
+        """The id that closes an assistant turn (ChatML: ``<|im_end|>``).
+
+        Derived from the template: the first special token rendered after an assistant
+        message's content. Falls back to eos when the template shows none.
+        """
+        if self._end_of_turn_token_id is None:
+            self._end_of_turn_token_id = self._find_end_of_turn()
+        return self._end_of_turn_token_id
+
+    def _find_end_of_turn(self) -> int:
+        probe = [_PROBE_USER, {"role": "assistant", "content": _PROBE_MARK}]
+        try:
+            text = self.render(probe, add_generation_prompt=False)
+        except TokenizerError:
+            return self._eos_token_id
+        at = text.rfind(_PROBE_MARK)
+        if at < 0:
+            return self._eos_token_id
+        tail = self.encode(text[at + len(_PROBE_MARK) :])
+        return next((i for i in tail if i in self._special_ids), self._eos_token_id)
+
+    # --- facts ---------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the id space, added tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token(self) -> str:
+        return self._eos_token
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._eos_token_id
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of added tokens flagged ``special`` (what ``skip_special_tokens`` drops)."""
+        return self._special_ids
+
+    @property
+    def name_or_path(self) -> str:
+        return self._name_or_path
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (shared; do not reconfigure it)."""
+        return self._tok
+
+    def __repr__(self) -> str:
+        return f"ChatTokenizer({self._name_or_path!r}, vocab_size={self.vocab_size})"
+
+
+def _check_messages(messages: object) -> None:
+    if not isinstance(messages, list | tuple):
+        raise TokenizerError(f"messages must be a list, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise TokenizerError(f"messages[{i}] must be an object, got {type(m).__name__}")
+        if not isinstance(m.get("role"), str):
+            raise TokenizerError(f"messages[{i}] has no string 'role'")
+
+
+# --- loading ------------------------------------------------------------------------------
+
+
+def load_tokenizer(path: str | os.PathLike[str] | None = None) -> ChatTokenizer:
+    """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir."""
+    if path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME):
+        return _load_builtin()
+    return _load_directory(Path(path), name=os.fspath(path))
+
+
+@functools.cache
+def _load_builtin() -> ChatTokenizer:
+    # Shared: instances are immutable, and every worker/test would otherwise reload the file.
+    return _load_directory(BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME)
+
+
+def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
+    if not directory.exists():
+        raise TokenizerError(
+            f"tokenizer directory not found: {directory} "
+            "(only local Hugging Face tokenizer directories are supported, no hub downloads)"
+        )
+    if not directory.is_dir():
+        raise TokenizerError(f"tokenizer path is not a directory: {directory}")
+    tokenizer_json = directory / "tokenizer.json"
+    if not tokenizer_json.is_file():
+        raise TokenizerError(
+            f"{tokenizer_json} is missing: a fast-tokenizer tokenizer.json is required"
+        )
+    try:
+        tok = Tokenizer.from_file(str(tokenizer_json))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad files
+        raise TokenizerError(f"{tokenizer_json} could not be loaded: {exc}") from exc
+
+    config = _read_json_object(directory / "tokenizer_config.json", required=True)
+    special_map = _read_json_object(directory / "special_tokens_map.json", required=False)
+    template, origin = _find_chat_template(directory, config)
+
+    special_tokens: dict[str, Any] = {}
+    for source in (special_map, config):  # tokenizer_config.json wins, as in transformers
+        for key, value in source.items():
+            if key.endswith("_token") and (content := _token_content(value)) is not None:
+                special_tokens[key] = content
+            elif key == "additional_special_tokens" and isinstance(value, list):
+                special_tokens[key] = [c for v in value if (c := _token_content(v)) is not None]
+    eos = special_tokens.get("eos_token")
+    if not isinstance(eos, str):
+        raise TokenizerError(
+            f"no eos_token in {directory / 'tokenizer_config.json'} or special_tokens_map.json"
+        )
+    return ChatTokenizer(
+        tok,
+        chat_template=template,
+        eos_token=eos,
+        name_or_path=name,
+        special_tokens=special_tokens,
+        template_origin=origin,
+    )
+
+
+def _read_json_object(path: Path, *, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise TokenizerError(f"{path} is missing")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise TokenizerError(f"{path} must hold a JSON object")
+    return data
+
+
+def _find_chat_template(directory: Path, config: Mapping[str, Any]) -> tuple[str, str]:
+    """The template source and where it came from.
+
+    A ``chat_template.jinja`` file wins over the config's ``chat_template`` key, as in recent
+    transformers (which writes the file and drops the key when saving).
+    """
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TokenizerError(f"{jinja_file} is not readable: {exc}") from exc
+    config_path = directory / "tokenizer_config.json"
+    value = config.get("chat_template")
+    if value is None:
+        raise TokenizerError(
+            f"no chat template for {directory}: {config_path} has no 'chat_template' "
+            "and there is no chat_template.jinja"
+        )
+    if isinstance(value, str):
+        return value, str(config_path)
+    # Named templates: a list of {"name", "template"} (or a plain mapping name -> template).
+    named: dict[str, Any] = {}
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
+    elif isinstance(value, Mapping):
+        named = dict(value)
+    if isinstance(named.get("default"), str):
+        return named["default"], f"{config_path} (chat_template 'default')"
+    raise TokenizerError(
+        f"{config_path}: 'chat_template' has no 'default' template "
+        f"(found: {sorted(str(k) for k in named)})"
+    )
+
+
+def _token_content(value: object) -> str | None:
+    # Special tokens are stored either as strings or as AddedToken dicts with "content".
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
