@@ -18,7 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from sessiongate.mock_engine import cli as mock_engine_cli
+    from sessiongate.demo import run as demo
+    from sessiongate.server import serve
 
+    serve.add_parser(sub)
+    demo.add_parser(sub)
     mock_engine_cli.add_parser(sub)
     return parser
 

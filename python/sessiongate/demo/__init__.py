@@ -1,0 +1,1 @@
+"""`sessiongate demo`: mock engine + gateway + a short multi-turn agent workload."""

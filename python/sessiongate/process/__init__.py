@@ -1,0 +1,5 @@
+"""Starting and stopping sessiongate's own child processes."""
+
+from sessiongate.process.children import ChildProcess, free_port, wait_http_ready
+
+__all__ = ["ChildProcess", "free_port", "wait_http_ready"]

@@ -1,0 +1,92 @@
+"""Child processes of a sessiongate process: spawned (never forked), never orphaned.
+
+Children get `SESSIONGATE_PARENT_PID`; sessiongate subcommands that see it ask the kernel to
+signal them when the parent dies (PR_SET_PDEATHSIG), so even a SIGKILLed parent leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import httpx
+
+PARENT_PID_ENV = "SESSIONGATE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def die_with_parent() -> None:
+    """Called early by a child: exit when the process that spawned it goes away."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    # The parent may have died before prctl took effect.
+    if os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def wait_http_ready(
+    url: str, *, timeout: float, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"child exited with code {proc.returncode} before {url} was ready")
+        try:
+            response = httpx.get(url, timeout=1.0)
+            if response.status_code == 200:
+                return
+            last_error = f"status {response.status_code}"
+        except httpx.HTTPError as exc:
+            last_error = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f}s ({last_error})")
+
+
+class ChildProcess:
+    """`python -m sessiongate <args>` as a child that dies with us."""
+
+    def __init__(self, name: str, args: Sequence[str]) -> None:
+        self.name = name
+        self.args = list(args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ChildProcess:
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiongate", *self.args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        return self
+
+    def stop(self, grace: float = 5.0) -> int | None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.terminate()
+        try:
+            return proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait(timeout=grace)

@@ -1,0 +1,1 @@
+"""Server processes: the HTTP front end and the `serve` command."""

@@ -1,0 +1,26 @@
+"""The in-process gateway: one session core behind the ASGI front end."""
+
+from __future__ import annotations
+
+from sessiongate.server.asgi import FrontendSettings, GatewayApp
+from sessiongate.session.core import SessionCore
+from sessiongate.session.settings import SessionSettings
+from sessiongate.tokenizer import ChatTokenizer
+from sessiongate.upstream import UpstreamClient
+
+
+def create_app(
+    tokenizer: ChatTokenizer,
+    backend_url: str,
+    *,
+    session_settings: SessionSettings | None = None,
+    frontend_settings: FrontendSettings | None = None,
+    upstream_timeout: float = 600.0,
+) -> tuple[GatewayApp, SessionCore]:
+    """The gateway app and the core it dispatches to (close the core on shutdown)."""
+    core = SessionCore(
+        tokenizer,
+        UpstreamClient(backend_url, timeout=upstream_timeout),
+        session_settings,
+    )
+    return GatewayApp(core.handle, frontend_settings), core

@@ -1,0 +1,144 @@
+"""A small raw-ASGI front end: limits, auth, routing, then one dispatch call per request.
+
+Raw ASGI (not a framework router) because every request takes the same short path and the
+front end must never parse request bodies; the dispatcher decides what a body means.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
+from sessiongate.session.core import CoreReply, CoreRequest, error_reply
+from sessiongate.session.errors import GatewayError, PayloadTooLarge, Unauthorized
+
+Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FrontendSettings:
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_key: str | None = None
+    session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS
+
+
+async def _read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(
+            f"request body is {declared} bytes, over the limit of {limit} bytes"
+        )
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("client disconnected while sending the body")
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers]
+    if reply.stream is None:
+        headers.append((b"content-length", str(len(reply.body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    if reply.stream is None:
+        await send({"type": "http.response.body", "body": b"" if head_only else reply.body})
+        return
+    try:
+        async for chunk in reply.stream:
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    finally:
+        aclose = getattr(reply.stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    await send({"type": "http.response.body", "body": b""})
+
+
+class GatewayApp:
+    """ASGI app: turns HTTP requests into `CoreRequest`s for `dispatch`."""
+
+    def __init__(self, dispatch: Dispatch, settings: FrontendSettings | None = None) -> None:
+        self.dispatch = dispatch
+        self.settings = settings or FrontendSettings()
+        self._api_key = (
+            self.settings.api_key.encode() if self.settings.api_key is not None else None
+        )
+
+    def _check_auth(self, headers: list[tuple[str, str]]) -> None:
+        if self._api_key is None:
+            return
+        supplied = next((v for k, v in headers if k == "authorization"), "")
+        scheme, _, token = supplied.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self._api_key):
+            raise Unauthorized("missing or invalid API key (send 'Authorization: Bearer <key>')")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        method: str = scope["method"]
+        path: str = scope["path"]
+        headers = [
+            (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]
+        ]
+        try:
+            route = classify(method, path, headers, self.settings.session_headers)
+            if route.op != "health":
+                self._check_auth(headers)
+            declared = next((v for k, v in headers if k == "content-length"), None)
+            body = await _read_body(
+                receive,
+                self.settings.max_body_bytes,
+                int(declared) if declared and declared.isdigit() else None,
+            )
+            if self._api_key is not None:
+                # The gateway's key is not the upstream's.
+                headers = [(k, v) for k, v in headers if k != "authorization"]
+            request = CoreRequest(
+                op=route.op,
+                session_id=route.session_id,
+                path=route.upstream_path or path,
+                method=method,
+                query=scope.get("query_string", b"").decode("latin-1"),
+                headers=headers,
+                body=body,
+                auto_create=route.auto_create,
+            )
+            reply = await self.dispatch(request)
+        except GatewayError as error:
+            reply = error_reply(error)
+        except ConnectionResetError:
+            return
+        except Exception as exc:  # a bug must cost one request, never the process
+            logger.exception("unexpected error handling %s %s", method, path)
+            reply = error_reply(GatewayError(f"internal error: {type(exc).__name__}: {exc}"))
+        await send_reply(send, reply, head_only=method == "HEAD")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return

@@ -1,0 +1,84 @@
+"""Map an HTTP request line to a session operation, without reading the body.
+
+Shared by every front end (the in-process app now, the thin router later) so the URL
+contract lives in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sessiongate.session.errors import GatewayError, SessionNotFound
+
+DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
+    "X-Session-ID",
+    "X-SMG-Routing-Key",
+    "X-Dynamo-Session-ID",
+    "X-Correlation-ID",
+)
+CHAT_PATH = "/v1/chat/completions"
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+
+
+@dataclass(frozen=True)
+class Route:
+    op: str
+    session_id: str | None = None
+    # Path to use upstream for proxy operations.
+    upstream_path: str = ""
+    auto_create: bool = False
+
+
+def header_session_id(
+    headers: Sequence[tuple[str, str]], names: Sequence[str]
+) -> str | None:
+    """The first configured session header present (header names compare case-insensitively)."""
+    lowered = {k.lower(): v for k, v in headers}
+    for name in names:
+        value = lowered.get(name.lower())
+        if value:
+            return value
+    return None
+
+
+def classify(
+    method: str,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS,
+) -> Route:
+    if path == "/health":
+        if method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{method} is not allowed on /health (use GET)")
+        return Route("health")
+    if path in ("/sessions", "/sessions/"):
+        if method != "POST":
+            raise MethodNotAllowed(f"{method} is not allowed on /sessions (use POST)")
+        return Route("create")
+    if path.startswith("/sessions/"):
+        rest = path[len("/sessions/") :]
+        session_id, slash, sub_path = rest.partition("/")
+        if not session_id:
+            raise SessionNotFound("missing session id in the path")
+        if not slash:
+            if method == "GET":
+                return Route("get", session_id)
+            if method == "DELETE":
+                return Route("delete", session_id)
+            raise MethodNotAllowed(f"{method} is not allowed on /sessions/{{id}} (use GET or DELETE)")
+        upstream_path = "/" + sub_path
+        if upstream_path == CHAT_PATH and method == "POST":
+            return Route("chat", session_id)
+        return Route("proxy", session_id, upstream_path=upstream_path)
+    if path == CHAT_PATH and method == "POST":
+        session_id = header_session_id(headers, session_headers)
+        if session_id is not None:
+            return Route("chat", session_id, auto_create=True)
+        return Route("proxy", None, upstream_path=path)
+    if path.startswith("/v1/"):
+        return Route("proxy", None, upstream_path=path)
+    raise SessionNotFound(f"no route for {method} {path}")

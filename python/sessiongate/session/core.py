@@ -1,0 +1,343 @@
+"""The session core: HTTP-agnostic handling of every session operation.
+
+Each operation takes a `CoreRequest` (the same fields the IPC request meta carries) and
+returns a `CoreReply` (status, headers, body bytes or a stream of chunks), so the in-process
+app and the multi-process workers run exactly this code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sessiongate.primitives import new_session_id, shard_key, validate_session_id
+from sessiongate.session.errors import (
+    BadRequest,
+    GatewayError,
+    SessionNotFound,
+    UpstreamError,
+)
+from sessiongate.session.messages import plan_history, validate_messages
+from sessiongate.session.reply import client_view, parse_reply
+from sessiongate.session.settings import SessionSettings
+from sessiongate.session.state import Session, TurnRecord
+from sessiongate.session.tito import TitoEngine
+from sessiongate.tokenizer import ChatTokenizer
+from sessiongate.upstream import UpstreamClient
+
+JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
+SSE_HEADERS: list[tuple[str, str]] = [
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache"),
+]
+RECORDED_HEADER = "x-sessiongate-recorded"
+
+
+@dataclass
+class CoreRequest:
+    op: str
+    session_id: str | None = None
+    path: str = ""
+    method: str = "GET"
+    query: str = ""
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: bytes = b""
+    # Header-identified sessions (POST /v1/chat/completions) are created on first use.
+    auto_create: bool = False
+
+
+@dataclass
+class CoreReply:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+def json_reply(status: int, document: object, headers: list[tuple[str, str]] | None = None) -> CoreReply:
+    body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    return CoreReply(status, [*JSON_HEADERS, *(headers or [])], body)
+
+
+def error_reply(error: GatewayError) -> CoreReply:
+    return json_reply(error.status, {"error": error.message})
+
+
+def _parse_json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise BadRequest(f"{what} must be a JSON object, not {type(document).__name__}")
+    return document
+
+
+class SessionCore:
+    """Sessions of one worker: a registry, the TITO engine, and one upstream client."""
+
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        upstream: UpstreamClient,
+        settings: SessionSettings | None = None,
+    ) -> None:
+        self.settings = settings or SessionSettings()
+        self.tito = TitoEngine(tokenizer, max_trim_tokens=self.settings.max_trim_tokens)
+        self.upstream = upstream
+        self.sessions: dict[str, Session] = {}
+        self.turns_recorded = 0
+        self._ops: dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]] = {
+            "health": self._health,
+            "create": self._create,
+            "get": self._get,
+            "delete": self._delete,
+            "chat": self._chat,
+            "proxy": self._proxy,
+        }
+
+    async def handle(self, request: CoreRequest) -> CoreReply:
+        handler = self._ops.get(request.op)
+        if handler is None:
+            return error_reply(BadRequest(f"unknown operation {request.op!r}"))
+        try:
+            return await handler(request)
+        except GatewayError as error:
+            return error_reply(error)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def _session_id(self, request: CoreRequest) -> str:
+        if request.session_id is None:
+            raise BadRequest(f"operation {request.op!r} needs a session id")
+        try:
+            return validate_session_id(request.session_id)
+        except ValueError as exc:
+            raise BadRequest(f"invalid session id: {exc}") from exc
+
+    def _open_session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise SessionNotFound(f"session {session_id} not found")
+        if session.closing:
+            raise SessionNotFound(f"session {session_id} is closing")
+        return session
+
+    def _add_session(self, session_id: str, parent: Session | None) -> Session:
+        session = Session(
+            session_id=session_id,
+            parent_id=parent.session_id if parent else None,
+            root_id=parent.root_id if parent else shard_key(session_id),
+            created_at=time.time(),
+        )
+        self.sessions[session_id] = session
+        if parent is not None:
+            parent.children.append(session_id)
+        return session
+
+    # -- operations ----------------------------------------------------------------------
+
+    async def _health(self, request: CoreRequest) -> CoreReply:
+        return json_reply(
+            200,
+            {
+                "status": "ok",
+                "sessions": len(self.sessions),
+                "turns_recorded": self.turns_recorded,
+                "upstream": self.upstream.base_url,
+            },
+        )
+
+    async def _create(self, request: CoreRequest) -> CoreReply:
+        parent: Session | None = None
+        if request.body.strip():
+            document = _parse_json_object(request.body, "request body")
+            parent_id = document.get("parent_session_id")
+            if parent_id is not None:
+                if not isinstance(parent_id, str):
+                    raise BadRequest("field 'parent_session_id' must be a string")
+                parent = self._open_session(parent_id)
+        if request.session_id is not None:
+            session_id = self._session_id(request)
+            if session_id in self.sessions:
+                raise BadRequest(f"session {session_id} already exists")
+        else:
+            session_id = new_session_id(parent.session_id if parent else None)
+        self._add_session(session_id, parent)
+        return json_reply(200, {"session_id": session_id})
+
+    async def _get(self, request: CoreRequest) -> CoreReply:
+        session = self._open_session(self._session_id(request))
+        async with session.lock:
+            records = list(session.records)
+            messages = list(session.messages)
+            accumulated = list(session.accumulated_ids)
+            tools = session.tools
+        metadata: dict[str, Any] = {
+            "accumulated_token_ids": accumulated,
+            "max_trim_tokens": self.tito.max_trim_tokens,
+            "parent_session_id": session.parent_id,
+            "child_session_ids": list(session.children),
+            "num_turns": len(records),
+        }
+        if accumulated:
+            try:
+                metadata["tito_session_mismatch"] = await asyncio.to_thread(
+                    self.tito.mismatches, messages, tools, accumulated
+                )
+            except (GatewayError, ValueError) as exc:
+                metadata["tito_session_mismatch_error"] = str(exc)
+        head = json.dumps({"session_id": session.session_id}, separators=(",", ":")).encode()
+        meta = json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()
+        body = b"".join(
+            (
+                head[:-1],
+                b',"records":[',
+                b",".join(r.to_json() for r in records),
+                b'],"metadata":',
+                meta,
+                b"}",
+            )
+        )
+        return CoreReply(200, list(JSON_HEADERS), body)
+
+    async def _delete(self, request: CoreRequest) -> CoreReply:
+        session = self._open_session(self._session_id(request))
+        session.closing = True
+        # Wait for an in-flight turn so its reply is not cut off and nothing half-commits.
+        await session.idle.wait()
+        self.sessions.pop(session.session_id, None)
+        return CoreReply(204, [])
+
+    async def _proxy(self, request: CoreRequest) -> CoreReply:
+        if request.session_id is not None:
+            self._open_session(self._session_id(request))
+        stream = await self.upstream.open_stream(
+            request.method,
+            request.path,
+            query=request.query,
+            headers=request.headers,
+            body=request.body,
+        )
+        return CoreReply(stream.status, stream.headers, stream=stream.chunks())
+
+    async def _chat(self, request: CoreRequest) -> CoreReply:
+        session_id = self._session_id(request)
+        body = _parse_json_object(request.body, "request body")
+        messages = validate_messages(body.get("messages"))
+        tools = body.get("tools")
+        wants_stream = bool(body.get("stream"))
+
+        session = self.sessions.get(session_id)
+        if session is None and request.auto_create:
+            session = self._add_session(session_id, None)
+        if session is None:
+            raise SessionNotFound(f"session {session_id} not found")
+
+        # Phase 1, under the session lock: validate against the history and build the prompt.
+        async with session.lock:
+            if session.closing:
+                raise SessionNotFound(f"session {session_id} is closing")
+            plan = plan_history(
+                session.messages,
+                messages,
+                session_id=session_id,
+                allowed_roles=self.settings.allowed_append_roles,
+            )
+            if plan.checkpoint_count == 0:
+                base_ids: list[int] = []
+                prompt_ids = self.tito.first_turn_ids(messages, tools)
+            else:
+                base_ids = session.checkpoints[plan.checkpoint_count - 1]
+                last_assistant = session.messages[plan.base_len - 1]
+                prompt_ids = [
+                    *base_ids,
+                    *self.tito.junction_ids(base_ids),
+                    *self.tito.appended_ids(last_assistant, plan.appended, tools),
+                ]
+            version = session.version
+            session.turn_started()
+
+        try:
+            # Phase 2, no lock: the upstream call.
+            upstream_body = {
+                **body,
+                "input_ids": prompt_ids,
+                "logprobs": True,
+                "return_meta_info": True,
+                "no_stop_trim": False,
+                "stream": False,
+            }
+            if self.settings.r3:
+                upstream_body["return_routed_experts"] = True
+            request_bytes = json.dumps(
+                upstream_body, ensure_ascii=False, separators=(",", ":")
+            ).encode()
+            reply = await self.upstream.post_json(self.settings.chat_path, request_bytes)
+            if reply.status != 200:
+                # Upstream errors pass through unrecorded.
+                return CoreReply(reply.status, reply.headers, reply.body)
+            parsed = await asyncio.to_thread(parse_reply, reply.body)
+
+            # Phase 3, under the lock again: commit unless the session moved on meanwhile.
+            async with session.lock:
+                recorded = not session.closing and session.version == version
+                if recorded:
+                    new_ids = prompt_ids + parsed.completion_ids
+                    if base_ids:
+                        self.tito.check_extends(base_ids, new_ids, session_id)
+                    kept = plan.checkpoint_count
+                    session.messages = [*messages, parsed.assistant_message]
+                    session.checkpoints = [*session.checkpoints[:kept], new_ids]
+                    session.records = [
+                        *session.records[:kept],
+                        TurnRecord(
+                            timestamp=time.time(),
+                            method="POST",
+                            path=self.settings.chat_path,
+                            status_code=200,
+                            request=request_bytes,
+                            response=reply.body,
+                        ),
+                    ]
+                    session.tools = tools
+                    session.version += 1
+                    self.turns_recorded += 1
+        finally:
+            async with session.lock:
+                session.turn_finished()
+
+        extra = [(RECORDED_HEADER, "true" if recorded else "false")]
+        if wants_stream:
+            return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.document))
+        return CoreReply(200, [*JSON_HEADERS, *extra], await asyncio.to_thread(client_view, parsed.document))
+
+
+async def _one_chunk_sse(document: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The whole reply as one `chat.completion.chunk` event, then `[DONE]`."""
+    chunk_choices = []
+    for choice in document.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        chunk_choice = {
+            "index": choice.get("index", 0),
+            "delta": choice.get("message") or {},
+            "finish_reason": choice.get("finish_reason"),
+        }
+        if "meta_info" in choice:
+            chunk_choice["meta_info"] = choice["meta_info"]
+        chunk_choices.append(chunk_choice)
+    chunk = {**document, "object": "chat.completion.chunk", "choices": chunk_choices}
+    body = client_view(chunk)
+    yield b"data: " + body + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+__all__ = ["CoreReply", "CoreRequest", "SessionCore", "UpstreamError", "error_reply", "json_reply"]

@@ -1,0 +1,49 @@
+"""Errors the session core raises; each carries the HTTP status the brief assigns to it."""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """An error answered as `{"error": message}` with `status`."""
+
+    status: int = 500
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if status is not None:
+            self.status = status
+
+
+class BadRequest(GatewayError):
+    """Malformed JSON, a bad field, a non-append-only history, a deep rollback."""
+
+    status = 400
+
+
+class Unauthorized(GatewayError):
+    status = 401
+
+
+class SessionNotFound(GatewayError):
+    status = 404
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+
+
+class TitoMismatch(GatewayError):
+    """The new token sequence does not extend the stored checkpoint."""
+
+    status = 500
+
+
+class UpstreamError(GatewayError):
+    """A transport error talking to the upstream, or a 200 that breaks the contract."""
+
+    status = 502
+
+
+class Unavailable(GatewayError):
+    status = 503

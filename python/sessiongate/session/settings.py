@@ -1,0 +1,19 @@
+"""Settings of the session core (one set per worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_APPEND_ROLES = frozenset({"tool", "user"})
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    # Roles an agent may append after an assistant turn.
+    allowed_append_roles: frozenset[str] = field(default=DEFAULT_APPEND_ROLES)
+    # Trailing tokens of the previous checkpoint allowed to differ in the next one.
+    max_trim_tokens: int = 0
+    # Ask the upstream for routed experts (R3).
+    r3: bool = False
+    # Upstream path of the chat endpoint.
+    chat_path: str = "/v1/chat/completions"

@@ -1,0 +1,79 @@
+"""Per-session state: history, token checkpoints, turn records, and turn bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from sessiongate.session.messages import Message
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One recorded turn, kept as the bytes that crossed the wire.
+
+    `request` is the body sent upstream (with `input_ids`), `response` the upstream's reply
+    exactly as received (R3 included). Keeping bytes avoids holding 100+ MiB replies as
+    Python objects and lets GET concatenate instead of re-serialising.
+    """
+
+    timestamp: float
+    method: str
+    path: str
+    status_code: int
+    request: bytes
+    response: bytes
+
+    def to_json(self) -> bytes:
+        head = json.dumps(
+            {
+                "timestamp": self.timestamp,
+                "method": self.method,
+                "path": self.path,
+                "status_code": self.status_code,
+            },
+            separators=(",", ":"),
+        ).encode()
+        return b"".join(
+            (head[:-1], b',"request":', self.request, b',"response":', self.response, b"}")
+        )
+
+
+@dataclass
+class Session:
+    session_id: str
+    parent_id: str | None
+    root_id: str
+    created_at: float
+    messages: list[Message] = field(default_factory=list)
+    # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that turn.
+    checkpoints: list[list[int]] = field(default_factory=list)
+    records: list[TurnRecord] = field(default_factory=list)
+    tools: object = None
+    children: list[str] = field(default_factory=list)
+    # Bumped by every committed turn, so a turn that raced another one can tell.
+    version: int = 0
+    closing: bool = False
+    inflight: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @property
+    def accumulated_ids(self) -> list[int]:
+        return self.checkpoints[-1] if self.checkpoints else []
+
+    def turn_started(self) -> None:
+        self.inflight += 1
+        self.idle.clear()
+
+    def turn_finished(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.idle.set()
+
+    def recorded_bytes(self) -> int:
+        return sum(len(r.request) + len(r.response) for r in self.records)

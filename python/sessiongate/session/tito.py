@@ -1,0 +1,196 @@
+"""Token-in, token-out prompt construction: sampled tokens are never re-tokenized.
+
+Turn 1 renders the messages with the chat template. Every later turn reuses the stored
+checkpoint (prompt ids + sampled completion ids) and tokenizes only what the agent appended,
+rendered under a small synthetic prefix so the cost does not grow with the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sessiongate.session.errors import BadRequest, TitoMismatch
+from sessiongate.session.messages import Message
+from sessiongate.tokenizer import ChatTokenizer
+
+# Renders the appended messages after an assistant turn without re-rendering the history.
+_SYNTHETIC_SYSTEM: Message = {"role": "system", "content": "sessiongate synthetic prefix"}
+
+
+class TitoEngine:
+    """Builds prompt ids for a turn and checks checkpoints, for one chat template."""
+
+    def __init__(self, tokenizer: ChatTokenizer, *, max_trim_tokens: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.max_trim_tokens = max_trim_tokens
+        self.end_of_turn_id = tokenizer.end_of_turn_token_id
+        self.turn_suffix_ids = self._find_turn_suffix_ids()
+
+    def _find_turn_suffix_ids(self) -> list[int]:
+        """Ids the template renders after an assistant's end-of-turn token (ChatML: "\\n").
+
+        The model stops at the end-of-turn token, so these never appear in sampled ids; they
+        are inserted at the junction so the prompt matches what the template would render.
+        """
+        rendered = self.tokenizer.apply_chat_template(
+            [_SYNTHETIC_SYSTEM, {"role": "assistant", "content": "ok"}],
+            add_generation_prompt=False,
+        )
+        if self.end_of_turn_id not in rendered:
+            return []
+        last = len(rendered) - 1 - rendered[::-1].index(self.end_of_turn_id)
+        return rendered[last + 1 :]
+
+    def first_turn_ids(self, messages: Sequence[Message], tools: object) -> list[int]:
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages), add_generation_prompt=True, tools=_tools_or_none(tools)
+            )
+        except ValueError as exc:
+            raise BadRequest(f"chat template could not render the messages: {exc}") from exc
+
+    def appended_ids(
+        self, last_assistant: Message, appended: Sequence[Message], tools: object
+    ) -> list[int]:
+        """Ids of `appended` plus the generation prompt, as rendered after `last_assistant`."""
+        prefix = [_SYNTHETIC_SYSTEM, _assistant_stub(last_assistant)]
+        tool_list = _tools_or_none(tools)
+        try:
+            without = self.tokenizer.render(prefix, add_generation_prompt=False, tools=tool_list)
+            with_new = self.tokenizer.render(
+                [*prefix, *appended], add_generation_prompt=True, tools=tool_list
+            )
+        except ValueError as exc:
+            raise BadRequest(f"chat template could not render the new messages: {exc}") from exc
+        if not with_new.startswith(without):
+            roles = [m.get("role") for m in appended]
+            raise BadRequest(
+                f"the chat template is not append-only for the appended roles {roles}: "
+                "rendering them changes the text of earlier messages"
+            )
+        return self.tokenizer.encode(with_new[len(without) :])
+
+    def junction_ids(self, checkpoint: Sequence[int]) -> list[int]:
+        """Tokens the template puts between the last sampled token and the next message.
+
+        After a natural stop that is the turn suffix; after a length cut-off the turn was
+        never closed, so the end-of-turn token is inserted too (it was not sampled).
+        """
+        if checkpoint and checkpoint[-1] == self.end_of_turn_id:
+            return list(self.turn_suffix_ids)
+        return [self.end_of_turn_id, *self.turn_suffix_ids]
+
+    def check_extends(self, previous: Sequence[int], new: Sequence[int], session_id: str) -> None:
+        """The previous checkpoint must be a prefix of the new one (up to max_trim_tokens)."""
+        check_len = len(previous) - self.max_trim_tokens
+        if check_len <= 0:
+            return
+        head_new = new[:check_len]
+        head_prev = previous[:check_len]
+        if list(head_new) == list(head_prev):
+            return
+        first = next(
+            (i for i, (a, b) in enumerate(zip(head_new, head_prev, strict=False)) if a != b),
+            min(len(new), check_len),
+        )
+        raise TitoMismatch(
+            f"session {session_id}: TITO prefix mismatch: the stored {len(previous)} tokens "
+            f"(checking the first {check_len}, allowing {self.max_trim_tokens} trailing) are "
+            f"not a prefix of the new {len(new)} prompt+completion tokens; first difference "
+            f"at index {first}"
+        )
+
+    def mismatches(
+        self, messages: Sequence[Message], tools: object, accumulated: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        """Compare the accumulated ids with a fresh render of the whole history."""
+        expected = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=False, tools=_tools_or_none(tools)
+        )
+        suffix = self.turn_suffix_ids
+        if suffix and expected[-len(suffix) :] == suffix and accumulated[-len(suffix) :] != suffix:
+            expected = expected[: -len(suffix)]
+        return compare_token_sequences(
+            self.tokenizer, expected, list(accumulated), self.end_of_turn_id
+        )
+
+
+def _tools_or_none(tools: object) -> list[dict[str, Any]] | None:
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise BadRequest("field 'tools' must be a list")
+    return tools
+
+
+def _assistant_stub(message: Message) -> Message:
+    # Keep tool calls: some templates render tool results differently after a call.
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": message.get("tool_calls") or None,
+    }
+
+
+def compare_token_sequences(
+    tokenizer: ChatTokenizer, expected: list[int], actual: list[int], end_of_turn_id: int
+) -> list[dict[str, Any]]:
+    """Classify how `actual` differs from `expected`, segment by segment.
+
+    Types: `special_token_count`, `special_token_type` (structure differs), then per text
+    segment between special tokens `assistant_text` (inside an assistant turn: sampled text
+    that a re-render would tokenize differently) or `non_assistant_text`.
+    """
+    if expected == actual:
+        return []
+    specials = tokenizer.special_token_ids
+    exp_special = [t for t in expected if t in specials]
+    act_special = [t for t in actual if t in specials]
+    if len(exp_special) != len(act_special):
+        return [
+            {
+                "type": "special_token_count",
+                "expected": len(exp_special),
+                "actual": len(act_special),
+            }
+        ]
+    for position, (exp_tok, act_tok) in enumerate(zip(exp_special, act_special, strict=True)):
+        if exp_tok != act_tok:
+            return [
+                {
+                    "type": "special_token_type",
+                    "special_index": position,
+                    "expected_token": tokenizer.id_to_token(exp_tok),
+                    "actual_token": tokenizer.id_to_token(act_tok),
+                }
+            ]
+    found: list[dict[str, Any]] = []
+    exp_segments = _segments(expected, specials)
+    act_segments = _segments(actual, specials)
+    for index, (exp_seg, act_seg) in enumerate(zip(exp_segments, act_segments, strict=True)):
+        if exp_seg == act_seg:
+            continue
+        expected_text = tokenizer.decode(exp_seg)
+        actual_text = tokenizer.decode(act_seg)
+        in_assistant = expected_text.startswith("assistant")
+        found.append(
+            {
+                "type": "assistant_text" if in_assistant else "non_assistant_text",
+                "segment": index,
+                "expected_text": expected_text,
+                "actual_text": actual_text,
+                "text_equal": expected_text == actual_text,
+            }
+        )
+    return found
+
+
+def _segments(ids: list[int], specials: frozenset[int]) -> list[list[int]]:
+    segments: list[list[int]] = [[]]
+    for token in ids:
+        if token in specials:
+            segments.append([])
+        else:
+            segments[-1].append(token)
+    return segments

@@ -1,0 +1,398 @@
+"""The session API contract against real `serve` and `mock-engine` processes on loopback."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+from procs import ServerProcess, free_port
+
+from sessiongate.demo.verify import completion_ids, trajectory_problems
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerProcess]:
+    port = free_port()
+    with ServerProcess(
+        ["mock-engine", "--port", str(port), "--r3-layers", "3", "--r3-topk", "2"], port
+    ) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def gateway(engine: ServerProcess) -> Iterator[ServerProcess]:
+    port = free_port()
+    with ServerProcess(
+        ["serve", "--port", str(port), "--backend", engine.url, "--r3", "--max-body-bytes", "200000"],
+        port,
+    ) as proc:
+        yield proc
+
+
+@pytest.fixture()
+def client(gateway: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.url, timeout=30.0) as c:
+        yield c
+
+
+def new_session(client: httpx.Client, parent: str | None = None) -> str:
+    body = {"parent_session_id": parent} if parent else None
+    response = client.post("/sessions", json=body)
+    assert response.status_code == 200, response.text
+    session_id: str = response.json()["session_id"]
+    return session_id
+
+
+def chat(client: httpx.Client, session_id: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    return client.post(
+        f"/sessions/{session_id}/v1/chat/completions",
+        json={"model": "m", "messages": messages, "max_tokens": 12, **extra},
+    )
+
+
+def assistant_of(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    return {k: v for k, v in message.items() if v is not None}
+
+
+def start_messages() -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Begin the task."},
+    ]
+
+
+def test_health(client: httpx.Client) -> None:
+    response = client.get("/health")
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+
+
+def test_create_get_delete(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    assert len(session_id) == 32 and all(c in "0123456789abcdef" for c in session_id)
+    body = client.get(f"/sessions/{session_id}").json()
+    assert body["session_id"] == session_id
+    assert body["records"] == []
+    assert body["metadata"]["accumulated_token_ids"] == []
+    assert body["metadata"]["max_trim_tokens"] == 0
+    assert client.delete(f"/sessions/{session_id}").status_code == 204
+    gone = client.delete(f"/sessions/{session_id}")
+    assert gone.status_code == 404 and session_id in gone.json()["error"]
+    assert client.get(f"/sessions/{session_id}").status_code == 404
+
+
+def test_fifty_turn_session_is_token_exact(client: httpx.Client, engine: ServerProcess) -> None:
+    session_id = new_session(client)
+    messages = start_messages()
+    for turn in range(50):
+        response = chat(client, session_id, messages, tools=TOOLS)
+        messages.append(assistant_of(response))
+        role = "tool" if turn % 2 == 0 else "user"
+        messages.append({"role": role, "content": f"observation {turn} \u2713"})
+    session = client.get(f"/sessions/{session_id}").json()
+    assert len(session["records"]) == 50
+    assert trajectory_problems(session) == []
+    # The accumulated ids are exactly every prompt piece and completion concatenated.
+    pieces: list[int] = []
+    for record in session["records"]:
+        prompt = record["request"]["input_ids"]
+        assert prompt[: len(pieces)] == pieces
+        pieces = prompt + completion_ids(record["response"])
+    assert session["metadata"]["accumulated_token_ids"] == pieces
+    assert session["metadata"]["tito_session_mismatch"] == []
+    # What the engine received is what was recorded.
+    last = client.get(f"{engine.url}/mock/requests", params={"last": 1}).json()["requests"][-1]
+    assert last["input_ids"] == session["records"][-1]["request"]["input_ids"]
+    assert last["logprobs"] is True and last["return_meta_info"] is True
+    assert last["return_routed_experts"] is True and last["no_stop_trim"] is False
+
+
+def test_r3_kept_in_record_and_stripped_from_reply(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    response = chat(client, session_id, start_messages())
+    assert response.status_code == 200
+    assert "routed_experts" not in response.json()["choices"][0]["meta_info"]
+    record = client.get(f"/sessions/{session_id}").json()["records"][0]
+    meta = record["response"]["choices"][0]["meta_info"]
+    raw = base64.b64decode(meta["routed_experts"])
+    tokens = meta["prompt_tokens"] + meta["completion_tokens"] - 1
+    assert len(raw) == tokens * 3 * 2 * 4
+    assert record["status_code"] == 200 and record["method"] == "POST"
+
+
+def test_rollback_of_one_assistant_step(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    messages = start_messages()
+    messages.append(assistant_of(chat(client, session_id, messages)))
+    messages.append({"role": "tool", "content": "first result"})
+    messages.append(assistant_of(chat(client, session_id, messages)))
+    messages.append({"role": "tool", "content": "second result"})
+    chat(client, session_id, messages)
+    before = client.get(f"/sessions/{session_id}").json()
+    assert len(before["records"]) == 3
+    # Retry from the second checkpoint with a different tool result.
+    retry = [*messages[:5], {"role": "tool", "content": "second result, retried"}]
+    response = chat(client, session_id, retry)
+    assert response.status_code == 200, response.text
+    after = client.get(f"/sessions/{session_id}").json()
+    assert len(after["records"]) == 3
+    assert after["records"][:2] == before["records"][:2]
+    assert trajectory_problems(after) == []
+    second_checkpoint = before["records"][1]["request"]["input_ids"] + completion_ids(
+        before["records"][1]["response"]
+    )
+    new_prompt = after["records"][2]["request"]["input_ids"]
+    assert new_prompt[: len(second_checkpoint)] == second_checkpoint
+
+
+def test_deep_rollback_is_400_and_changes_nothing(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    messages = start_messages()
+    for turn in range(3):
+        messages.append(assistant_of(chat(client, session_id, messages)))
+        messages.append({"role": "tool", "content": f"result {turn}"})
+    before = client.get(f"/sessions/{session_id}").json()
+    diverged = [*messages[:3], {"role": "tool", "content": "rewritten history"}]
+    response = chat(client, session_id, diverged)
+    assert response.status_code == 400
+    assert "only 1 is allowed" in response.json()["error"]
+    assert client.get(f"/sessions/{session_id}").json() == before
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"messages": "hi"}', "'messages' must be a list"),
+        (b'{"messages": []}', "must not be empty"),
+        (b'{"messages": [{"content": "x"}]}', "messages[0].role"),
+    ],
+)
+def test_bad_chat_bodies_are_400(client: httpx.Client, payload: bytes, fragment: str) -> None:
+    session_id = new_session(client)
+    response = client.post(
+        f"/sessions/{session_id}/v1/chat/completions",
+        content=payload,
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 400
+    assert fragment in response.json()["error"]
+
+
+def test_appended_role_not_allowed_is_400(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    messages = start_messages()
+    messages.append(assistant_of(chat(client, session_id, messages)))
+    messages.append({"role": "assistant", "content": "I speak twice"})
+    response = chat(client, session_id, messages)
+    assert response.status_code == 400
+    assert "messages[3] has role 'assistant'" in response.json()["error"]
+
+
+def test_unknown_and_invalid_session_ids(client: httpx.Client) -> None:
+    missing = chat(client, "0" * 32, start_messages())
+    assert missing.status_code == 404 and "0" * 32 in missing.json()["error"]
+    too_long = client.get("/sessions/" + "a" * 300)
+    assert too_long.status_code == 400 and "invalid session id" in too_long.json()["error"]
+    unknown_parent = client.post("/sessions", json={"parent_session_id": "f" * 32})
+    assert unknown_parent.status_code == 404
+
+
+def test_child_session_ids_share_the_root(client: httpx.Client) -> None:
+    root = new_session(client)
+    child = new_session(client, parent=root)
+    grandchild = new_session(client, parent=child)
+    assert child.startswith(root + ".") and grandchild.startswith(root + ".")
+    metadata = client.get(f"/sessions/{child}").json()["metadata"]
+    assert metadata["parent_session_id"] == root
+    assert metadata["child_session_ids"] == [grandchild]
+
+
+def test_body_over_limit_is_413(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    huge = [{"role": "user", "content": "x" * 300_000}]
+    response = chat(client, session_id, huge)
+    assert response.status_code == 413
+    assert "limit of 200000 bytes" in response.json()["error"]
+
+
+def test_stream_returns_sse_chunks(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    response = chat(client, session_id, start_messages(), stream=True)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    record = client.get(f"/sessions/{session_id}").json()["records"][0]
+    assert content == record["response"]["choices"][0]["message"]["content"]
+    assert all("routed_experts" not in json.dumps(c) for c in chunks)
+
+
+def test_header_identified_session_and_stateless_proxy(client: httpx.Client) -> None:
+    session_id = "agent-run-7/episode-3"
+    messages = start_messages()
+    first = client.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 8},
+        headers={"X-SMG-Routing-Key": session_id},
+    )
+    messages.append(assistant_of(first))
+    messages.append({"role": "user", "content": "again"})
+    second = client.post(
+        "/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 8},
+        headers={"X-Session-ID": session_id},
+    )
+    assert second.status_code == 200
+    assert len(client.get(f"/sessions/{session_id}").json()["records"]) == 2
+    stateless = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8})
+    assert stateless.status_code == 200 and "choices" in stateless.json()
+
+
+def test_session_scoped_proxy(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    models = client.get(f"/sessions/{session_id}/v1/models")
+    assert models.status_code == 200 and models.json()["data"]
+    assert len(client.get(f"/sessions/{session_id}").json()["records"]) == 0
+
+
+def test_chat_vs_chat_leaves_a_consistent_session(gateway: ServerProcess) -> None:
+    import asyncio
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0) as c:
+            session_id = (await c.post("/sessions")).json()["session_id"]
+            body = {"messages": start_messages(), "max_tokens": 12}
+            path = f"/sessions/{session_id}/v1/chat/completions"
+            replies = await asyncio.gather(*(c.post(path, json=body) for _ in range(4)))
+            assert all(r.status_code == 200 for r in replies)
+            flags = [r.headers["x-sessiongate-recorded"] for r in replies]
+            session = (await c.get(f"/sessions/{session_id}")).json()
+            assert len(session["records"]) == flags.count("true") >= 1
+            assert trajectory_problems(session) == []
+
+    asyncio.run(scenario())
+
+
+@pytest.fixture(scope="module")
+def slow_gateway() -> Iterator[ServerProcess]:
+    port = free_port()
+    with ServerProcess(
+        ["serve", "--port", str(port), "--mock-args", "--token-delay-ms 20 --completion-tokens 20"],
+        port,
+    ) as proc:
+        yield proc
+
+
+def test_delete_waits_for_in_flight_chat(slow_gateway: ServerProcess) -> None:
+    import asyncio
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(base_url=slow_gateway.url, timeout=30.0) as c:
+            session_id = (await c.post("/sessions")).json()["session_id"]
+            path = f"/sessions/{session_id}/v1/chat/completions"
+            turn = asyncio.create_task(c.post(path, json={"messages": start_messages()}))
+            await asyncio.sleep(0.1)
+            deleted = await c.delete(f"/sessions/{session_id}")
+            assert turn.done(), "DELETE answered before the in-flight turn finished"
+            assert deleted.status_code == 204
+            assert (await turn).status_code == 200
+            assert (await c.get(f"/sessions/{session_id}")).status_code == 404
+            late = await c.post(path, json={"messages": start_messages()})
+            assert late.status_code == 404
+
+    asyncio.run(scenario())
+
+
+def test_upstream_down_is_502() -> None:
+    port = free_port()
+    dead = f"http://127.0.0.1:{free_port()}"
+    with ServerProcess(["serve", "--port", str(port), "--backend", dead], port) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        response = httpx.post(
+            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": start_messages()},
+        )
+        assert response.status_code == 502
+        assert "upstream transport error" in response.json()["error"]
+        assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
+
+
+def test_upstream_non_200_passes_through_unrecorded() -> None:
+    port = free_port()
+    with ServerProcess(
+        ["serve", "--port", str(port), "--mock-args", "--fail-rate 1 --fail-status 429"], port
+    ) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        response = httpx.post(
+            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": start_messages()},
+        )
+        assert response.status_code == 429
+        assert response.json() == {"error": "injected failure"}
+        assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
+
+
+class _BrokenEngine(BaseHTTPRequestHandler):
+    """Answers 200 with a reply whose content is null: a contract violation."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        body = json.dumps({"choices": [{"message": {"content": None}}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_contract_breaking_200_is_502() -> None:
+    broken = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenEngine)
+    thread = threading.Thread(target=broken.serve_forever, daemon=True)
+    thread.start()
+    port = free_port()
+    try:
+        backend = f"http://127.0.0.1:{broken.server_address[1]}"
+        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
+            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+            response = httpx.post(
+                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+                json={"messages": start_messages()},
+            )
+            assert response.status_code == 502
+            assert "content is null" in response.json()["error"]
+    finally:
+        broken.shutdown()
+
+
+def test_api_key_required_except_health() -> None:
+    port = free_port()
+    with ServerProcess(["serve", "--port", str(port), "--api-key", "s3cret"], port) as gw:
+        assert httpx.get(gw.url + "/health").status_code == 200
+        denied = httpx.post(gw.url + "/sessions")
+        assert denied.status_code == 401 and "API key" in denied.json()["error"]
+        wrong = httpx.post(gw.url + "/sessions", headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = httpx.post(gw.url + "/sessions", headers={"authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
