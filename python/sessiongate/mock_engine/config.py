@@ -1,0 +1,63 @@
+"""Typed settings of the mock engine, shared by the CLI, the app factory and tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class MockEngineConfig:
+    """Everything that shapes the mock engine's replies; validated on construction."""
+
+    host: str = "127.0.0.1"
+    port: int = 8001
+    seed: int = 0
+    tokenizer: str | None = None  # None = the built-in ChatML tokenizer
+    model_name: str = "sessiongate-mock"
+    completion_tokens: int = 32
+    completion_tokens_jitter: int = 0
+    ttft_ms: float = 0.0
+    token_delay_ms: float = 0.0
+    fail_rate: float = 0.0
+    fail_status: int = 500
+    r3_layers: int = 0  # 0 = R3 off
+    r3_topk: int = 0
+    r3_experts: int = 64
+    tool_call_rate: float = 0.0
+    stream_chunk_tokens: int = 4  # tokens per SSE content chunk
+    log_level: str = "warning"
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not 0 <= self.port <= 65535:
+            problems.append(f"port {self.port} is not in 0..65535")
+        if self.completion_tokens < 1:
+            problems.append("completion_tokens must be >= 1")
+        if not 0 <= self.completion_tokens_jitter < self.completion_tokens:
+            problems.append("completion_tokens_jitter must be in [0, completion_tokens)")
+        if self.ttft_ms < 0 or self.token_delay_ms < 0:
+            problems.append("delays must be >= 0")
+        if not 0.0 <= self.fail_rate <= 1.0:
+            problems.append("fail_rate must be in [0, 1]")
+        if not 400 <= self.fail_status <= 599:
+            problems.append("fail_status must be an HTTP error status (400..599)")
+        if self.r3_layers < 0 or self.r3_topk < 0:
+            problems.append("r3_layers and r3_topk must be >= 0")
+        if not 1 <= self.r3_experts <= 65536:
+            problems.append("r3_experts must be in 1..65536")
+        if self.r3_experts <= 256 and self.r3_topk > self.r3_experts:
+            problems.append("r3_topk must be <= r3_experts (experts per token are distinct)")
+        if not 0.0 <= self.tool_call_rate <= 1.0:
+            problems.append("tool_call_rate must be in [0, 1]")
+        if self.stream_chunk_tokens < 1:
+            problems.append("stream_chunk_tokens must be >= 1")
+        if self.log_level not in _LOG_LEVELS:
+            problems.append(f"log_level must be one of {', '.join(_LOG_LEVELS)}")
+        if problems:
+            raise ValueError("invalid mock-engine config: " + "; ".join(problems))
+
+    @property
+    def r3_enabled(self) -> bool:
+        return self.r3_layers > 0 and self.r3_topk > 0

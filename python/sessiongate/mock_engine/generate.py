@@ -1,0 +1,406 @@
+"""Deterministic fake generation: completion tokens, logprobs, tool calls and R3 bytes.
+
+Everything here is a pure function of (engine seed, request seed, prompt ids) so tests and
+benchmarks can replay a reply exactly. Completions are made of whole words from a fixed list
+and cut only on word boundaries, so `encode(content) == content ids` holds (the TITO checker
+relies on re-tokenization stability) and `decode(content ids) == content`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+# Plain lowercase English words: most are one token (with a leading space) in byte-level BPE
+# vocabularies, which keeps `max_tokens` truncation exact.
+WORDS: tuple[str, ...] = (
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be",
+    "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but",
+    "have", "an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her",
+    "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no",
+    "time", "model", "token", "data", "value", "state", "turn", "agent", "tool", "call",
+    "result", "step", "plan", "check", "file", "code", "test", "run", "read", "write",
+    "list", "next", "first", "then", "after", "before", "because", "answer", "question",
+    "number", "small", "large", "good", "new", "old", "same", "other", "each", "some",
+    "many", "most", "only", "also", "just", "very", "well", "here", "now", "done",
+)  # fmt: skip
+
+_R3_CHUNK_BYTES = 3 << 20  # raw bytes per R3 slice: short GIL holds, small peak temporaries
+_STREAM_WINDOW = 8  # tokens of left context when decoding one stream chunk
+_TOOL_CALL_OPEN = "\n<tool_call>\n"
+_TOOL_CALL_CLOSE = "\n</tool_call>"
+
+
+class TokenizerLike(Protocol):
+    """The part of `sessiongate.tokenizer` the mock engine needs."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def end_of_turn_token_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI puts it in `function.arguments`
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One generated reply. `ids` are all sampled tokens (end-of-turn included when present)."""
+
+    key: bytes  # per-request RNG key; R3 bytes derive from it
+    prompt_tokens: int
+    ids: list[int]
+    logprobs: list[float]
+    content: str  # assistant text (before any tool call)
+    content_token_count: int  # ids[:content_token_count] decode to `content`
+    finish_reason: FinishReason  # OpenAI choice-level value
+    meta_finish_reason: dict[str, Any]  # SGLang meta_info value
+    tool_call: ToolCall | None = None
+    tool_call_text: str = ""  # raw text of the tool-call tokens (between content and end)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.ids)
+
+    def output_token_logprobs(self, start: int = 0, stop: int | None = None) -> list[list[Any]]:
+        """SGLang's `[[logprob, token_id, token_text], ...]`; text is null (not requested)."""
+        end = len(self.ids) if stop is None else stop
+        return [[self.logprobs[i], self.ids[i], None] for i in range(start, end)]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPiece:
+    """The tokens of one SSE chunk and what the chunk's delta carries."""
+
+    start: int
+    stop: int
+    content: str  # content delta ("" when these tokens add no finished text)
+    tool_call: ToolCall | None = None  # set on the chunk that completes the tool call
+
+
+@dataclass(slots=True)
+class _WordTable:
+    """Per-word token counts, used to pick how many words fit a token budget."""
+
+    words: tuple[str, ...]
+    first_len: dict[str, int] = field(default_factory=dict)
+    next_len: dict[str, int] = field(default_factory=dict)
+
+
+def request_key(engine_seed: int, request_seed: int | None, prompt_ids: Sequence[int]) -> bytes:
+    """blake2b over the seeds and the prompt ids as little-endian uint32."""
+    ids = array("I", prompt_ids) if array("I").itemsize == 4 else array("L", prompt_ids)
+    if sys.byteorder == "big":
+        ids.byteswap()
+    h = hashlib.blake2b(digest_size=32, person=b"sg-mock-engine")
+    h.update(f"{engine_seed}|{'' if request_seed is None else request_seed}|".encode())
+    h.update(ids.tobytes())
+    return h.digest()
+
+
+def _rng(key: bytes, stream: bytes) -> random.Random:
+    # Separate streams so e.g. truncation by max_tokens leaves earlier logprobs unchanged.
+    return random.Random(hashlib.blake2b(key + stream, digest_size=16).digest())
+
+
+class CompletionGenerator:
+    """Turns prompt ids into a deterministic `Completion` for one tokenizer and config."""
+
+    def __init__(
+        self,
+        tokenizer: TokenizerLike,
+        *,
+        engine_seed: int = 0,
+        completion_tokens: int = 32,
+        completion_tokens_jitter: int = 0,
+        tool_call_rate: float = 0.0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.engine_seed = engine_seed
+        self.completion_tokens = completion_tokens
+        self.jitter = completion_tokens_jitter
+        self.tool_call_rate = tool_call_rate
+        self.end_id = tokenizer.end_of_turn_token_id
+        self._table = self._build_table()
+
+    def _build_table(self) -> _WordTable:
+        enc = self.tokenizer.encode
+        first = {w: len(enc(w)) for w in WORDS}
+        nxt = {w: len(enc(" " + w)) for w in WORDS}
+        single = tuple(w for w in WORDS if first[w] == 1 and nxt[w] == 1)
+        # Prefer one-token words so a max_tokens cut lands exactly on the limit.
+        words = single if len(single) >= 16 else WORDS
+        return _WordTable(words, first, nxt)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        request_seed: int | None = None,
+        max_tokens: int | None = None,
+        tools: Sequence[Any] | None = None,
+    ) -> Completion:
+        key = request_key(self.engine_seed, request_seed, prompt_ids)
+        rng = _rng(key, b"text")
+        tool_name = _first_tool_name(tools)
+        wants_tool = tool_name is not None and rng.random() < self.tool_call_rate
+        target = self.completion_tokens + rng.randint(-self.jitter, self.jitter)
+        words = self._draw_words(rng, target)
+
+        completion: Completion | None = None
+        if wants_tool and tool_name is not None:
+            call = _make_tool_call(rng, key, tool_name, tools)
+            completion = self._with_tool_call(key, prompt_ids, words, target, call, max_tokens)
+        if completion is None:
+            completion = self._plain(key, prompt_ids, words, target, max_tokens)
+        return completion
+
+    def _draw_words(self, rng: random.Random, target: int) -> list[str]:
+        # Enough words to fill `target` tokens by the per-word estimate; exact fit comes later.
+        words: list[str] = []
+        count = 0
+        while count < target:
+            w = rng.choice(self._table.words)
+            count += (self._table.next_len if words else self._table.first_len)[w]
+            words.append(w)
+        return words
+
+    def _fit_words(self, words: list[str], budget: int) -> tuple[str, list[int]]:
+        """Longest word prefix whose encoding has <= budget tokens and round-trips exactly."""
+        t = self._table
+        k, count = 0, 0
+        for i, w in enumerate(words):
+            n = (t.next_len if i else t.first_len)[w]
+            if count + n > budget:
+                break
+            count += n
+            k += 1
+        while k > 0:
+            text = " ".join(words[:k])
+            ids = self.tokenizer.encode(text)
+            if len(ids) <= budget and self.tokenizer.decode(ids) == text:
+                return text, ids
+            k -= 1  # the estimate was off for this tokenizer: drop a word and re-check
+        return "", []
+
+    def _plain(
+        self,
+        key: bytes,
+        prompt_ids: Sequence[int],
+        words: list[str],
+        target: int,
+        max_tokens: int | None,
+    ) -> Completion:
+        text, ids = self._fit_words(words, target - 1)
+        if max_tokens is not None and len(ids) + 1 > max_tokens:
+            text, ids = self._fit_words(words, max_tokens)
+            return self._finish(key, prompt_ids, text, ids, [], "", None, truncated=max_tokens)
+        return self._finish(key, prompt_ids, text, ids, [], "", None, truncated=None)
+
+    def _with_tool_call(
+        self,
+        key: bytes,
+        prompt_ids: Sequence[int],
+        words: list[str],
+        target: int,
+        call: ToolCall,
+        max_tokens: int | None,
+    ) -> Completion | None:
+        call_text = (
+            _TOOL_CALL_OPEN
+            + json.dumps({"name": call.name, "arguments": json.loads(call.arguments)})
+            + _TOOL_CALL_CLOSE
+        )
+        call_ids = self.tokenizer.encode(call_text)
+        text, ids = self._fit_words(words, max(0, target - 1 - len(call_ids)))
+        if max_tokens is not None and len(ids) + len(call_ids) + 1 > max_tokens:
+            return None  # no room for a whole call: reply with plain (truncated) text instead
+        if self.tokenizer.decode(ids + call_ids) != text + call_text:
+            return None  # this tokenizer does not concatenate cleanly; skip the tool call
+        return self._finish(key, prompt_ids, text, ids, call_ids, call_text, call, truncated=None)
+
+    def _finish(
+        self,
+        key: bytes,
+        prompt_ids: Sequence[int],
+        text: str,
+        content_ids: list[int],
+        call_ids: list[int],
+        call_text: str,
+        call: ToolCall | None,
+        *,
+        truncated: int | None,
+    ) -> Completion:
+        ids = content_ids + call_ids
+        finish: FinishReason
+        if truncated is not None:
+            finish = "length"
+            meta_finish: dict[str, Any] = {"type": "length", "length": truncated}
+        else:
+            ids.append(self.end_id)
+            finish = "tool_calls" if call is not None else "stop"
+            meta_finish = {"type": "stop", "matched": self.end_id}
+        lp_rng = _rng(key, b"logprobs")
+        # `or 0.0` turns -0.0 into 0.0; every value is <= 0 like a real log-probability.
+        logprobs = [-round(lp_rng.expovariate(4.0), 6) or 0.0 for _ in ids]
+        return Completion(
+            key=key,
+            prompt_tokens=len(prompt_ids),
+            ids=ids,
+            logprobs=logprobs,
+            content=text,
+            content_token_count=len(content_ids),
+            finish_reason=finish,
+            meta_finish_reason=meta_finish,
+            tool_call=call,
+            tool_call_text=call_text,
+        )
+
+    def stream_pieces(self, completion: Completion, chunk_tokens: int) -> list[StreamPiece]:
+        """Split the reply into SSE chunks of `chunk_tokens` tokens each.
+
+        Content deltas always concatenate to `completion.content`: a chunk whose tokens do not
+        decode to a clean continuation (e.g. half a multi-byte character) carries "" and its
+        text arrives with a later chunk. Deltas come from decoding a short window before the
+        chunk, so the whole split costs O(completion length).
+        """
+        n_content = completion.content_token_count
+        content_ids = completion.ids[:n_content]
+        content = completion.content
+        decode = self.tokenizer.decode
+        # The tool-call tokens follow the content; the end-of-turn token (if any) comes last.
+        has_end = completion.finish_reason != "length"
+        call_end = completion.completion_tokens - (1 if has_end else 0)
+        pieces: list[StreamPiece] = []
+        sent = 0  # characters of content already emitted
+        done = 0  # content tokens whose text has been emitted
+        for start in range(0, completion.completion_tokens, chunk_tokens):
+            stop = min(start + chunk_tokens, completion.completion_tokens)
+            delta = ""
+            if stop >= n_content:
+                delta = content[sent:]  # the last content chunk flushes whatever is held back
+            elif start < n_content:
+                lo = max(0, done - _STREAM_WINDOW)
+                head, both = decode(content_ids[lo:done]), decode(content_ids[lo:stop])
+                if both.startswith(head) and content.startswith(both[len(head) :], sent):
+                    delta, done = both[len(head) :], stop
+            sent += len(delta)
+            call = None
+            if completion.tool_call is not None and start < call_end <= stop:
+                call = completion.tool_call
+            pieces.append(StreamPiece(start, stop, delta, call))
+        return pieces
+
+
+def _first_tool_name(tools: Sequence[Any] | None) -> str | None:
+    if not tools:
+        return None
+    first = tools[0]
+    if isinstance(first, Mapping):
+        fn = first.get("function")
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn["name"]:
+            return str(fn["name"])
+    return None
+
+
+def _make_tool_call(
+    rng: random.Random, key: bytes, name: str, tools: Sequence[Any] | None
+) -> ToolCall:
+    """Arguments follow the first tool's JSON-schema property types, values from `rng`."""
+    props: Mapping[str, Any] = {}
+    if tools:
+        params = tools[0].get("function", {}).get("parameters")
+        if isinstance(params, Mapping) and isinstance(params.get("properties"), Mapping):
+            props = params["properties"]
+    args: dict[str, Any] = {}
+    for prop, schema in list(props.items())[:4]:
+        kind = schema.get("type") if isinstance(schema, Mapping) else None
+        if kind == "integer":
+            args[prop] = rng.randint(0, 100)
+        elif kind == "number":
+            args[prop] = round(rng.random() * 100, 2)
+        elif kind == "boolean":
+            args[prop] = rng.random() < 0.5
+        else:
+            args[prop] = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
+    call_id = "call_" + hashlib.blake2b(key + b"call", digest_size=12).hexdigest()
+    return ToolCall(call_id, name, json.dumps(args))
+
+
+def _expert_tables(experts: int, topk: int) -> list[tuple[bytes, bytes]]:
+    """Per slot k: (low byte, high byte) tables from a random byte b to an expert id.
+
+    E <= 256: id = (b % E + k) % E. E > 256: id = ((b + k) % 256) * E // 256 (256 ids spread
+    over the whole range). Both keep the `topk` ids of one (row, layer) distinct.
+    """
+    tables: list[tuple[bytes, bytes]] = []
+    for k in range(topk):
+        if experts <= 256:
+            ids = [(b % experts + k) % experts for b in range(256)]
+        else:
+            ids = [((b + k) % 256) * experts // 256 for b in range(256)]
+        tables.append((bytes(i & 0xFF for i in ids), bytes(i >> 8 for i in ids)))
+    return tables
+
+
+def routed_experts_b64(key: bytes, rows: int, layers: int, topk: int, experts: int) -> bytes:
+    """Base64 (ASCII bytes) of little-endian int32 `(rows, layers, topk)` expert ids."""
+    return b"".join(routed_experts_b64_parts(key, rows, layers, topk, experts))
+
+
+def routed_experts_b64_parts(
+    key: bytes, rows: int, layers: int, topk: int, experts: int
+) -> list[bytes]:
+    """`routed_experts_b64` as consecutive slices of a few MiB (their concatenation).
+
+    Callers send the slices as they are: joining 80 MiB costs a copy and a long GIL hold.
+
+    Built with bulk bytes operations only (no per-value Python objects): one random byte per
+    (row, layer) from shake_256, mapped to the `topk` ids with `bytes.translate`, widened to
+    int32 by strided slice assignment into a zeroed bytearray. Work is sliced so each C call
+    is short and other threads (the event loop) get the GIL between slices.
+    """
+    if rows <= 0 or layers <= 0 or topk <= 0:
+        return []
+    row_bytes = layers * topk * 4
+    # A multiple of 3 rows => each slice is a multiple of 3 bytes => base64 slices concatenate.
+    rows_per_slice = max(3, (_R3_CHUNK_BYTES // row_bytes) // 3 * 3)
+    tables = _expert_tables(experts, topk)
+    wide = experts > 256
+    parts: list[bytes] = []
+    for index, first in enumerate(range(0, rows, rows_per_slice)):
+        n_rows = min(rows_per_slice, rows - first)
+        seed = key + b"r3" + index.to_bytes(8, "little")
+        base = hashlib.shake_256(seed).digest(n_rows * layers)
+        out = bytearray(n_rows * row_bytes)
+        for k, (lo, hi) in enumerate(tables):
+            out[4 * k :: 4 * topk] = base.translate(lo)
+            if wide:
+                out[4 * k + 1 :: 4 * topk] = base.translate(hi)
+        parts.append(base64.b64encode(out))
+    return parts

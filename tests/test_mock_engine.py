@@ -1,0 +1,412 @@
+"""The mock engine: deterministic generation (in-process) and its HTTP contract (real process)."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from procs import ServerProcess, free_port
+from sessiongate.mock_engine.config import MockEngineConfig
+from sessiongate.mock_engine.generate import (
+    CompletionGenerator,
+    routed_experts_b64,
+    routed_experts_b64_parts,
+)
+from sessiongate.tokenizer import load_tokenizer
+
+L, K, E = 4, 2, 16  # R3 shape of the shared engine
+N, J = 24, 6  # completion length and jitter of the shared engine
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "k": {"type": "integer"}},
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return load_tokenizer(None)
+
+
+@pytest.fixture(scope="module")
+def gen(tok: Any) -> CompletionGenerator:
+    return CompletionGenerator(
+        tok, engine_seed=0, completion_tokens=N, completion_tokens_jitter=J, tool_call_rate=1.0
+    )
+
+
+def _engine(*extra: str) -> ServerProcess:
+    port = free_port()
+    return ServerProcess(["mock-engine", "--port", str(port), *extra], port)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerProcess]:
+    args = ["--r3-layers", str(L), "--r3-topk", str(K), "--r3-experts", str(E)]
+    args += ["--completion-tokens", str(N), "--completion-tokens-jitter", str(J)]
+    with _engine(*args, "--tool-call-rate", "1.0") as proc:
+        yield proc
+
+
+def chat(engine: ServerProcess, body: Any, **kw: Any) -> httpx.Response:
+    return httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=30, **kw)
+
+
+def sse_events(engine: ServerProcess, body: dict[str, Any]) -> list[Any]:
+    """The `data:` payloads of a streamed reply (JSON decoded, `[DONE]` kept as a string)."""
+    events: list[Any] = []
+    with httpx.stream("POST", engine.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
+            else:
+                assert line == ""
+    return events
+
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+# ---------------------------------------------------------------- generate.py, in-process
+
+
+def test_generate_is_deterministic_and_seed_sensitive(gen: CompletionGenerator) -> None:
+    a = gen.generate(PROMPT, request_seed=1)
+    assert a == gen.generate(PROMPT, request_seed=1)
+    assert a.ids != gen.generate(PROMPT, request_seed=2).ids
+    assert a.ids != gen.generate([*PROMPT, 13], request_seed=1).ids
+    other = CompletionGenerator(gen.tokenizer, engine_seed=1, completion_tokens=N)
+    assert a.ids != other.generate(PROMPT, request_seed=1).ids
+
+
+def test_generate_retokenizes_exactly(gen: CompletionGenerator, tok: Any) -> None:
+    lengths = set()
+    for i in range(60):
+        c = gen.generate([3 + i, 40, 41], request_seed=i)
+        content_ids = c.ids[: c.content_token_count]
+        assert tok.encode(c.content) == content_ids
+        assert tok.decode(content_ids) == c.content
+        assert c.finish_reason == "stop"
+        assert c.ids[-1] == tok.end_of_turn_token_id
+        assert c.meta_finish_reason == {"type": "stop", "matched": tok.end_of_turn_token_id}
+        assert len(c.logprobs) == c.completion_tokens
+        assert all(lp <= 0 for lp in c.logprobs)
+        assert N - J <= c.completion_tokens <= N + J
+        lengths.add(c.completion_tokens)
+    assert len(lengths) > 1  # the jitter does vary lengths
+
+
+def test_generate_truncates_on_word_boundaries(gen: CompletionGenerator, tok: Any) -> None:
+    full = gen.generate(PROMPT)
+    cut = gen.generate(PROMPT, max_tokens=5)
+    assert cut.finish_reason == "length"
+    assert cut.meta_finish_reason == {"type": "length", "length": 5}
+    assert tok.end_of_turn_token_id not in cut.ids
+    assert 0 < cut.completion_tokens <= 5
+    assert tok.encode(cut.content) == cut.ids
+    assert full.content.startswith(cut.content)
+    # A truncated reply is a prefix of the natural one, logprobs included.
+    assert full.ids[: len(cut.ids)] == cut.ids
+    assert full.logprobs[: len(cut.ids)] == cut.logprobs
+    # A cap the natural reply fits in changes nothing.
+    assert gen.generate(PROMPT, max_tokens=full.completion_tokens) == full
+
+
+def test_generate_tool_call(gen: CompletionGenerator, tok: Any) -> None:
+    c = gen.generate(PROMPT, tools=TOOLS)
+    assert c.tool_call is not None and c.finish_reason == "tool_calls"
+    assert c.tool_call.name == "search"
+    args = json.loads(c.tool_call.arguments)
+    assert set(args) == {"query", "k"} and isinstance(args["k"], int)
+    assert c.ids[-1] == tok.end_of_turn_token_id
+    assert tok.decode(c.ids[:-1]) == c.content + c.tool_call_text
+    assert c.tool_call_text.startswith("\n<tool_call>\n")
+    assert json.loads(c.tool_call_text.split("\n")[2]) == {"name": "search", "arguments": args}
+    # No room for the whole call under max_tokens: plain truncated text instead.
+    short = gen.generate(PROMPT, tools=TOOLS, max_tokens=3)
+    assert short.tool_call is None and short.finish_reason == "length"
+
+
+def test_stream_pieces_cover_tokens_and_content(gen: CompletionGenerator) -> None:
+    for completion in (gen.generate(PROMPT), gen.generate(PROMPT, tools=TOOLS)):
+        pieces = gen.stream_pieces(completion, 3)
+        assert pieces[0].start == 0 and pieces[-1].stop == completion.completion_tokens
+        assert all(a.stop == b.start for a, b in itertools.pairwise(pieces))
+        assert "".join(p.content for p in pieces) == completion.content
+        calls = [p.tool_call for p in pieces if p.tool_call is not None]
+        assert calls == ([completion.tool_call] if completion.tool_call else [])
+
+
+@pytest.mark.parametrize("experts", [16, 64, 300])
+def test_routed_experts_shape_range_and_distinct_topk(experts: int) -> None:
+    rows, layers, topk = 1001, 3, 4
+    key = b"k" * 32
+    encoded = routed_experts_b64(key, rows, layers, topk, experts)
+    assert encoded == routed_experts_b64(key, rows, layers, topk, experts)
+    assert encoded != routed_experts_b64(b"j" * 32, rows, layers, topk, experts)
+    values = array("i")
+    values.frombytes(base64.b64decode(encoded, validate=True))
+    if sys.byteorder == "big":
+        values.byteswap()
+    assert len(values) == rows * layers * topk
+    assert 0 <= min(values) and max(values) < experts
+    groups = [values[i : i + topk] for i in range(0, len(values), topk)]
+    assert all(len(set(g)) == topk for g in groups)
+
+
+def test_routed_experts_slices_concatenate() -> None:
+    # 3 MiB slices: 40 layers x 8 x 4 bytes per row -> several slices for 10k rows.
+    parts = routed_experts_b64_parts(b"x" * 32, 10_000, 40, 8, 64)
+    assert len(parts) > 1
+    raw = base64.b64decode(b"".join(parts), validate=True)
+    assert len(raw) == 10_000 * 40 * 8 * 4
+    assert routed_experts_b64_parts(b"x" * 32, 0, 40, 8, 64) == []
+
+
+def test_config_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="fail_rate"):
+        MockEngineConfig(fail_rate=1.5)
+    with pytest.raises(ValueError, match="jitter"):
+        MockEngineConfig(completion_tokens=4, completion_tokens_jitter=4)
+
+
+# ---------------------------------------------------------------- HTTP, real process
+
+
+def test_health_models_stats(engine: ServerProcess) -> None:
+    assert httpx.get(engine.url + "/health").json() == {"status": "ok"}
+    models = httpx.get(engine.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "sessiongate-mock"
+    stats = httpx.get(engine.url + "/mock/stats").json()
+    assert {"requests", "failures", "tokens_generated"} <= set(stats)
+
+
+def test_http_determinism_and_input_ids(engine: ServerProcess) -> None:
+    body = {"input_ids": PROMPT, "seed": 7, "return_meta_info": True}
+    a, b = chat(engine, body).json(), chat(engine, body).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert (
+        a["choices"][0]["meta_info"]["output_token_logprobs"]
+        == (b["choices"][0]["meta_info"]["output_token_logprobs"])
+    )
+    c = chat(engine, {**body, "seed": 8}).json()
+    assert c["choices"][0]["message"]["content"] != a["choices"][0]["message"]["content"]
+    assert (
+        a["usage"]["prompt_tokens"] == len(PROMPT) == a["choices"][0]["meta_info"]["prompt_tokens"]
+    )
+    assert a["object"] == "chat.completion" and a["id"].startswith("chatcmpl-")
+
+
+def test_http_engine_seed_changes_reply(engine: ServerProcess) -> None:
+    body = {"input_ids": PROMPT}
+    with _engine("--seed", "1", "--completion-tokens", str(N)) as other:
+        mine = chat(engine, body).json()["choices"][0]["message"]["content"]
+        theirs = chat(other, body).json()["choices"][0]["message"]["content"]
+    assert mine != theirs
+
+
+def test_http_meta_info_and_retokenization(engine: ServerProcess, tok: Any) -> None:
+    reply = chat(engine, {"input_ids": PROMPT, "logprobs": True}).json()
+    choice = reply["choices"][0]
+    meta = choice["meta_info"]
+    ids = [entry[1] for entry in meta["output_token_logprobs"]]
+    assert len(ids) == meta["completion_tokens"] == reply["usage"]["completion_tokens"]
+    assert all(entry[0] <= 0 and entry[2] is None for entry in meta["output_token_logprobs"])
+    assert choice["finish_reason"] == "stop"
+    assert meta["finish_reason"] == {"type": "stop", "matched": tok.end_of_turn_token_id}
+    assert [*tok.encode(choice["message"]["content"]), tok.end_of_turn_token_id] == ids
+    assert meta["cached_tokens"] == 0 and "routed_experts" not in meta
+    assert len(choice["logprobs"]["content"]) == len(ids)  # OpenAI-style logprobs as well
+    plain = chat(engine, {"input_ids": PROMPT}).json()["choices"][0]
+    assert "meta_info" not in plain and plain["message"] == choice["message"]
+
+
+def test_http_openai_mode_uses_chat_template(engine: ServerProcess, tok: Any) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    reply = chat(engine, {"messages": messages, "return_meta_info": True}).json()
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True)
+    assert reply["usage"]["prompt_tokens"] == len(expected)
+    same = chat(engine, {"input_ids": list(expected), "return_meta_info": True}).json()
+    assert same["choices"][0]["message"] == reply["choices"][0]["message"]
+
+
+def test_http_max_tokens_truncates(engine: ServerProcess, tok: Any) -> None:
+    for field in ("max_tokens", "max_completion_tokens"):
+        reply = chat(engine, {"input_ids": PROMPT, field: 4, "return_meta_info": True}).json()
+        choice = reply["choices"][0]
+        meta = choice["meta_info"]
+        assert choice["finish_reason"] == "length"
+        assert meta["finish_reason"] == {"type": "length", "length": 4}
+        assert meta["completion_tokens"] == len(meta["output_token_logprobs"]) <= 4
+        ids = [entry[1] for entry in meta["output_token_logprobs"]]
+        assert tok.encode(choice["message"]["content"]) == ids
+
+
+def test_http_routed_experts(engine: ServerProcess) -> None:
+    reply = chat(engine, {"input_ids": PROMPT, "return_routed_experts": True}).json()
+    meta = reply["choices"][0]["meta_info"]
+    values = array("i")
+    values.frombytes(base64.b64decode(meta["routed_experts"], validate=True))
+    if sys.byteorder == "big":
+        values.byteswap()
+    rows = meta["prompt_tokens"] + meta["completion_tokens"] - 1
+    assert len(values) == rows * L * K
+    assert 0 <= min(values) and max(values) < E
+    # Not asked for: not sent.
+    meta = chat(engine, {"input_ids": PROMPT, "return_meta_info": True}).json()
+    assert "routed_experts" not in meta["choices"][0]["meta_info"]
+
+
+def test_http_stream_matches_non_stream(engine: ServerProcess) -> None:
+    body = {"input_ids": PROMPT, "return_meta_info": True, "return_routed_experts": True}
+    whole = chat(engine, body).json()["choices"][0]
+    events = sse_events(engine, {**body, "stream": True})
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    final = chunks[-1]["choices"][0]
+    assert final["finish_reason"] == whole["finish_reason"] == "stop"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert content == whole["message"]["content"]
+    per_chunk = [
+        entry
+        for c in chunks[1:-1]
+        for entry in c["choices"][0]["meta_info"]["output_token_logprobs"]
+    ]
+    assert per_chunk == whole["meta_info"]["output_token_logprobs"]
+    # The final chunk's meta_info is the complete non-stream meta_info (except the id).
+    assert {**final["meta_info"], "id": None} == {**whole["meta_info"], "id": None}
+    assert chunks[-1]["usage"]["completion_tokens"] == whole["meta_info"]["completion_tokens"]
+
+
+def test_http_tool_calls(engine: ServerProcess, tok: Any) -> None:
+    body = {"messages": [{"role": "user", "content": "find x"}], "tools": TOOLS}
+    choice = chat(engine, {**body, "return_meta_info": True}).json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "search"
+    assert set(json.loads(call["function"]["arguments"])) == {"query", "k"}
+    ids = [entry[1] for entry in choice["meta_info"]["output_token_logprobs"]]
+    text = tok.decode(ids[:-1])
+    assert text.startswith(choice["message"]["content"] + "\n<tool_call>\n")
+    events = sse_events(engine, {**body, "stream": True})
+    deltas = [c["choices"][0]["delta"] for c in events[:-1]]
+    streamed_calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert streamed_calls == [[{"index": 0, **call}]]
+    assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
+    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_http_bad_requests(engine: ServerProcess) -> None:
+    url = engine.url + "/v1/chat/completions"
+    assert httpx.post(url, content=b"{nope").status_code == 400
+    assert "error" in httpx.post(url, content=b"[1, 2]").json()
+    bad_bodies = [
+        {"input_ids": []},
+        {"input_ids": "1 2 3"},
+        {"input_ids": [1, "2"]},
+        {"input_ids": [1, True]},
+        {"input_ids": [1, 10**9]},
+        {"input_ids": [-1]},
+        {},
+        {"messages": "hi"},
+        {"input_ids": [1], "max_tokens": 0},
+        {"input_ids": [1], "seed": "x"},
+    ]
+    for body in bad_bodies:
+        reply = chat(engine, body)
+        assert reply.status_code == 400, body
+        assert isinstance(reply.json()["error"], str)
+
+
+def test_http_forced_failure_and_recent_requests(engine: ServerProcess) -> None:
+    before = httpx.get(engine.url + "/mock/stats").json()["failures"]
+    body = {"input_ids": [3, 4, 5], "marker": "forced"}
+    reply = chat(engine, body, headers={"X-Mock-Fail": "503"})
+    assert reply.status_code == 503 and reply.json() == {"error": "injected failure"}
+    assert httpx.get(engine.url + "/mock/stats").json()["failures"] == before + 1
+    chat(engine, {"input_ids": [3, 4, 6], "marker": "second"})
+    recent = httpx.get(engine.url + "/mock/requests", params={"last": 2}).json()["requests"]
+    assert recent == [body, {"input_ids": [3, 4, 6], "marker": "second"}]
+    assert len(httpx.get(engine.url + "/mock/requests", params={"last": 1}).json()["requests"]) == 1
+
+
+def test_http_fail_rate_one_and_sigterm_exit_code() -> None:
+    with _engine("--fail-rate", "1.0", "--fail-status", "502") as proc:
+        for _ in range(3):
+            reply = chat(proc, {"input_ids": PROMPT})
+            assert reply.status_code == 502 and reply.json() == {"error": "injected failure"}
+        assert httpx.get(proc.url + "/mock/stats").json()["failures"] == 3
+        assert proc.stop() == 0  # SIGTERM -> clean exit 0
+        assert "mock-engine listening on http://127.0.0.1:" in proc.output()
+
+
+def test_exits_when_parent_is_gone() -> None:
+    # SESSIONGATE_PARENT_PID names a process that is not our parent: exit at once, cleanly.
+    env = {**os.environ, "SESSIONGATE_PARENT_PID": "1"}
+    cmd = [sys.executable, "-m", "sessiongate", "mock-engine", "--port", str(free_port())]
+    assert subprocess.run(cmd, env=env, timeout=30).returncode == 0
+
+
+def test_dies_with_parent() -> None:
+    port = free_port()
+    parent_code = (
+        "import os, subprocess, sys, time\n"
+        "env = {**os.environ, 'SESSIONGATE_PARENT_PID': str(os.getpid())}\n"
+        "cmd = [sys.executable, '-m', 'sessiongate', 'mock-engine', '--port', sys.argv[1]]\n"
+        "subprocess.Popen(cmd, env=env)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code, str(port)], start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}/health"
+    try:
+        _wait(lambda: _answers(url), 30)
+        parent.kill()
+        parent.wait()
+        _wait(lambda: not _answers(url), 10)
+    finally:
+        try:
+            os.killpg(parent.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(condition: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
