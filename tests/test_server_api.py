@@ -5,14 +5,16 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
+from urllib.parse import quote
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
-from procs import ServerProcess, free_port
 
+from procs import ServerProcess, free_port
 from sessiongate.demo.verify import completion_ids, trajectory_problems
 
 TOOLS = [
@@ -36,7 +38,16 @@ def engine() -> Iterator[ServerProcess]:
 def gateway(engine: ServerProcess) -> Iterator[ServerProcess]:
     port = free_port()
     with ServerProcess(
-        ["serve", "--port", str(port), "--backend", engine.url, "--r3", "--max-body-bytes", "200000"],
+        [
+            "serve",
+            "--port",
+            str(port),
+            "--backend",
+            engine.url,
+            "--r3",
+            "--max-body-bytes",
+            "200000",
+        ],
         port,
     ) as proc:
         yield proc
@@ -56,7 +67,9 @@ def new_session(client: httpx.Client, parent: str | None = None) -> str:
     return session_id
 
 
-def chat(client: httpx.Client, session_id: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+def chat(
+    client: httpx.Client, session_id: str, messages: list[dict[str, Any]], **extra: Any
+) -> httpx.Response:
     return client.post(
         f"/sessions/{session_id}/v1/chat/completions",
         json={"model": "m", "messages": messages, "max_tokens": 12, **extra},
@@ -262,7 +275,8 @@ def test_header_identified_session_and_stateless_proxy(client: httpx.Client) -> 
         headers={"X-Session-ID": session_id},
     )
     assert second.status_code == 200
-    assert len(client.get(f"/sessions/{session_id}").json()["records"]) == 2
+    quoted = quote(session_id, safe="")
+    assert len(client.get(f"/sessions/{quoted}").json()["records"]) == 2
     stateless = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8})
     assert stateless.status_code == 200 and "choices" in stateless.json()
 
@@ -296,7 +310,7 @@ def test_chat_vs_chat_leaves_a_consistent_session(gateway: ServerProcess) -> Non
 def slow_gateway() -> Iterator[ServerProcess]:
     port = free_port()
     with ServerProcess(
-        ["serve", "--port", str(port), "--mock-args", "--token-delay-ms 20 --completion-tokens 20"],
+        ["serve", "--port", str(port), "--mock-args", "--token-delay-ms 20 --completion-tokens 20 --completion-tokens-jitter 0"],
         port,
     ) as proc:
         yield proc
@@ -309,12 +323,17 @@ def test_delete_waits_for_in_flight_chat(slow_gateway: ServerProcess) -> None:
         async with httpx.AsyncClient(base_url=slow_gateway.url, timeout=30.0) as c:
             session_id = (await c.post("/sessions")).json()["session_id"]
             path = f"/sessions/{session_id}/v1/chat/completions"
+            started = time.monotonic()
             turn = asyncio.create_task(c.post(path, json={"messages": start_messages()}))
             await asyncio.sleep(0.1)
             deleted = await c.delete(f"/sessions/{session_id}")
-            assert turn.done(), "DELETE answered before the in-flight turn finished"
+            # The engine spends >= 20 tokens x 20 ms on the turn, so a DELETE that waited for
+            # it cannot return sooner (a lower bound: slowness cannot make this fail).
+            assert time.monotonic() - started >= 0.4
             assert deleted.status_code == 204
-            assert (await turn).status_code == 200
+            reply = await turn
+            assert reply.status_code == 200
+            assert reply.headers["x-sessiongate-recorded"] == "false"
             assert (await c.get(f"/sessions/{session_id}")).status_code == 404
             late = await c.post(path, json={"messages": start_messages()})
             assert late.status_code == 404

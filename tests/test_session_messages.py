@@ -79,12 +79,16 @@ def test_matching_tolerates_echo_differences() -> None:
     ours = {
         "role": "assistant",
         "content": "x",
-        "tool_calls": [{"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}],
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}
+        ],
     }
     echoed = {
         "role": "assistant",
         "content": [{"type": "text", "text": "x"}],
-        "tool_calls": [{"id": "zzz", "type": "function", "function": {"name": "f", "arguments": {"q": 1}}}],
+        "tool_calls": [
+            {"id": "zzz", "type": "function", "function": {"name": "f", "arguments": {"q": 1}}}
+        ],
         "refusal": None,
     }
     assert messages_match(ours, echoed)
@@ -104,7 +108,7 @@ def test_plan_never_keeps_more_than_stored(turns: int, cut: int, data: st.DataOb
     stored = conversation(turns)
     if turns:
         stored = stored[:-1]
-    requested = stored[: min(cut, len(stored))] + [{"role": "tool", "content": "new"}]
+    requested = [*stored[:min(cut, len(stored))], {"role": "tool", "content": "new"}]
     try:
         p = plan(stored, requested)
     except BadRequest:

@@ -36,7 +36,9 @@ def test_turn_suffix_is_the_newline_after_end_of_turn() -> None:
     system=text,
     user=text,
     replies=st.lists(text, min_size=1, max_size=4),
-    observations=st.lists(st.tuples(st.sampled_from(["tool", "user"]), text), min_size=4, max_size=4),
+    observations=st.lists(
+        st.tuples(st.sampled_from(["tool", "user"]), text), min_size=4, max_size=4
+    ),
 )
 def test_incremental_prompt_equals_full_render(
     system: str, user: str, replies: list[str], observations: list[tuple[str, str]]

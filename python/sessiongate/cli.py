@@ -17,8 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from sessiongate.mock_engine import cli as mock_engine_cli
     from sessiongate.demo import run as demo
+    from sessiongate.mock_engine import cli as mock_engine_cli
     from sessiongate.server import serve
 
     serve.add_parser(sub)

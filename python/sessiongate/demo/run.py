@@ -39,7 +39,9 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def _workload(url: str, args: argparse.Namespace) -> tuple[AgentStats, int, int, float]:
+async def _workload(
+    url: str, args: argparse.Namespace
+) -> tuple[AgentStats, tuple[int, int], int, float]:
     stats = AgentStats()
     gate = asyncio.Semaphore(args.concurrency)
     limits = httpx.Limits(max_connections=args.concurrency * 2)
@@ -60,16 +62,18 @@ async def _workload(url: str, args: argparse.Namespace) -> tuple[AgentStats, int
         elapsed = time.perf_counter() - started
         recorded_bytes = 0
         checked = 0
+        exact = 0
         for session_id in (s for group in created for s in group):
             response = await client.get(f"/sessions/{session_id}")
             recorded_bytes += len(response.content)
             problems = trajectory_problems(response.json())
             stats.errors += [f"{session_id}: {p}" for p in problems]
             checked += 1
+            exact += not problems
             deleted = await client.delete(f"/sessions/{session_id}")
             if deleted.status_code != 204:
                 stats.errors.append(f"{session_id}: DELETE answered {deleted.status_code}")
-    return stats, checked, recorded_bytes, elapsed
+    return stats, (exact, checked), recorded_bytes, elapsed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,9 +87,11 @@ def run(args: argparse.Namespace) -> int:
         url = f"http://127.0.0.1:{port}"
         wait_http_ready(url + "/health", timeout=60.0, proc=child.proc)
     try:
-        console.print(f"sessiongate demo: {args.sessions} sessions x {args.turns} turns "
-                      f"(+{args.child_turns}-turn sub-agent each) against {url}")
-        stats, checked, recorded_bytes, elapsed = asyncio.run(_workload(url, args))
+        console.print(
+            f"sessiongate demo: {args.sessions} sessions x {args.turns} turns "
+            f"(+{args.child_turns}-turn sub-agent each) against {url}"
+        )
+        stats, verified, recorded_bytes, elapsed = asyncio.run(_workload(url, args))
     finally:
         if child is not None:
             child.stop()
@@ -97,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("turns/s", f"{turns / elapsed:.1f}")
     table.add_row("latency p50", f"{_percentile(stats.turn_latencies, 0.5) * 1000:.1f} ms")
     table.add_row("latency p99", f"{_percentile(stats.turn_latencies, 0.99) * 1000:.1f} ms")
-    table.add_row("sessions verified token-exact", f"{checked - len(stats.errors)}/{checked}")
+    exact, checked = verified
+    table.add_row("sessions verified token-exact", f"{exact}/{checked}")
     table.add_row("bytes recorded (GET bodies)", f"{recorded_bytes:,}")
     table.add_row("errors", str(len(stats.errors)))
     console.print(table)

@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import os
-import signal
 import sys
-from collections.abc import Callable, Generator
-from types import FrameType
 from typing import Any
 
-import uvicorn
-
 from sessiongate.mock_engine.config import MockEngineConfig
-
-PARENT_PID_ENV = "SESSIONGATE_PARENT_PID"
-_PR_SET_PDEATHSIG = 1
-_PARENT_POLL_S = 0.5
+from sessiongate.process.children import die_with_parent
+from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -112,103 +102,31 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
     )
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's Server without re-raising the caught signal after shutdown.
-
-    uvicorn re-raises SIGTERM once it has shut down, so the process would die *by* the signal
-    (exit status -15); a clean shutdown should exit 0. `on_exit` lets the app cut its delays
-    short so graceful shutdown does not wait for slow streams.
-    """
-
-    on_exit: Callable[[], None] | None = None
-
-    def request_exit(self) -> None:
-        self.should_exit = True
-        if self.on_exit is not None:
-            self.on_exit()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        def on_signal(sig: int, frame: FrameType | None) -> None:
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True  # second Ctrl-C: stop waiting for connections
-            self.request_exit()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-
-def _parent_pid() -> int | None:
-    raw = os.environ.get(PARENT_PID_ENV)
-    return int(raw) if raw and raw.isdigit() else None
-
-
-def _die_with_parent(parent: int) -> bool:
-    """Ask Linux for SIGTERM when the parent dies; False if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    # The parent may have died between fork and prctl: then we were already re-parented.
-    return os.getppid() == parent
-
-
-async def _serve_quietly(server: _Server) -> int:
-    try:
-        await server.serve()
-    except SystemExit as exc:  # uvicorn exits this way when it cannot bind; it logged why
-        return exc.code if isinstance(exc.code, int) else 1
-    return 0
-
-
-async def _serve(
-    server: _Server, closing: asyncio.Event, config: MockEngineConfig, parent: int | None
-) -> int:
-    loop = asyncio.get_running_loop()
-    server.on_exit = lambda: loop.call_soon_threadsafe(closing.set)
-    task = asyncio.create_task(_serve_quietly(server))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        # Report the bound port, so `--port 0` works for callers that read this line.
-        sockets = [sock for srv in server.servers for sock in srv.sockets]
-        port = sockets[0].getsockname()[1] if sockets else config.port
-        print(f"mock-engine listening on http://{config.host}:{port}", flush=True)
-    while not task.done():
-        # Belt and braces next to PDEATHSIG (non-Linux, or a reaper that re-parents us).
-        if parent is not None and os.getppid() != parent and not server.should_exit:
-            server.request_exit()
-        await asyncio.wait({task}, timeout=_PARENT_POLL_S)
-    return task.result()
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
         print(f"sessiongate mock-engine: {exc}", file=sys.stderr)
         return 2
-    parent = _parent_pid()
-    if parent is not None and not _die_with_parent(parent):
+    if not die_with_parent():
         return 0
 
     from sessiongate.mock_engine.app import create_app
 
     app = create_app(config)
-    uv_config = uvicorn.Config(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        access_log=False,
-        loop="asyncio",
-        http="auto",  # httptools when installed, else h11
-        lifespan="off",
-        timeout_graceful_shutdown=1,
-    )
     closing: asyncio.Event = app.state.engine.closing
-    return asyncio.run(_serve(_Server(uv_config), closing, config, parent))
+    server = QuietServer(uvicorn_config(app, config.host, config.port, config.log_level))
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        # Cut pending delays short so a graceful shutdown does not wait for slow streams.
+        server.on_exit = lambda: loop.call_soon_threadsafe(closing.set)
+        return await serve_until_exit(
+            server,
+            default_port=config.port,
+            on_started=lambda port: print(
+                f"mock-engine listening on http://{config.host}:{port}", flush=True
+            ),
+        )
+
+    return asyncio.run(main())

@@ -7,6 +7,7 @@ nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -29,19 +30,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def die_with_parent() -> None:
-    """Called early by a child: exit when the process that spawned it goes away."""
+def die_with_parent() -> bool:
+    """Called early by a child: ask Linux for SIGTERM when the parent dies.
+
+    Returns False when the parent is already gone (we were re-parented before prctl).
+    """
     parent = os.environ.get(PARENT_PID_ENV)
-    if not parent or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-    # The parent may have died before prctl took effect.
-    if os.getppid() != int(parent):
-        os.kill(os.getpid(), signal.SIGTERM)
+    if not parent or not parent.isdigit():
+        return True
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    return os.getppid() == int(parent)
 
 
 def wait_http_ready(

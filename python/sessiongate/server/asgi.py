@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
-from sessiongate.session.core import CoreReply, CoreRequest, error_reply
 from sessiongate.session.errors import GatewayError, PayloadTooLarge, Unauthorized
+from sessiongate.session.protocol import CoreReply, CoreRequest, error_reply
 
 Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
@@ -35,9 +35,7 @@ class FrontendSettings:
 
 async def _read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
     if declared is not None and declared > limit:
-        raise PayloadTooLarge(
-            f"request body is {declared} bytes, over the limit of {limit} bytes"
-        )
+        raise PayloadTooLarge(f"request body is {declared} bytes, over the limit of {limit} bytes")
     parts: list[bytes] = []
     size = 0
     while True:
@@ -97,10 +95,10 @@ class GatewayApp:
         if scope["type"] != "http":
             return
         method: str = scope["method"]
-        path: str = scope["path"]
-        headers = [
-            (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]
-        ]
+        # The raw path keeps "%2F" inside a session id from splitting the path.
+        raw_path: bytes | None = scope.get("raw_path")
+        path: str = raw_path.decode("latin-1") if raw_path else scope["path"]
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
         try:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op != "health":

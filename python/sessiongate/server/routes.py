@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from sessiongate.session.errors import GatewayError, SessionNotFound
 
@@ -33,9 +34,7 @@ class Route:
     auto_create: bool = False
 
 
-def header_session_id(
-    headers: Sequence[tuple[str, str]], names: Sequence[str]
-) -> str | None:
+def header_session_id(headers: Sequence[tuple[str, str]], names: Sequence[str]) -> str | None:
     """The first configured session header present (header names compare case-insensitively)."""
     lowered = {k.lower(): v for k, v in headers}
     for name in names:
@@ -61,7 +60,9 @@ def classify(
         return Route("create")
     if path.startswith("/sessions/"):
         rest = path[len("/sessions/") :]
-        session_id, slash, sub_path = rest.partition("/")
+        quoted_id, slash, sub_path = rest.partition("/")
+        # Ids may contain any visible ASCII; clients percent-encode "/", "?", "%" and "#".
+        session_id = unquote(quoted_id)
         if not session_id:
             raise SessionNotFound("missing session id in the path")
         if not slash:
@@ -69,7 +70,9 @@ def classify(
                 return Route("get", session_id)
             if method == "DELETE":
                 return Route("delete", session_id)
-            raise MethodNotAllowed(f"{method} is not allowed on /sessions/{{id}} (use GET or DELETE)")
+            raise MethodNotAllowed(
+                f"{method} is not allowed on /sessions/{{id}} (use GET or DELETE)"
+            )
         upstream_path = "/" + sub_path
         if upstream_path == CHAT_PATH and method == "POST":
             return Route("chat", session_id)

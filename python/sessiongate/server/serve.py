@@ -7,18 +7,14 @@ import asyncio
 import logging
 import os
 import shlex
-from contextlib import contextmanager
 from collections.abc import Iterator
-
-import uvicorn
+from contextlib import contextmanager
 
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
-from sessiongate.server.app import create_app
+from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
 from sessiongate.server.asgi import DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
-from sessiongate.session.settings import SessionSettings
-from sessiongate.session.settings import DEFAULT_APPEND_ROLES
-from sessiongate.tokenizer import load_tokenizer
+from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
 
 MOCK_BACKEND = "mock"
 # R3 shape the embedded mock engine uses when --r3 is given without --mock-args.
@@ -88,7 +84,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mock-args",
         default="",
-        help="extra arguments for the embedded mock engine, e.g. \"--r3-layers 48 --r3-topk 8\"",
+        help='extra arguments for the embedded mock engine, e.g. "--r3-layers 48 --r3-topk 8"',
     )
     parser.add_argument("--log-level", default="warning")
 
@@ -137,6 +133,10 @@ def backend_url(args: argparse.Namespace) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here so that light subcommands (and the router) never load the tokenizer.
+    from sessiongate.server.app import create_app
+    from sessiongate.tokenizer import load_tokenizer
+
     logging.basicConfig(level=args.log_level.upper())
     session_settings = session_settings_from(args)
     frontend_settings = frontend_settings_from(args)
@@ -149,30 +149,19 @@ def run(args: argparse.Namespace) -> int:
             frontend_settings=frontend_settings,
             upstream_timeout=args.timeout,
         )
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            access_log=False,
-            lifespan="off",
-        )
-        server = uvicorn.Server(config)
-        print(
-            f"sessiongate serving on http://{args.host}:{args.port} (upstream {upstream})",
-            flush=True,
-        )
-        try:
-            asyncio.run(_serve(server, core))
-        except KeyboardInterrupt:
-            pass
-    return 0
+        server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level))
 
+        def announce(port: int) -> None:
+            print(
+                f"sessiongate serving on http://{args.host}:{port} (upstream {upstream})",
+                flush=True,
+            )
 
-async def _serve(server: uvicorn.Server, core: object) -> None:
-    try:
-        await server.serve()
-    finally:
-        aclose = getattr(core, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        async def main() -> int:
+            try:
+                return await serve_until_exit(server, on_started=announce, default_port=args.port)
+            finally:
+                await core.aclose()
+
+        code = asyncio.run(main())
+    return code

@@ -11,7 +11,6 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from sessiongate.primitives import new_session_id, shard_key, validate_session_id
@@ -22,49 +21,21 @@ from sessiongate.session.errors import (
     UpstreamError,
 )
 from sessiongate.session.messages import plan_history, validate_messages
+from sessiongate.session.protocol import (
+    JSON_HEADERS,
+    RECORDED_HEADER,
+    SSE_HEADERS,
+    CoreReply,
+    CoreRequest,
+    error_reply,
+    json_reply,
+)
 from sessiongate.session.reply import client_view, parse_reply
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamClient
-
-JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
-SSE_HEADERS: list[tuple[str, str]] = [
-    ("content-type", "text/event-stream"),
-    ("cache-control", "no-cache"),
-]
-RECORDED_HEADER = "x-sessiongate-recorded"
-
-
-@dataclass
-class CoreRequest:
-    op: str
-    session_id: str | None = None
-    path: str = ""
-    method: str = "GET"
-    query: str = ""
-    headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes = b""
-    # Header-identified sessions (POST /v1/chat/completions) are created on first use.
-    auto_create: bool = False
-
-
-@dataclass
-class CoreReply:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
-
-
-def json_reply(status: int, document: object, headers: list[tuple[str, str]] | None = None) -> CoreReply:
-    body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
-    return CoreReply(status, [*JSON_HEADERS, *(headers or [])], body)
-
-
-def error_reply(error: GatewayError) -> CoreReply:
-    return json_reply(error.status, {"error": error.message})
 
 
 def _parse_json_object(body: bytes, what: str) -> dict[str, Any]:
@@ -317,7 +288,9 @@ class SessionCore:
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if wants_stream:
             return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.document))
-        return CoreReply(200, [*JSON_HEADERS, *extra], await asyncio.to_thread(client_view, parsed.document))
+        return CoreReply(
+            200, [*JSON_HEADERS, *extra], await asyncio.to_thread(client_view, parsed.document)
+        )
 
 
 async def _one_chunk_sse(document: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -108,9 +108,14 @@ class TitoEngine:
         expected = self.tokenizer.apply_chat_template(
             list(messages), add_generation_prompt=False, tools=_tools_or_none(tools)
         )
-        suffix = self.turn_suffix_ids
-        if suffix and expected[-len(suffix) :] == suffix and accumulated[-len(suffix) :] != suffix:
-            expected = expected[: -len(suffix)]
+        # The last turn ends where sampling stopped: the template's suffix after the
+        # end-of-turn token was never sampled, and after a length cut-off neither was the
+        # end-of-turn token itself.
+        tail = list(self.turn_suffix_ids)
+        if accumulated and accumulated[-1] != self.end_of_turn_id:
+            tail = [self.end_of_turn_id, *tail]
+        if tail and expected[-len(tail) :] == tail and list(accumulated[-len(tail) :]) != tail:
+            expected = expected[: -len(tail)]
         return compare_token_sequences(
             self.tokenizer, expected, list(accumulated), self.end_of_turn_id
         )
