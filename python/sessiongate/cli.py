@@ -17,12 +17,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from sessiongate.dataplane import router_main, worker_main
     from sessiongate.demo import run as demo
     from sessiongate.mock_engine import cli as mock_engine_cli
     from sessiongate.server import serve
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    router_main.add_parser(sub)
+    worker_main.add_parser(sub)
     mock_engine_cli.add_parser(sub)
     return parser
 

@@ -54,6 +54,10 @@ def classify(
         if method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not allowed on /health (use GET)")
         return Route("health")
+    if path == "/metrics":
+        if method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{method} is not allowed on /metrics (use GET)")
+        return Route("metrics")
     if path in ("/sessions", "/sessions/"):
         if method != "POST":
             raise MethodNotAllowed(f"{method} is not allowed on /sessions (use POST)")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shlex
@@ -11,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
-from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
 from sessiongate.server.asgi import DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
@@ -86,6 +84,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help='extra arguments for the embedded mock engine, e.g. "--r3-layers 48 --r3-topk 8"',
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="session worker processes (default: number of cores); sessions are sharded over "
+        "them by blake2b of the root session id",
+    )
+    parser.add_argument(
+        "--on-worker-exit",
+        choices=("restart", "fail"),
+        default="restart",
+        help="restart a worker that exits and keep serving the other shards (default), or "
+        "stop everything and exit non-zero (fail-fast)",
+    )
     parser.add_argument("--log-level", default="warning")
 
 
@@ -111,10 +123,10 @@ def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
 
 
 @contextmanager
-def backend_url(args: argparse.Namespace) -> Iterator[str]:
+def backend_url(args: argparse.Namespace) -> Iterator[tuple[str, ChildProcess | None]]:
     """The upstream URL; for 'mock', a mock engine child process for the duration."""
     if args.backend != MOCK_BACKEND:
-        yield args.backend
+        yield args.backend, None
         return
     port = free_port()
     mock_args = ["mock-engine", "--host", "127.0.0.1", "--port", str(port)]
@@ -127,41 +139,55 @@ def backend_url(args: argparse.Namespace) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ready(url + "/health", timeout=60.0, proc=child.proc)
-        yield url
+        yield url, child
     finally:
         child.stop()
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here so that light subcommands (and the router) never load the tokenizer.
-    from sessiongate.server.app import create_app
-    from sessiongate.tokenizer import load_tokenizer
+    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
 
     logging.basicConfig(level=args.log_level.upper())
-    session_settings = session_settings_from(args)
-    frontend_settings = frontend_settings_from(args)
-    tokenizer = load_tokenizer(args.tokenizer)
-    with backend_url(args) as upstream:
-        app, core = create_app(
-            tokenizer,
+    session_settings_from(args)  # validate before starting anything
+    frontend = frontend_settings_from(args)
+    if args.workers < 1:
+        raise SystemExit("--workers must be >= 1")
+    with backend_url(args) as (upstream, mock):
+        worker_args = [
+            "--backend",
             upstream,
-            session_settings=session_settings,
-            frontend_settings=frontend_settings,
-            upstream_timeout=args.timeout,
-        )
-        server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level))
-
-        def announce(port: int) -> None:
-            print(
-                f"sessiongate serving on http://{args.host}:{port} (upstream {upstream})",
-                flush=True,
+            "--timeout",
+            str(args.timeout),
+            "--allowed-append-roles",
+            args.allowed_append_roles,
+            "--max-trim-tokens",
+            str(args.max_trim_tokens),
+            "--log-level",
+            args.log_level,
+            *(["--tokenizer", args.tokenizer] if args.tokenizer else []),
+            *(["--r3"] if args.r3 else []),
+        ]
+        router_args = [
+            "--max-body-bytes",
+            str(frontend.max_body_bytes),
+            "--log-level",
+            args.log_level,
+        ]
+        for header in frontend.session_headers:
+            router_args += ["--session-header", header]
+        supervisor = Supervisor(
+            SupervisorConfig(
+                workers=args.workers,
+                host=args.host,
+                port=args.port,
+                worker_args=worker_args,
+                router_args=router_args,
+                on_worker_exit=args.on_worker_exit,
+                api_key=frontend.api_key,
+                watched=[mock.proc] if mock is not None and mock.proc is not None else [],
             )
-
-        async def main() -> int:
-            try:
-                return await serve_until_exit(server, on_started=announce, default_port=args.port)
-            finally:
-                await core.aclose()
-
-        code = asyncio.run(main())
-    return code
+        )
+        return supervisor.run(
+            on_ready=f"sessiongate serving on http://{args.host}:{args.port} "
+            f"({args.workers} workers, upstream {upstream})"
+        )

@@ -29,6 +29,7 @@ from sessiongate.session.protocol import (
     CoreRequest,
     error_reply,
     json_reply,
+    parse_json_object,
 )
 from sessiongate.session.reply import client_view, parse_reply
 from sessiongate.session.settings import SessionSettings
@@ -37,15 +38,8 @@ from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamClient
 
-
-def _parse_json_object(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        document = json.loads(body)
-    except ValueError as exc:
-        raise BadRequest(f"{what} is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise BadRequest(f"{what} must be a JSON object, not {type(document).__name__}")
-    return document
+# Session dumps at least this large are streamed in parts instead of joined.
+STREAM_GET_ABOVE = 1024 * 1024
 
 
 class SessionCore:
@@ -96,7 +90,7 @@ class SessionCore:
     def _open_session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
-            raise SessionNotFound(f"session {session_id} not found")
+            raise SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
         if session.closing:
             raise SessionNotFound(f"session {session_id} is closing")
         return session
@@ -129,7 +123,7 @@ class SessionCore:
     async def _create(self, request: CoreRequest) -> CoreReply:
         parent: Session | None = None
         if request.body.strip():
-            document = _parse_json_object(request.body, "request body")
+            document = parse_json_object(request.body, "request body")
             parent_id = document.get("parent_session_id")
             if parent_id is not None:
                 if not isinstance(parent_id, str):
@@ -167,17 +161,11 @@ class SessionCore:
                 metadata["tito_session_mismatch_error"] = str(exc)
         head = json.dumps({"session_id": session.session_id}, separators=(",", ":")).encode()
         meta = json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()
-        body = b"".join(
-            (
-                head[:-1],
-                b',"records":[',
-                b",".join(r.to_json() for r in records),
-                b'],"metadata":',
-                meta,
-                b"}",
-            )
-        )
-        return CoreReply(200, list(JSON_HEADERS), body)
+        parts = _session_document_parts(head[:-1], records, meta)
+        if sum(r.size for r in records) < STREAM_GET_ABOVE:
+            return CoreReply(200, list(JSON_HEADERS), b"".join([p async for p in parts]))
+        # Large sessions go out record by record: never one buffer the size of the dump.
+        return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
 
     async def _delete(self, request: CoreRequest) -> CoreReply:
         session = self._open_session(self._session_id(request))
@@ -201,7 +189,7 @@ class SessionCore:
 
     async def _chat(self, request: CoreRequest) -> CoreReply:
         session_id = self._session_id(request)
-        body = _parse_json_object(request.body, "request body")
+        body = parse_json_object(request.body, "request body")
         messages = validate_messages(body.get("messages"))
         tools = body.get("tools")
         wants_stream = bool(body.get("stream"))
@@ -210,7 +198,7 @@ class SessionCore:
         if session is None and request.auto_create:
             session = self._add_session(session_id, None)
         if session is None:
-            raise SessionNotFound(f"session {session_id} not found")
+            raise SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
 
         # Phase 1, under the session lock: validate against the history and build the prompt.
         async with session.lock:
@@ -291,6 +279,18 @@ class SessionCore:
         return CoreReply(
             200, [*JSON_HEADERS, *extra], await asyncio.to_thread(client_view, parsed.document)
         )
+
+
+async def _session_document_parts(
+    head: bytes, records: list[TurnRecord], metadata: bytes
+) -> AsyncIterator[bytes]:
+    yield head + b',"records":['
+    for index, record in enumerate(records):
+        if index:
+            yield b","
+        for part in record.json_parts():
+            yield part
+    yield b'],"metadata":' + metadata + b"}"
 
 
 async def _one_chunk_sse(document: dict[str, Any]) -> AsyncIterator[bytes]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from sessiongate.session.errors import GatewayError
+from sessiongate.session.errors import BadRequest, GatewayError
 
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 SSE_HEADERS: list[tuple[str, str]] = [
@@ -38,6 +39,9 @@ class CoreReply:
     headers: list[tuple[str, str]]
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
+    # True for bulk streams (a records dump) whose small parts may be joined into larger
+    # chunks; False for live streams (SSE) where each part should go out at once.
+    coalesce: bool = False
 
 
 def json_reply(
@@ -49,3 +53,13 @@ def json_reply(
 
 def error_reply(error: GatewayError) -> CoreReply:
     return json_reply(error.status, {"error": error.message})
+
+
+def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise BadRequest(f"{what} must be a JSON object, not {type(document).__name__}")
+    return document

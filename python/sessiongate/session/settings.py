@@ -17,3 +17,5 @@ class SessionSettings:
     r3: bool = False
     # Upstream path of the chat endpoint.
     chat_path: str = "/v1/chat/completions"
+    # Appended to "session not found" errors, e.g. when this worker replaced a lost one.
+    not_found_note: str = ""

@@ -25,7 +25,12 @@ class TurnRecord:
     request: bytes
     response: bytes
 
-    def to_json(self) -> bytes:
+    @property
+    def size(self) -> int:
+        return len(self.request) + len(self.response)
+
+    def json_parts(self) -> tuple[bytes, ...]:
+        """The record's JSON object as parts to concatenate (the bodies are not copied)."""
         head = json.dumps(
             {
                 "timestamp": self.timestamp,
@@ -35,9 +40,10 @@ class TurnRecord:
             },
             separators=(",", ":"),
         ).encode()
-        return b"".join(
-            (head[:-1], b',"request":', self.request, b',"response":', self.response, b"}")
-        )
+        return (head[:-1] + b',"request":', self.request, b',"response":', self.response, b"}")
+
+    def to_json(self) -> bytes:
+        return b"".join(self.json_parts())
 
 
 @dataclass

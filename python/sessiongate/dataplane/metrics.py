@@ -1,0 +1,123 @@
+"""Router metrics in the Prometheus text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+@dataclass
+class _Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+        for index, bound in enumerate(LATENCY_BUCKETS):
+            if seconds <= bound:
+                self.counts[index] += 1
+
+
+@dataclass
+class WorkerGauge:
+    index: int
+    up: bool
+    sessions: int
+    inflight: int
+    bytes_relayed: int
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.latency: dict[str, _Histogram] = {}
+        self.worker_restarts = 0
+
+    def observe(self, op: str, status: int, seconds: float) -> None:
+        self.requests[(op, status)] += 1
+        self.latency.setdefault(op, _Histogram()).observe(seconds)
+
+    def render(self, workers: Sequence[WorkerGauge]) -> bytes:
+        lines: list[str] = []
+        _family(
+            lines,
+            "sessiongate_requests_total",
+            "counter",
+            "Requests answered by the router, by operation and status.",
+            [(f'op="{op}",status="{st}"', n) for (op, st), n in sorted(self.requests.items())],
+        )
+        samples: list[tuple[str, float]] = []
+        for op, hist in sorted(self.latency.items()):
+            for bound, count in zip(LATENCY_BUCKETS, hist.counts, strict=True):
+                samples.append((f'op="{op}",le="{bound}"', count))  # counts are cumulative
+            samples.append((f'op="{op}",le="+Inf"', hist.count))
+        _family(
+            lines,
+            "sessiongate_request_duration_seconds",
+            "histogram",
+            "Time from request to the reply's status line.",
+            samples,
+            suffix="_bucket",
+        )
+        for op, hist in sorted(self.latency.items()):
+            lines.append(f'sessiongate_request_duration_seconds_sum{{op="{op}"}} {hist.total:.6f}')
+            lines.append(f'sessiongate_request_duration_seconds_count{{op="{op}"}} {hist.count}')
+        per_worker = {
+            "sessiongate_worker_up": ("gauge", "1 when the worker's channel is open and beating."),
+            "sessiongate_worker_sessions": ("gauge", "Live sessions (last heartbeat)."),
+            "sessiongate_worker_inflight": ("gauge", "Requests being handled (last heartbeat)."),
+            "sessiongate_bytes_relayed_total": ("counter", "Reply body bytes relayed."),
+        }
+        values = {
+            "sessiongate_worker_up": lambda w: int(w.up),
+            "sessiongate_worker_sessions": lambda w: w.sessions,
+            "sessiongate_worker_inflight": lambda w: w.inflight,
+            "sessiongate_bytes_relayed_total": lambda w: w.bytes_relayed,
+        }
+        for name, (kind, text) in per_worker.items():
+            _family(
+                lines, name, kind, text, [(f'worker="{w.index}"', values[name](w)) for w in workers]
+            )
+        _family(
+            lines,
+            "sessiongate_worker_restarts_total",
+            "counter",
+            "Workers replaced after they exited.",
+            [("", self.worker_restarts)],
+        )
+        return ("\n".join(lines) + "\n").encode()
+
+
+def _family(
+    lines: list[str],
+    name: str,
+    kind: str,
+    text: str,
+    samples: Sequence[tuple[str, float]],
+    suffix: str = "",
+) -> None:
+    lines.append(f"# HELP {name} {text}")
+    lines.append(f"# TYPE {name} {kind}")
+    for labels, value in samples:
+        label_text = f"{{{labels}}}" if labels else ""
+        lines.append(f"{name}{suffix}{label_text} {value}")

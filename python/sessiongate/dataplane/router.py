@@ -1,0 +1,267 @@
+"""The router: the only HTTP listener. Finds each request's worker by
+`shard(shard_key(id), N)`, relays the reply bytes verbatim, never parses a body (the tiny
+`POST /sessions` body aside, to place a child on its root's worker), and answers `/health`
+and `/metrics` itself from the channels' state, never behind session work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sessiongate.dataplane.connection import FrameConnection
+from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
+from sessiongate.primitives import (
+    FrameTooLarge,
+    new_session_id,
+    shard_index,
+    shard_key,
+    validate_session_id,
+)
+from sessiongate.session.errors import (
+    BadRequest,
+    GatewayError,
+    PayloadTooLarge,
+    Unavailable,
+    UpstreamError,
+)
+from sessiongate.session.protocol import (
+    CoreReply,
+    CoreRequest,
+    error_reply,
+    json_reply,
+    parse_json_object,
+)
+
+logger = logging.getLogger(__name__)
+
+# `POST /sessions` bodies are `{"parent_session_id": ...}`: anything larger is not one.
+MAX_CREATE_BODY = 64 * 1024
+METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
+
+
+class Router:
+    def __init__(self, worker_count: int) -> None:
+        if worker_count < 1:
+            raise ValueError("the router needs at least one worker")
+        self.channels: list[WorkerChannel | None] = [None] * worker_count
+        self.metrics = RouterMetrics()
+        self._round_robin = itertools.count()
+
+    @property
+    def worker_count(self) -> int:
+        return len(self.channels)
+
+    def attach(self, channel: WorkerChannel) -> None:
+        """Install (or replace) the channel of worker `channel.index`."""
+        old = self.channels[channel.index]
+        if old is not None:
+            self.metrics.worker_restarts += 1
+            asyncio.get_running_loop().create_task(old.aclose())
+        self.channels[channel.index] = channel
+        channel.start()
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    async def dispatch(self, request: CoreRequest) -> CoreReply:
+        started = time.perf_counter()
+        try:
+            reply = await self._dispatch(request)
+        except GatewayError as error:
+            reply = error_reply(error)
+        self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
+        return reply
+
+    async def _dispatch(self, request: CoreRequest) -> CoreReply:
+        if request.op == "health":
+            return self.health()
+        if request.op == "metrics":
+            return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges()))
+        if request.op == "create":
+            request.session_id = self._mint_session_id(request.body)
+        index = self._owner(request.session_id)
+        channel = self.channels[index]
+        if channel is None or not channel.up:
+            reason = "starting" if channel is None else channel.down_reason or "starting"
+            raise Unavailable(
+                f"worker {index} is down ({reason}); its sessions are unavailable until it is back"
+            )
+        meta: dict[str, Any] = {
+            "op": request.op,
+            "session_id": request.session_id,
+            "path": request.path,
+            "method": request.method,
+            "query": request.query,
+            "headers": [list(h) for h in request.headers],
+        }
+        if request.auto_create:
+            meta["auto_create"] = True
+        try:
+            return await channel.request(meta, request.body)
+        except WorkerLost as exc:
+            lost = (
+                f"; session {request.session_id} was lost with its worker"
+                if request.session_id and request.op != "create"
+                else ""
+            )
+            raise Unavailable(f"{exc}{lost}") from exc
+        except WorkerFailed as exc:
+            raise UpstreamError(str(exc)) from exc
+        except FrameTooLarge as exc:
+            raise PayloadTooLarge(f"request too large for the worker channel: {exc}") from exc
+
+    def _owner(self, session_id: str | None) -> int:
+        if session_id is None:
+            # Stateless proxy: any live worker will do.
+            live = [c.index for c in self.channels if c is not None and c.up]
+            if not live:
+                return next(self._round_robin) % self.worker_count
+            return live[next(self._round_robin) % len(live)]
+        return shard_index(shard_key(session_id), self.worker_count)
+
+    def _mint_session_id(self, body: bytes) -> str:
+        """Root ids are minted here; a child's id embeds its root so it lands on the root's
+        worker. The worker still checks that the parent exists."""
+        if not body.strip():
+            return new_session_id()
+        if len(body) > MAX_CREATE_BODY:
+            raise PayloadTooLarge(
+                f"POST /sessions body is {len(body)} bytes, over the limit of {MAX_CREATE_BODY}"
+            )
+        document = parse_json_object(body, "request body")
+        parent = document.get("parent_session_id")
+        if parent is None:
+            return new_session_id()
+        if not isinstance(parent, str):
+            raise BadRequest("field 'parent_session_id' must be a string")
+        try:
+            validate_session_id(parent)
+        except ValueError as exc:
+            raise BadRequest(f"invalid parent_session_id: {exc}") from exc
+        return new_session_id(parent)
+
+    # -- health and metrics -------------------------------------------------------------
+
+    def worker_states(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        states = []
+        for index, channel in enumerate(self.channels):
+            if channel is None:
+                states.append({"index": index, "state": "starting"})
+                continue
+            beat = channel.heartbeat
+            states.append(
+                {
+                    "index": index,
+                    "state": "up"
+                    if channel.up
+                    else ("down" if channel.down_reason else "starting"),
+                    "reason": channel.down_reason,
+                    "pid": beat.get("pid"),
+                    "generation": channel.generation,
+                    "sessions": beat.get("sessions", 0),
+                    "inflight": beat.get("inflight", 0),
+                    "heartbeat_age_s": (
+                        round(now - channel.last_heartbeat, 3)
+                        if channel.last_heartbeat is not None
+                        else None
+                    ),
+                }
+            )
+        return states
+
+    def health(self) -> CoreReply:
+        states = self.worker_states()
+        down = [s for s in states if s["state"] != "up"]
+        if down:
+            first = down[0]
+            reason = first.get("reason") or first["state"]
+            return json_reply(
+                503,
+                {
+                    "error": f"worker {first['index']} is down ({reason})",
+                    "status": "degraded",
+                    "workers": states,
+                },
+            )
+        return json_reply(
+            200,
+            {
+                "status": "ok",
+                "workers": states,
+                "sessions": sum(s.get("sessions", 0) for s in states),
+            },
+        )
+
+    def gauges(self) -> list[WorkerGauge]:
+        return [
+            WorkerGauge(
+                index=index,
+                up=channel is not None and channel.up,
+                sessions=channel.heartbeat.get("sessions", 0) if channel else 0,
+                inflight=channel.heartbeat.get("inflight", 0) if channel else 0,
+                bytes_relayed=channel.bytes_relayed if channel else 0,
+            )
+            for index, channel in enumerate(self.channels)
+        ]
+
+    async def aclose(self) -> None:
+        for channel in self.channels:
+            if channel is not None:
+                await channel.aclose()
+
+
+def _state(channel: WorkerChannel) -> str:
+    if channel.up:
+        return "up"
+    return "down" if channel.down_reason else "starting"
+
+
+async def open_channel(index: int, sock: socket.socket, generation: int = 0) -> WorkerChannel:
+    return WorkerChannel(index, await FrameConnection(sock).open(), generation=generation)
+
+
+def watch_control_socket(
+    control: socket.socket, router: Router, on_supervisor_gone: Callable[[], None]
+) -> None:
+    """Receive replacement worker channels from the supervisor (fd passing, SCM_RIGHTS)."""
+    loop = asyncio.get_running_loop()
+    control.setblocking(False)
+
+    def on_readable() -> None:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(control, 4096, 4)
+        except BlockingIOError:
+            return
+        except OSError:
+            message, fds = b"", []
+        if not message:
+            loop.remove_reader(control.fileno())
+            on_supervisor_gone()
+            return
+        try:
+            notice = json.loads(message)
+            index, generation = int(notice["worker"]), int(notice["generation"])
+            if not fds or not 0 <= index < router.worker_count:
+                raise ValueError(f"bad worker notice {notice!r} with {len(fds)} fds")
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.error("ignoring control message: %s", exc)
+            return
+        sock = socket.socket(fileno=fds[0])
+
+        async def attach() -> None:
+            router.attach(await open_channel(index, sock, generation))
+
+        task = loop.create_task(attach())
+        pending_attaches.add(task)
+        task.add_done_callback(pending_attaches.discard)
+
+    pending_attaches: set[asyncio.Task[None]] = set()
+    loop.add_reader(control.fileno(), on_readable)

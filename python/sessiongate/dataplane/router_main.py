@@ -1,0 +1,66 @@
+"""`sessiongate _router`: the router process, started by the supervisor with one inherited
+channel socket per worker and a control socket for replacement channels."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+
+from sessiongate.process.children import die_with_parent
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("_router", help=argparse.SUPPRESS)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--worker-fds", required=True, help="comma list, worker 0 first")
+    parser.add_argument("--control-fd", type=int, required=True)
+    parser.add_argument("--max-body-bytes", type=int, required=True)
+    parser.add_argument("--api-key-env", default=None, help="env var holding the API key")
+    parser.add_argument("--session-header", action="append", default=None)
+    parser.add_argument("--log-level", default="warning")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import os
+
+    from sessiongate.dataplane.router import Router, open_channel, watch_control_socket
+    from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
+    from sessiongate.server.asgi import FrontendSettings, GatewayApp
+    from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
+
+    if not die_with_parent():
+        return 0
+    logging.basicConfig(level=args.log_level.upper(), format="router: %(levelname)s %(message)s")
+    fds = [int(fd) for fd in args.worker_fds.split(",")]
+    router = Router(len(fds))
+    # The key travels by environment, not argv, so it does not show in `ps`.
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    settings = FrontendSettings(
+        max_body_bytes=args.max_body_bytes,
+        api_key=api_key or None,
+        session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
+    )
+    app = GatewayApp(router.dispatch, settings)
+    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level))
+    control = socket.socket(fileno=args.control_fd)
+
+    async def main() -> int:
+        for index, fd in enumerate(fds):
+            router.attach(await open_channel(index, socket.socket(fileno=fd)))
+        watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
+        try:
+            return await serve_until_exit(
+                server,
+                default_port=args.port,
+                on_started=lambda port: print(
+                    f"router listening on {args.host}:{port}", flush=True
+                ),
+            )
+        finally:
+            await router.aclose()
+
+    return asyncio.run(main())

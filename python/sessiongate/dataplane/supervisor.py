@@ -1,0 +1,237 @@
+"""The supervisor: spawns N workers and the router (never forks), waits until `/health` is
+ready, watches every child, restarts a lost worker (or fails fast), and shuts everything
+down cleanly on SIGINT/SIGTERM. Children die with it (PR_SET_PDEATHSIG), so even a killed
+supervisor leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from sessiongate.process.children import PARENT_PID_ENV, wait_http_ready
+
+logger = logging.getLogger(__name__)
+
+API_KEY_ENV = "SESSIONGATE_ROUTER_API_KEY"
+# More restarts than this within the window means the worker cannot stay up: fail instead.
+RESTART_BURST = 5
+RESTART_WINDOW_S = 30.0
+
+
+@dataclass
+class SupervisorConfig:
+    workers: int
+    host: str
+    port: int
+    worker_args: list[str]
+    router_args: list[str]
+    on_worker_exit: str = "restart"  # or "fail"
+    api_key: str | None = None
+    ready_timeout: float = 60.0
+    # Other children (the embedded mock engine) whose exit stops the server.
+    watched: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+
+@dataclass
+class _Worker:
+    index: int
+    generation: int
+    proc: subprocess.Popen[bytes]
+    restarts: deque[float] = field(default_factory=deque)
+
+
+def _spawn(
+    args: Sequence[str], pass_fds: Sequence[int], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    child_env = {**os.environ, **(env or {}), PARENT_PID_ENV: str(os.getpid())}
+    return subprocess.Popen(
+        [sys.executable, "-m", "sessiongate", *args],
+        pass_fds=tuple(pass_fds),
+        env=child_env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class Supervisor:
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config
+        self.workers: list[_Worker] = []
+        self.router: subprocess.Popen[bytes] | None = None
+        self._control: socket.socket | None = None
+        self._stop_signal: int | None = None
+
+    # -- children ---------------------------------------------------------------------
+
+    def _spawn_worker(
+        self, index: int, generation: int
+    ) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """A worker on a fresh socketpair; returns it and the router's end of the pair."""
+        router_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            proc = _spawn(
+                [
+                    "_worker",
+                    "--fd",
+                    str(worker_end.fileno()),
+                    "--index",
+                    str(index),
+                    "--generation",
+                    str(generation),
+                    *self.config.worker_args,
+                ],
+                [worker_end.fileno()],
+            )
+        finally:
+            worker_end.close()
+        return proc, router_end
+
+    def start(self) -> None:
+        router_ends: list[socket.socket] = []
+        for index in range(self.config.workers):
+            proc, router_end = self._spawn_worker(index, 0)
+            self.workers.append(_Worker(index, 0, proc))
+            router_ends.append(router_end)
+        control_here, control_router = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._control = control_here
+        env = {API_KEY_ENV: self.config.api_key} if self.config.api_key else None
+        fds = [s.fileno() for s in router_ends]
+        self.router = _spawn(
+            [
+                "_router",
+                "--host",
+                self.config.host,
+                "--port",
+                str(self.config.port),
+                "--worker-fds",
+                ",".join(map(str, fds)),
+                "--control-fd",
+                str(control_router.fileno()),
+                *(["--api-key-env", API_KEY_ENV] if self.config.api_key else []),
+                *self.config.router_args,
+            ],
+            [*fds, control_router.fileno()],
+            env,
+        )
+        for sock in (*router_ends, control_router):
+            sock.close()
+
+    def _restart_worker(self, worker: _Worker) -> bool:
+        now = time.monotonic()
+        worker.restarts.append(now)
+        while worker.restarts and now - worker.restarts[0] > RESTART_WINDOW_S:
+            worker.restarts.popleft()
+        if len(worker.restarts) > RESTART_BURST:
+            logger.error(
+                "worker %d exited %d times in %.0fs; giving up",
+                worker.index,
+                len(worker.restarts),
+                RESTART_WINDOW_S,
+            )
+            return False
+        generation = worker.generation + 1
+        proc, router_end = self._spawn_worker(worker.index, generation)
+        try:
+            assert self._control is not None
+            notice = json.dumps({"worker": worker.index, "generation": generation}).encode()
+            socket.send_fds(self._control, [notice], [router_end.fileno()])
+        except OSError as exc:
+            logger.error("cannot hand worker %d's channel to the router: %s", worker.index, exc)
+            proc.terminate()
+            return False
+        finally:
+            router_end.close()
+        worker.proc, worker.generation = proc, generation
+        print(
+            f"sessiongate: worker {worker.index} restarted "
+            f"(pid {proc.pid}, generation {generation})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
+    def stop(self, grace: float = 5.0) -> None:
+        procs = [p for p in [self.router, *(w.proc for w in self.workers)] if p is not None]
+        # Router first: stop taking requests, then the workers.
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._control is not None:
+            self._control.close()
+
+    # -- main loop --------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def run(self, on_ready: str | None = None) -> int:
+        """Start everything, serve until signalled; the exit code."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            assert self.router is not None
+            url = f"http://{self.config.host}:{self.config.port}/health"
+            try:
+                wait_http_ready(url, timeout=self.config.ready_timeout, proc=self.router)
+            except RuntimeError as exc:
+                if self._stop_signal is not None:
+                    return 0
+                print(f"sessiongate: not ready: {exc}", file=sys.stderr, flush=True)
+                return 1
+            if on_ready:
+                print(on_ready, flush=True)
+            return self._watch()
+        finally:
+            self.stop()
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _watch(self) -> int:
+        while self._stop_signal is None:
+            assert self.router is not None
+            if self.router.poll() is not None:
+                print(
+                    f"sessiongate: router exited with code {self.router.returncode}; stopping",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            for other in self.config.watched:
+                if other.poll() is not None:
+                    print(
+                        f"sessiongate: child {other.args!r} exited with code {other.returncode}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    return 1
+            for worker in self.workers:
+                code = worker.proc.poll()
+                if code is None:
+                    continue
+                print(
+                    f"sessiongate: worker {worker.index} (pid {worker.proc.pid}) exited with code "
+                    f"{code}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if self.config.on_worker_exit == "fail" or not self._restart_worker(worker):
+                    return 1
+            time.sleep(0.05)
+        return 0

@@ -1,0 +1,207 @@
+"""The worker's side of its channel: decode requests, run them on the session core, reply.
+
+A bad request never kills the worker: an unexpected exception becomes an ERROR frame for that
+request only. Large reply bodies go out as BODY frames of at most CHUNK_SIZE, paced by the
+router's credit, so small replies on the same channel never wait behind them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from sessiongate.dataplane.connection import FrameConnection
+from sessiongate.dataplane.frames import (
+    CHUNK_SIZE,
+    CREDIT_WINDOW,
+    FRAME_BODY,
+    FRAME_CANCEL,
+    FRAME_CREDIT,
+    FRAME_END,
+    FRAME_ERROR,
+    FRAME_HEARTBEAT,
+    FRAME_REPLY,
+    FRAME_REPLY_HEAD,
+    FRAME_REQUEST,
+    decode_credit,
+)
+from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
+from sessiongate.session.protocol import CoreReply, CoreRequest
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
+HEARTBEAT_INTERVAL = 0.5
+
+
+class _Credit:
+    """How many BODY frames a stream may still send before the router asks for more."""
+
+    def __init__(self, window: int) -> None:
+        self.available = window
+        self._changed = asyncio.Event()
+
+    def add(self, count: int) -> None:
+        self.available += count
+        self._changed.set()
+
+    async def take(self) -> None:
+        while self.available <= 0:
+            self._changed.clear()
+            await self._changed.wait()
+        self.available -= 1
+
+
+async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """Join small parts into chunks up to `limit`, splitting large ones."""
+    buffer = bytearray()
+    async for part in parts:
+        view = memoryview(part)
+        while view:
+            room = limit - len(buffer)
+            buffer += view[:room]
+            view = view[room:]
+            if len(buffer) >= limit:
+                yield bytes(buffer)
+                buffer.clear()
+    if buffer:
+        yield bytes(buffer)
+
+
+def _request_from(meta: dict[str, Any], body: bytes) -> CoreRequest:
+    return CoreRequest(
+        op=str(meta["op"]),
+        session_id=meta.get("session_id"),
+        path=str(meta.get("path", "")),
+        method=str(meta.get("method", "GET")),
+        query=str(meta.get("query", "")),
+        headers=[(str(k), str(v)) for k, v in meta.get("headers", [])],
+        body=body,
+        auto_create=bool(meta.get("auto_create", False)),
+    )
+
+
+class WorkerLoop:
+    def __init__(
+        self,
+        conn: FrameConnection,
+        handler: Handler,
+        *,
+        index: int,
+        generation: int,
+        status: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.conn = conn
+        self.handler = handler
+        self.index = index
+        self.generation = generation
+        self.status = status or dict
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.credits: dict[int, _Credit] = {}
+
+    async def run(self) -> str:
+        """Serve until the router closes the channel; returns why it ended."""
+        heartbeat = asyncio.create_task(self._heartbeat())
+        try:
+            async for frame_type, request_id, payload in self.conn.frames():
+                if frame_type == FRAME_REQUEST:
+                    task = asyncio.create_task(self._handle(request_id, payload))
+                    self.tasks[request_id] = task
+                elif frame_type == FRAME_CANCEL:
+                    task = self.tasks.get(request_id)
+                    if task is not None:
+                        task.cancel()
+                elif frame_type == FRAME_CREDIT:
+                    credit = self.credits.get(request_id)
+                    if credit is not None:
+                        credit.add(decode_credit(payload))
+            return "router closed the channel"
+        except FrameError as exc:
+            return f"corrupt frame from router: {exc}"
+        except (OSError, ConnectionError) as exc:
+            return f"read error: {exc}"
+        finally:
+            heartbeat.cancel()
+            for task in list(self.tasks.values()):
+                task.cancel()
+
+    async def _heartbeat(self) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while True:
+                document = {
+                    "pid": os.getpid(),
+                    "index": self.index,
+                    "generation": self.generation,
+                    "inflight": len(self.tasks),
+                    **self.status(),
+                }
+                await self.conn.send(FRAME_HEARTBEAT, 0, json.dumps(document).encode())
+                await asyncio.sleep(HEARTBEAT_INTERVAL)
+
+    async def _handle(self, request_id: int, payload: bytes) -> None:
+        reply: CoreReply | None = None
+        try:
+            meta, body = decode_envelope(payload)
+            reply = await self.handler(_request_from(meta, bytes(body)))
+            await self._send_reply(request_id, reply)
+        except asyncio.CancelledError:
+            pass
+        except (ConnectionError, OSError):
+            pass  # the router is gone; run() ends on EOF
+        except Exception as exc:  # a bad request must cost one request, never the worker
+            logger.exception("worker %d: request %d failed", self.index, request_id)
+            message = f"internal error in worker {self.index}: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(ConnectionError, OSError):
+                await self.conn.send(FRAME_ERROR, request_id, message.encode())
+        finally:
+            self.tasks.pop(request_id, None)
+            self.credits.pop(request_id, None)
+            stream = reply.stream if reply is not None else None
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    async def _send_reply(self, request_id: int, reply: CoreReply) -> None:
+        meta = {"status": reply.status, "headers": [list(h) for h in reply.headers]}
+        if reply.stream is None and len(reply.body) <= CHUNK_SIZE:
+            try:
+                await self.conn.send(FRAME_REPLY, request_id, encode_envelope(meta, reply.body))
+            except FrameTooLarge as exc:
+                await self.conn.send(FRAME_ERROR, request_id, f"reply too large: {exc}".encode())
+            return
+        credit = _Credit(CREDIT_WINDOW)
+        self.credits[request_id] = credit
+        await self.conn.send(FRAME_REPLY_HEAD, request_id, encode_envelope(meta, b""))
+        if reply.stream is None:
+            parts = _single(reply.body)
+        elif reply.coalesce:
+            parts = _coalesce(reply.stream, CHUNK_SIZE)
+        else:
+            parts = _split(reply.stream, CHUNK_SIZE)
+        async for chunk in parts:
+            await credit.take()
+            await self.conn.send(FRAME_BODY, request_id, chunk)
+        await self.conn.send(FRAME_END, request_id)
+
+
+async def _single(body: bytes) -> AsyncIterator[bytes]:
+    view = memoryview(body)
+    for start in range(0, len(view), CHUNK_SIZE):
+        yield bytes(view[start : start + CHUNK_SIZE])
+
+
+async def _split(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """Pass parts through as they come (latency matters, e.g. SSE), splitting large ones."""
+    async for part in parts:
+        if len(part) <= limit:
+            yield part
+            continue
+        view = memoryview(part)
+        for start in range(0, len(view), limit):
+            yield bytes(view[start : start + limit])
