@@ -9,6 +9,7 @@ import signal
 import time
 
 import httpx
+
 from procs import ServerProcess, free_port
 
 

@@ -6,10 +6,10 @@ import base64
 import json
 import threading
 import time
-from urllib.parse import quote
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -310,7 +310,13 @@ def test_chat_vs_chat_leaves_a_consistent_session(gateway: ServerProcess) -> Non
 def slow_gateway() -> Iterator[ServerProcess]:
     port = free_port()
     with ServerProcess(
-        ["serve", "--port", str(port), "--mock-args", "--token-delay-ms 20 --completion-tokens 20 --completion-tokens-jitter 0"],
+        [
+            "serve",
+            "--port",
+            str(port),
+            "--mock-args",
+            "--token-delay-ms 20 --completion-tokens 20 --completion-tokens-jitter 0",
+        ],
         port,
     ) as proc:
         yield proc

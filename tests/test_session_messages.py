@@ -108,7 +108,7 @@ def test_plan_never_keeps_more_than_stored(turns: int, cut: int, data: st.DataOb
     stored = conversation(turns)
     if turns:
         stored = stored[:-1]
-    requested = [*stored[:min(cut, len(stored))], {"role": "tool", "content": "new"}]
+    requested = [*stored[: min(cut, len(stored))], {"role": "tool", "content": "new"}]
     try:
         p = plan(stored, requested)
     except BadRequest:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import socket
+import sys
 
 from sessiongate.process.children import die_with_parent
+
+MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -48,6 +52,17 @@ def run(args: argparse.Namespace) -> int:
     server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level))
     control = socket.socket(fileno=args.control_fd)
 
+    def write_modules_report() -> None:
+        report = os.environ.get(MODULES_REPORT_ENV)
+        if report:
+            # Lets a test verify the router never loads the session core or a tokenizer.
+            with open(report, "w") as out:
+                json.dump(sorted(sys.modules), out)
+
+    def on_started(port: int) -> None:
+        print(f"router listening on {args.host}:{port}", flush=True)
+        write_modules_report()
+
     async def main() -> int:
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
@@ -56,11 +71,10 @@ def run(args: argparse.Namespace) -> int:
             return await serve_until_exit(
                 server,
                 default_port=args.port,
-                on_started=lambda port: print(
-                    f"router listening on {args.host}:{port}", flush=True
-                ),
+                on_started=on_started,
             )
         finally:
             await router.aclose()
+            write_modules_report()
 
     return asyncio.run(main())

@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from sessiongate.process.children import PARENT_PID_ENV, wait_http_ready
+import httpx
+
+from sessiongate.process.children import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -186,24 +188,23 @@ class Supervisor:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.start()
-            assert self.router is not None
-            url = f"http://{self.config.host}:{self.config.port}/health"
-            try:
-                wait_http_ready(url, timeout=self.config.ready_timeout, proc=self.router)
-            except RuntimeError as exc:
-                if self._stop_signal is not None:
-                    return 0
-                print(f"sessiongate: not ready: {exc}", file=sys.stderr, flush=True)
-                return 1
-            if on_ready:
-                print(on_ready, flush=True)
-            return self._watch()
+            return self._watch(on_ready)
         finally:
             self.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def _watch(self) -> int:
+    def _ready(self) -> bool:
+        url = f"http://{self.config.host}:{self.config.port}/health"
+        try:
+            return httpx.get(url, timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _watch(self, on_ready: str | None) -> int:
+        """Watch every child; until the first ready /health also enforce the ready timeout."""
+        ready = False
+        deadline = time.monotonic() + self.config.ready_timeout
         while self._stop_signal is None:
             assert self.router is not None
             if self.router.poll() is not None:
@@ -232,6 +233,17 @@ class Supervisor:
                     flush=True,
                 )
                 if self.config.on_worker_exit == "fail" or not self._restart_worker(worker):
+                    return 1
+            if not ready:
+                ready = self._ready()
+                if ready and on_ready:
+                    print(on_ready, flush=True)
+                elif not ready and time.monotonic() > deadline:
+                    print(
+                        f"sessiongate: /health not ready after {self.config.ready_timeout:.0f}s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return 1
             time.sleep(0.05)
         return 0
