@@ -3,8 +3,13 @@
 
 use pyo3::prelude::*;
 
+pub mod frame;
+pub mod shard;
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    shard::register(m)?;
+    frame::register(m)?;
     Ok(())
 }

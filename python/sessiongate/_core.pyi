@@ -1,0 +1,79 @@
+"""Type stub for ``sessiongate._core``, the compiled Rust core.
+
+Hand-kept and complete: ``tests/test_core_stub.py`` checks that every public name of the
+compiled module is declared here and vice versa, with matching parameter names. Use the
+module through :mod:`sessiongate.primitives`, which also provides the pure-Python twins.
+"""
+
+from collections.abc import Iterable
+from typing import Any, final
+
+from typing_extensions import Buffer
+
+__version__: str
+
+# Shard key and ids (rust/shard.rs)
+
+MAX_SESSION_ID_LEN: int
+"""Longest accepted session id, in characters (256)."""
+
+def shard_index(key: str | bytes, n: int) -> int:
+    """``int.from_bytes(blake2b(key, digest_size=8).digest(), "big") % n`` (str as UTF-8)."""
+
+def shard_indices(keys: Iterable[str | bytes], n: int) -> list[int]:
+    """``[shard_index(k, n) for k in keys]``, hashed with the GIL released."""
+
+def shard_key(session_id: str) -> str:
+    """The text before the first '.', or the whole id."""
+
+def validate_session_id(session_id: str) -> str:
+    """``session_id`` unchanged if it is 1-256 visible ASCII characters, else ValueError."""
+
+def new_session_id(parent: str | None = None) -> str:
+    """A root id (uuid4 hex) or, with ``parent``, ``<root of parent>.<uuid4 hex>``."""
+
+# IPC frames and envelopes (rust/frame.rs)
+
+FRAME_REQUEST: int
+FRAME_REPLY: int
+FRAME_ERROR: int
+FRAME_HEADER_SIZE: int
+"""17: u64 length + u64 request id + u8 type."""
+DEFAULT_MAX_FRAME: int
+"""64 GiB: the default cap on a frame's length field."""
+
+def encode_frame(
+    frame_type: int, request_id: int, payload: Buffer, *, max_frame: int | None = ...
+) -> bytes:
+    """One whole frame; FrameTooLarge when 9 + len(payload) > max_frame."""
+
+def encode_frame_header(
+    frame_type: int, request_id: int, payload_len: int, *, max_frame: int | None = ...
+) -> bytes:
+    """The 17 header bytes of a frame whose payload is written separately."""
+
+def encode_envelope(meta: dict[str, Any], body: Buffer | None = ...) -> bytes:
+    """``u64 BE meta_len | compact JSON meta | body``."""
+
+def decode_envelope(payload: Buffer) -> tuple[dict[str, Any], memoryview]:
+    """The meta dict and a zero-copy memoryview of the body; FrameError if malformed."""
+
+@final
+class FrameDecoder:
+    """Incremental decoder; closed (every feed raises FrameError) after a decode error."""
+
+    def __init__(self, max_frame: int | None = ...) -> None: ...
+    @property
+    def max_frame(self) -> int:
+        """The largest accepted length field (9 + payload length)."""
+    @property
+    def buffered(self) -> int:
+        """Bytes of the incomplete frame held by the decoder."""
+    @property
+    def pending_frame_size(self) -> int | None:
+        """Wire size (8 + length) of the incomplete frame once its length is known."""
+    @property
+    def closed(self) -> bool:
+        """True after a decode error."""
+    def feed(self, data: Buffer) -> list[tuple[int, int, bytes]]:
+        """Consume ``data``; return ``(type, request_id, payload)`` per completed frame."""

@@ -1,0 +1,171 @@
+"""Foundation primitives: shard selection, session ids and the IPC frame codec.
+
+Every function here has two implementations with identical results: the Rust core
+(``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame``). The module
+level names are bound to the Rust core unless the environment says
+``SESSIONGATE_IMPL=python``; ``IMPL`` tells which one is active. Both stay reachable as
+:data:`rust` and :data:`python` (or :func:`get_impl`) so tests and benchmarks can compare
+them in one run. Exception classes come from :mod:`sessiongate.primitives.errors` and are
+the same objects for both.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from types import ModuleType, SimpleNamespace
+from typing import TYPE_CHECKING, Literal
+
+from . import _py_frame, _py_shard
+from .errors import FrameCorrupt, FrameError, FrameTooLarge
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "FRAME_ERROR",
+    "FRAME_HEADER_SIZE",
+    "FRAME_REPLY",
+    "FRAME_REQUEST",
+    "IMPL",
+    "MAX_SESSION_ID_LEN",
+    "FrameCorrupt",
+    "FrameDecoder",
+    "FrameError",
+    "FrameTooLarge",
+    "decode_envelope",
+    "encode_envelope",
+    "encode_frame",
+    "encode_frame_header",
+    "get_impl",
+    "new_session_id",
+    "python",
+    "rust",
+    "shard_index",
+    "shard_indices",
+    "shard_key",
+    "validate_session_id",
+]
+
+# The names each implementation provides; the exception classes are shared, not per impl.
+_API = (
+    "DEFAULT_MAX_FRAME",
+    "FRAME_ERROR",
+    "FRAME_HEADER_SIZE",
+    "FRAME_REPLY",
+    "FRAME_REQUEST",
+    "MAX_SESSION_ID_LEN",
+    "FrameDecoder",
+    "decode_envelope",
+    "encode_envelope",
+    "encode_frame",
+    "encode_frame_header",
+    "new_session_id",
+    "shard_index",
+    "shard_indices",
+    "shard_key",
+    "validate_session_id",
+)
+_ERRORS = {"FrameError": FrameError, "FrameTooLarge": FrameTooLarge, "FrameCorrupt": FrameCorrupt}
+
+
+def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
+    ns = SimpleNamespace(IMPL=name, **_ERRORS)
+    for attr in _API:
+        for src in sources:
+            if hasattr(src, attr):
+                setattr(ns, attr, getattr(src, attr))
+                break
+        else:
+            raise ImportError(f"sessiongate {name} primitives lack {attr!r}")
+    return ns
+
+
+python = _namespace("python", _py_shard, _py_frame)
+"""The pure-Python twins, always available."""
+
+_core: ModuleType | None
+_core_error: ImportError | None = None
+try:
+    from sessiongate import _core
+except ImportError as exc:  # e.g. a source checkout without `maturin develop`
+    _core, _core_error = None, exc
+
+rust: SimpleNamespace | None = _namespace("rust", _core) if _core is not None else None
+"""The Rust core, or None when ``sessiongate._core`` cannot be imported."""
+
+
+def get_impl(name: Literal["rust", "python"]) -> SimpleNamespace:
+    """The namespace of one implementation, for side-by-side tests and benchmarks."""
+    if name == "python":
+        return python
+    if name == "rust":
+        if rust is None:
+            raise ImportError(f"the Rust core is not available: {_core_error}")
+        return rust
+    raise ValueError(f"unknown primitives implementation {name!r}; expected 'rust' or 'python'")
+
+
+def _select() -> SimpleNamespace:
+    choice = os.environ.get("SESSIONGATE_IMPL", "")
+    if choice not in ("", "rust", "python"):
+        raise ValueError(
+            f"SESSIONGATE_IMPL={choice!r} is not supported; use 'rust', 'python' or leave it unset"
+        )
+    if choice == "python":
+        return python
+    if rust is None:
+        if choice == "rust":
+            raise ImportError(
+                f"SESSIONGATE_IMPL=rust but sessiongate._core cannot be imported: {_core_error}"
+            )
+        # Unset: keep working, but loudly, since every hot path is now much slower.
+        warnings.warn(
+            f"sessiongate._core is unavailable ({_core_error}); using the pure-Python primitives",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return python
+    return rust
+
+
+_active = _select()
+IMPL: str = _active.IMPL
+
+if TYPE_CHECKING:
+    # Type checkers see the twins' signatures, which match _core.pyi.
+    from ._py_frame import (
+        DEFAULT_MAX_FRAME,
+        FRAME_ERROR,
+        FRAME_HEADER_SIZE,
+        FRAME_REPLY,
+        FRAME_REQUEST,
+        FrameDecoder,
+        decode_envelope,
+        encode_envelope,
+        encode_frame,
+        encode_frame_header,
+    )
+    from ._py_shard import (
+        MAX_SESSION_ID_LEN,
+        new_session_id,
+        shard_index,
+        shard_indices,
+        shard_key,
+        validate_session_id,
+    )
+else:
+    DEFAULT_MAX_FRAME = _active.DEFAULT_MAX_FRAME
+    FRAME_ERROR = _active.FRAME_ERROR
+    FRAME_HEADER_SIZE = _active.FRAME_HEADER_SIZE
+    FRAME_REPLY = _active.FRAME_REPLY
+    FRAME_REQUEST = _active.FRAME_REQUEST
+    FrameDecoder = _active.FrameDecoder
+    MAX_SESSION_ID_LEN = _active.MAX_SESSION_ID_LEN
+    decode_envelope = _active.decode_envelope
+    encode_envelope = _active.encode_envelope
+    encode_frame = _active.encode_frame
+    encode_frame_header = _active.encode_frame_header
+    new_session_id = _active.new_session_id
+    shard_index = _active.shard_index
+    shard_indices = _active.shard_indices
+    shard_key = _active.shard_key
+    validate_session_id = _active.validate_session_id
