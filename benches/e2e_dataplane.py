@@ -1,0 +1,271 @@
+"""End-to-end data-plane scenarios, each comparing configurations in one run.
+
+    python benches/e2e_dataplane.py                 # all scenarios, full size
+    python benches/e2e_dataplane.py --quick         # small sizes (a smoke run)
+    python benches/e2e_dataplane.py --only r3       # one scenario: r3 | get | latency
+
+Scenarios (figures go to docs/performance.md):
+  r3       8 concurrent sessions x 20 turns with 16 MiB of R3 per turn: --workers 1 vs 2.
+  get      small-chat p99 alone vs while 4 clients GET 512 MiB sessions; router peak RSS.
+  latency  1 KiB chat straight to the mock engine vs through sessiongate (stateless proxy
+           and session turn), at concurrency 1 and 64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from procs import ServerProcess, free_port
+
+# 512 layers x 8 experts x 4 bytes = 16 KiB of R3 per token; ~1000-token turns carry 16 MiB.
+R3_MOCK = "--r3-layers 512 --r3-topk 8 --completion-tokens 24 --completion-tokens-jitter 0"
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def router_pid(gateway: ServerProcess) -> int:
+    """The router is the supervisor's child that is not a worker or the mock engine."""
+    assert gateway.proc is not None
+    workers = {w["pid"] for w in httpx.get(gateway.url + "/health").json()["workers"]}
+    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+    for pid in map(int, children.split()):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if pid not in workers and b"_router" in cmdline:
+            return pid
+    raise RuntimeError("router process not found")
+
+
+@contextmanager
+def gateway(*args: str) -> Iterator[ServerProcess]:
+    port = free_port()
+    with ServerProcess(["serve", "--port", str(port), *args], port, timeout=60) as proc:
+        yield proc
+
+
+async def session_turns(
+    client: httpx.AsyncClient, turns: int, prompt: str, latencies: list[float]
+) -> None:
+    sid = (await client.post("/sessions")).json()["session_id"]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    for turn in range(turns):
+        started = time.perf_counter()
+        reply = await client.post(
+            f"/sessions/{sid}/v1/chat/completions", json={"messages": messages}
+        )
+        latencies.append(time.perf_counter() - started)
+        reply.raise_for_status()
+        messages.append(reply.json()["choices"][0]["message"])
+        messages.append({"role": "tool", "content": f"observation {turn}"})
+
+
+def scenario_r3(quick: bool) -> dict[str, Any]:
+    sessions, turns = (4, 3) if quick else (8, 20)
+    prompt = " ".join(["word"] * (200 if quick else 1000))
+    results: dict[str, Any] = {}
+    for workers in (1, 2):
+        with gateway("--workers", str(workers), "--r3", "--mock-args", R3_MOCK) as gw:
+            latencies: list[float] = []
+
+            async def run(url: str, latencies: list[float]) -> float:
+                async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                    started = time.perf_counter()
+                    await asyncio.gather(
+                        *(session_turns(client, turns, prompt, latencies) for _ in range(sessions))
+                    )
+                    return time.perf_counter() - started
+
+            elapsed = asyncio.run(run(gw.url, latencies))
+            results[f"workers={workers}"] = {
+                "turns_per_s": round(len(latencies) / elapsed, 2),
+                "p50_ms": round(pct(latencies, 0.5) * 1000, 1),
+                "p99_ms": round(pct(latencies, 0.99) * 1000, 1),
+            }
+    results["speedup_2_vs_1"] = round(
+        results["workers=2"]["turns_per_s"] / results["workers=1"]["turns_per_s"], 2
+    )
+    return results
+
+
+async def small_chats(url: str, count: int, latencies: list[float]) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        for n in range(count):
+            sid = (await client.post("/sessions")).json()["session_id"]
+            started = time.perf_counter()
+            reply = await client.post(
+                f"/sessions/{sid}/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": f"hi {n}"}], "max_tokens": 8},
+            )
+            latencies.append(time.perf_counter() - started)
+            reply.raise_for_status()
+            await client.delete(f"/sessions/{sid}")
+
+
+def scenario_get(quick: bool) -> dict[str, Any]:
+    target_mib = 24 if quick else 512
+    readers = 4
+    prompt = " ".join(["word"] * 1000)
+    with gateway("--workers", "2", "--r3", "--mock-args", R3_MOCK) as gw:
+        router = router_pid(gw)
+
+        async def build() -> list[str]:
+            async with httpx.AsyncClient(base_url=gw.url, timeout=600) as client:
+                sids = []
+                for _ in range(readers):
+                    sid = (await client.post("/sessions")).json()["session_id"]
+                    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+                    size = 0
+                    while size < target_mib * 2**20:
+                        reply = await client.post(
+                            f"/sessions/{sid}/v1/chat/completions", json={"messages": messages}
+                        )
+                        reply.raise_for_status()
+                        messages.append(reply.json()["choices"][0]["message"])
+                        messages.append({"role": "tool", "content": "ok"})
+                        size += 22 * 2**20  # ~16 MiB of R3 as base64 per turn
+                    sids.append(sid)
+                return sids
+
+        sids = asyncio.run(build())
+        baseline: list[float] = []
+        asyncio.run(small_chats(gw.url, 40, baseline))
+        loaded: list[float] = []
+        peak_rss = rss_mib(router)
+        get_bytes: list[int] = []
+
+        async def with_gets() -> float:
+            nonlocal peak_rss
+
+            async def reader(sid: str) -> None:
+                async with httpx.AsyncClient(base_url=gw.url, timeout=600) as client:
+                    total = 0
+                    async with client.stream("GET", f"/sessions/{sid}") as response:
+                        async for chunk in response.aiter_raw():
+                            total += len(chunk)
+                    get_bytes.append(total)
+
+            async def sample_rss(stop: asyncio.Event) -> None:
+                nonlocal peak_rss
+                while not stop.is_set():
+                    peak_rss = max(peak_rss, rss_mib(router))
+                    await asyncio.sleep(0.05)
+
+            stop = asyncio.Event()
+            sampler = asyncio.create_task(sample_rss(stop))
+            started = time.perf_counter()
+            gets = asyncio.gather(*(reader(s) for s in sids))
+            await small_chats(gw.url, 40, loaded)
+            await gets
+            elapsed = time.perf_counter() - started
+            stop.set()
+            await sampler
+            return elapsed
+
+        elapsed = asyncio.run(with_gets())
+    return {
+        "session_mib": round(statistics.mean(get_bytes) / 2**20, 1),
+        "gets_elapsed_s": round(elapsed, 2),
+        "small_chat_p99_ms_alone": round(pct(baseline, 0.99) * 1000, 1),
+        "small_chat_p99_ms_during_gets": round(pct(loaded, 0.99) * 1000, 1),
+        "p99_ratio": round(pct(loaded, 0.99) / pct(baseline, 0.99), 2),
+        "router_peak_rss_mib": round(peak_rss, 1),
+    }
+
+
+async def hammer(
+    send: Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]],
+    url: str,
+    concurrency: int,
+    total: int,
+) -> list[float]:
+    latencies: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        counter = iter(range(total))
+
+        async def loop() -> None:
+            for n in counter:
+                started = time.perf_counter()
+                reply = await send(client, n)
+                latencies.append(time.perf_counter() - started)
+                reply.raise_for_status()
+
+        await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return latencies
+
+
+def scenario_latency(quick: bool) -> dict[str, Any]:
+    total = 200 if quick else 2000
+    body = {"messages": [{"role": "user", "content": "x" * 900}], "max_tokens": 4}
+    results: dict[str, Any] = {}
+    with gateway("--workers", "2") as gw:
+        engine = gw.output().split("mock-engine listening on ")[1].split()[0]
+
+        async def stateless(client: httpx.AsyncClient, n: int) -> httpx.Response:
+            return await client.post("/v1/chat/completions", json=body)
+
+        async def session_turn(client: httpx.AsyncClient, n: int) -> httpx.Response:
+            return await client.post(
+                "/v1/chat/completions", json=body, headers={"X-Session-ID": f"lat-{n}"}
+            )
+
+        for concurrency in (1, 64):
+            direct = asyncio.run(hammer(stateless, engine, concurrency, total))
+            proxied = asyncio.run(hammer(stateless, gw.url, concurrency, total))
+            turns = asyncio.run(hammer(session_turn, gw.url, concurrency, total))
+            results[f"c={concurrency}"] = {
+                "direct_p50_ms": round(pct(direct, 0.5) * 1000, 2),
+                "proxy_p50_ms": round(pct(proxied, 0.5) * 1000, 2),
+                "session_turn_p50_ms": round(pct(turns, 0.5) * 1000, 2),
+                "proxy_added_p50_ms": round((pct(proxied, 0.5) - pct(direct, 0.5)) * 1000, 2),
+                "direct_p99_ms": round(pct(direct, 0.99) * 1000, 2),
+                "proxy_p99_ms": round(pct(proxied, 0.99) * 1000, 2),
+            }
+    return results
+
+
+SCENARIOS = {"r3": scenario_r3, "get": scenario_get, "latency": scenario_latency}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", choices=sorted(SCENARIOS), action="append")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    figures: dict[str, Any] = {"machine": {"cores": os.cpu_count()}}
+    for name in args.only or list(SCENARIOS):
+        started = time.perf_counter()
+        figures[name] = SCENARIOS[name](args.quick)
+        figures[name]["scenario_s"] = round(time.perf_counter() - started, 1)
+        print(json.dumps({name: figures[name]}, indent=2), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
