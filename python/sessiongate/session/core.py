@@ -38,6 +38,8 @@ from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamClient
 
+# Proxied replies with a declared length below this are read whole and relayed in one frame.
+PROXY_BUFFER_BELOW = 256 * 1024
 # Session dumps at least this large are streamed in parts instead of joined.
 STREAM_GET_ABOVE = 1024 * 1024
 
@@ -185,6 +187,9 @@ class SessionCore:
             headers=request.headers,
             body=request.body,
         )
+        if stream.small_body_length(PROXY_BUFFER_BELOW) is not None:
+            # A small, declared-length body is cheaper to relay whole than as a stream.
+            return CoreReply(stream.status, stream.headers, await stream.read_all())
         return CoreReply(stream.status, stream.headers, stream=stream.chunks())
 
     async def _chat(self, request: CoreRequest) -> CoreReply:

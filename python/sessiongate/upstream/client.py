@@ -64,6 +64,23 @@ class UpstreamStream:
     async def aclose(self) -> None:
         await self.response.aclose()
 
+    def small_body_length(self, limit: int) -> int | None:
+        """The declared length when the body is small and not a live stream, else None."""
+        if self.response.headers.get("content-type", "").startswith("text/event-stream"):
+            return None
+        declared = self.response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) <= limit:
+            return int(declared)
+        return None
+
+    async def read_all(self) -> bytes:
+        try:
+            return await self.response.aread()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"upstream transport error while reading the reply: {exc}") from exc
+        finally:
+            await self.response.aclose()
+
 
 class UpstreamClient:
     def __init__(
