@@ -27,7 +27,7 @@ FRAME_NAMES = {
 }
 
 # Bodies larger than this go as streamed chunks so they never hold the channel for long.
-CHUNK_SIZE = 1024 * 1024
+CHUNK_SIZE = 256 * 1024
 # BODY frames a worker may send ahead of the router's consumption, per stream: bounds the
 # router's memory to CREDIT_WINDOW x CHUNK_SIZE per streamed reply.
 CREDIT_WINDOW = 8
