@@ -45,6 +45,8 @@ class WorkerGauge:
     sessions: int
     inflight: int
     bytes_relayed: int
+    affinity_hits: int = 0
+    repins: int = 0
 
 
 class RouterMetrics:
@@ -98,6 +100,20 @@ class RouterMetrics:
             _family(
                 lines, name, kind, text, [(f'worker="{w.index}"', values[name](w)) for w in workers]
             )
+        _family(
+            lines,
+            "sessiongate_upstream_affinity_hits_total",
+            "counter",
+            "Turns sent to the upstream their session tree was already pinned to.",
+            [(f'worker="{w.index}"', w.affinity_hits) for w in workers],
+        )
+        _family(
+            lines,
+            "sessiongate_upstream_repins_total",
+            "counter",
+            "Session trees moved to another upstream after theirs failed.",
+            [(f'worker="{w.index}"', w.repins) for w in workers],
+        )
         _family(
             lines,
             "sessiongate_worker_restarts_total",

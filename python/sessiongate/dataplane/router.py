@@ -208,6 +208,8 @@ class Router:
                 sessions=channel.heartbeat.get("sessions", 0) if channel else 0,
                 inflight=channel.heartbeat.get("inflight", 0) if channel else 0,
                 bytes_relayed=channel.bytes_relayed if channel else 0,
+                affinity_hits=channel.heartbeat.get("affinity_hits", 0) if channel else 0,
+                repins=channel.heartbeat.get("repins", 0) if channel else 0,
             )
             for index, channel in enumerate(self.channels)
         ]

@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--generation", type=int, default=0)
-    parser.add_argument("--backend", required=True)
+    parser.add_argument("--backend", action="append", required=True)
+    parser.add_argument("--health-interval", type=float, default=5.0)
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--r3", action="store_true")
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -57,7 +58,7 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     from sessiongate.session.core import SessionCore
     from sessiongate.session.settings import SessionSettings
     from sessiongate.tokenizer import load_tokenizer
-    from sessiongate.upstream import UpstreamClient
+    from sessiongate.upstream import UpstreamPool
 
     note = ""
     if args.generation > 0:
@@ -74,7 +75,9 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         not_found_note=note,
     )
     core = SessionCore(
-        load_tokenizer(args.tokenizer), UpstreamClient(args.backend, timeout=args.timeout), settings
+        load_tokenizer(args.tokenizer),
+        UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
+        settings,
     )
     conn = await FrameConnection(sock).open()
     loop = WorkerLoop(
@@ -82,7 +85,12 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         core.handle,
         index=args.index,
         generation=args.generation,
-        status=lambda: {"sessions": len(core.sessions), "turns_recorded": core.turns_recorded},
+        status=lambda: {
+            "sessions": len(core.sessions),
+            "turns_recorded": core.turns_recorded,
+            "affinity_hits": core.upstream.affinity_hits,
+            "repins": core.upstream.repins,
+        },
     )
     serving = asyncio.create_task(loop.run())
     stop = asyncio.Event()

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sessiongate.server.asgi import FrontendSettings, GatewayApp
 from sessiongate.session.core import SessionCore
 from sessiongate.session.settings import SessionSettings
 from sessiongate.tokenizer import ChatTokenizer
-from sessiongate.upstream import UpstreamClient
+from sessiongate.upstream import UpstreamPool
 
 
 def create_app(
     tokenizer: ChatTokenizer,
-    backend_url: str,
+    backend_urls: str | Sequence[str],
     *,
     session_settings: SessionSettings | None = None,
     frontend_settings: FrontendSettings | None = None,
@@ -20,7 +22,10 @@ def create_app(
     """The gateway app and the core it dispatches to (close the core on shutdown)."""
     core = SessionCore(
         tokenizer,
-        UpstreamClient(backend_url, timeout=upstream_timeout),
+        UpstreamPool(
+            [backend_urls] if isinstance(backend_urls, str) else list(backend_urls),
+            timeout=upstream_timeout,
+        ),
         session_settings,
     )
     return GatewayApp(core.handle, frontend_settings), core

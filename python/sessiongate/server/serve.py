@@ -35,9 +35,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
         "--backend",
-        default=MOCK_BACKEND,
-        help="upstream base URL (an SGLang-style engine or router), or 'mock' (default) "
-        "to start the built-in mock engine",
+        action="append",
+        default=None,
+        help="upstream base URL (an SGLang-style engine or router); repeat for several "
+        "upstreams (each session tree is pinned to one by rendezvous hashing of its root "
+        "id). 'mock' (the default) starts the built-in mock engine",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=5.0,
+        help="seconds between upstream health checks with several --backend URLs (5)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -122,11 +130,24 @@ def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
     )
 
 
+def backend_list(args: argparse.Namespace) -> list[str]:
+    backends: list[str] = args.backend or [MOCK_BACKEND]
+    if MOCK_BACKEND in backends and len(backends) > 1:
+        raise SystemExit("--backend mock cannot be combined with other --backend URLs")
+    for url in backends:
+        if url != MOCK_BACKEND and not url.startswith(("http://", "https://")):
+            raise SystemExit(f"--backend {url!r} must be an http:// or https:// URL, or 'mock'")
+    if len(set(backends)) != len(backends):
+        raise SystemExit(f"--backend URLs must be distinct: {backends}")
+    return backends
+
+
 @contextmanager
-def backend_url(args: argparse.Namespace) -> Iterator[tuple[str, ChildProcess | None]]:
-    """The upstream URL; for 'mock', a mock engine child process for the duration."""
-    if args.backend != MOCK_BACKEND:
-        yield args.backend, None
+def backend_urls(args: argparse.Namespace) -> Iterator[tuple[list[str], ChildProcess | None]]:
+    """The upstream URLs; for 'mock', a mock engine child process for the duration."""
+    backends = backend_list(args)
+    if backends != [MOCK_BACKEND]:
+        yield backends, None
         return
     port = free_port()
     mock_args = ["mock-engine", "--host", "127.0.0.1", "--port", str(port)]
@@ -139,7 +160,7 @@ def backend_url(args: argparse.Namespace) -> Iterator[tuple[str, ChildProcess | 
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http_ready(url + "/health", timeout=60.0, proc=child.proc)
-        yield url, child
+        yield [url], child
     finally:
         child.stop()
 
@@ -152,10 +173,13 @@ def run(args: argparse.Namespace) -> int:
     frontend = frontend_settings_from(args)
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
-    with backend_url(args) as (upstream, mock):
+    backend_list(args)  # validate before starting anything
+    with backend_urls(args) as (upstreams, mock):
+        upstream = ", ".join(upstreams)
         worker_args = [
-            "--backend",
-            upstream,
+            *[arg for url in upstreams for arg in ("--backend", url)],
+            "--health-interval",
+            str(args.health_interval),
             "--timeout",
             str(args.timeout),
             "--allowed-append-roles",

@@ -36,7 +36,7 @@ from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer
-from sessiongate.upstream import UpstreamClient
+from sessiongate.upstream import UpstreamPool
 
 # Proxied replies with a declared length below this are read whole and relayed in one frame.
 PROXY_BUFFER_BELOW = 256 * 1024
@@ -50,7 +50,7 @@ class SessionCore:
     def __init__(
         self,
         tokenizer: ChatTokenizer,
-        upstream: UpstreamClient,
+        upstream: UpstreamPool,
         settings: SessionSettings | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
@@ -68,6 +68,7 @@ class SessionCore:
         }
 
     async def handle(self, request: CoreRequest) -> CoreReply:
+        self.upstream.start()  # idempotent: health checks need a running loop
         handler = self._ops.get(request.op)
         if handler is None:
             return error_reply(BadRequest(f"unknown operation {request.op!r}"))
@@ -119,6 +120,7 @@ class SessionCore:
                 "sessions": len(self.sessions),
                 "turns_recorded": self.turns_recorded,
                 "upstream": self.upstream.base_url,
+                **self.upstream.status(),
             },
         )
 
@@ -175,12 +177,17 @@ class SessionCore:
         # Wait for an in-flight turn so its reply is not cut off and nothing half-commits.
         await session.idle.wait()
         self.sessions.pop(session.session_id, None)
+        if session.parent_id is None:
+            # Pins are rendezvous-derived, so a child created later re-pins identically.
+            self.upstream.forget(session.root_id)
         return CoreReply(204, [])
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:
+        root_id = None
         if request.session_id is not None:
-            self._open_session(self._session_id(request))
+            root_id = self._open_session(self._session_id(request)).root_id
         stream = await self.upstream.open_stream(
+            root_id,
             request.method,
             request.path,
             query=request.query,
@@ -244,7 +251,9 @@ class SessionCore:
             request_bytes = json.dumps(
                 upstream_body, ensure_ascii=False, separators=(",", ":")
             ).encode()
-            reply = await self.upstream.post_json(self.settings.chat_path, request_bytes)
+            reply = await self.upstream.post_json(
+                session.root_id, self.settings.chat_path, request_bytes
+            )
             if reply.status != 200:
                 # Upstream errors pass through unrecorded.
                 return CoreReply(reply.status, reply.headers, reply.body)

@@ -1,5 +1,18 @@
-"""HTTP client for the inference engines (or the external router) behind sessiongate."""
+"""HTTP clients for the inference engines (or external routers) behind sessiongate."""
 
-from sessiongate.upstream.client import UpstreamClient, UpstreamReply, UpstreamStream
+from sessiongate.upstream.client import (
+    UpstreamClient,
+    UpstreamReply,
+    UpstreamStream,
+    UpstreamUnreachable,
+)
+from sessiongate.upstream.pool import UpstreamPool, rendezvous_order
 
-__all__ = ["UpstreamClient", "UpstreamReply", "UpstreamStream"]
+__all__ = [
+    "UpstreamClient",
+    "UpstreamPool",
+    "UpstreamReply",
+    "UpstreamStream",
+    "UpstreamUnreachable",
+    "rendezvous_order",
+]

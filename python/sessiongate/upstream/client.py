@@ -36,6 +36,14 @@ def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, s
     return [(k, v) for k, v in headers if k.lower() not in _DROP_HEADERS]
 
 
+class UpstreamUnreachable(UpstreamError):
+    """The connection could not be made: nothing was sent, so a retry elsewhere is safe."""
+
+    def __init__(self, message: str, *, base_url: str) -> None:
+        super().__init__(message)
+        self.base_url = base_url
+
+
 @dataclass(frozen=True)
 class UpstreamReply:
     status: int
@@ -103,9 +111,18 @@ class UpstreamClient:
 
     def _error(self, method: str, path: str, exc: Exception) -> UpstreamError:
         kind = type(exc).__name__
-        return UpstreamError(
-            f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {exc})"
-        )
+        message = f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {exc})"
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return UpstreamUnreachable(message, base_url=self.base_url)
+        return UpstreamError(message)
+
+    async def probe(self, path: str = "/health", timeout: float = 2.0) -> bool:
+        """True when the upstream answers `path` with a 2xx in time."""
+        try:
+            response = await self._client.get(path, timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.is_success
 
     async def post_json(
         self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
