@@ -332,3 +332,23 @@ def test_unknown_command_line_values_fail_clearly() -> None:
         timeout=60,
     )
     assert result.returncode != 0 and "--workers must be >= 1" in result.stderr
+
+
+def test_idle_header_sessions_expire_but_api_sessions_do_not() -> None:
+    port = free_port()
+    with ServerProcess(
+        ["serve", "--port", str(port), "--workers", "1", "--header-session-ttl", "0.5"], port
+    ) as gateway:
+        reply = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json={"messages": start_messages(), "max_tokens": 4},
+            headers={"X-Session-ID": "bench-7"},
+        )
+        assert reply.status_code == 200
+        api_session = httpx.post(gateway.url + "/sessions").json()["session_id"]
+        assert httpx.get(gateway.url + "/sessions/bench-7").status_code == 200
+        deadline = time.monotonic() + 10
+        while httpx.get(gateway.url + "/sessions/bench-7").status_code == 200:
+            assert time.monotonic() < deadline, "idle header session never expired"
+            time.sleep(0.1)
+        assert httpx.get(f"{gateway.url}/sessions/{api_session}").status_code == 200

@@ -32,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--allowed-append-roles", default="tool,user")
     parser.add_argument("--max-trim-tokens", type=int, default=0)
+    parser.add_argument("--header-session-ttl", type=float, default=3600.0)
     parser.add_argument("--log-level", default="warning")
     parser.set_defaults(run=run)
 
@@ -72,6 +73,7 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         ),
         max_trim_tokens=args.max_trim_tokens,
         r3=args.r3,
+        header_session_ttl=args.header_session_ttl,
         not_found_note=note,
     )
     core = SessionCore(

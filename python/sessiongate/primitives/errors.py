@@ -8,7 +8,13 @@ Rust code imports these classes lazily, the first time it raises one.
 
 from __future__ import annotations
 
-__all__ = ["FrameCorrupt", "FrameError", "FrameTooLarge"]
+__all__ = [
+    "FrameCorrupt",
+    "FrameError",
+    "FrameTooLarge",
+    "ReplyContractError",
+    "RequestRewriteError",
+]
 
 
 class FrameError(ValueError):
@@ -25,3 +31,15 @@ class FrameTooLarge(FrameError):
 
 class FrameCorrupt(FrameError):
     """A frame header is impossible (its length field is below the 9-byte minimum)."""
+
+
+class ReplyContractError(ValueError):
+    """An upstream chat reply breaks the SGLang-style contract (a 502 for the client).
+
+    The message starts with ``"upstream reply breaks the chat contract: "``, then the same
+    detail as ``sessiongate.session.reply.parse_reply``.
+    """
+
+
+class RequestRewriteError(ValueError):
+    """A client request body cannot take the upstream fields: not JSON, or not an object."""

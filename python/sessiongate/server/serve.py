@@ -88,6 +88,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         + ")",
     )
     parser.add_argument(
+        "--header-session-ttl",
+        type=float,
+        default=3600.0,
+        help="close sessions created by a session header after this many idle seconds "
+        "(3600; 0 = never)",
+    )
+    parser.add_argument(
         "--mock-args",
         default="",
         help='extra arguments for the embedded mock engine, e.g. "--r3-layers 48 --r3-topk 8"',
@@ -115,8 +122,13 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         raise SystemExit("--allowed-append-roles must name at least one role")
     if args.max_trim_tokens < 0:
         raise SystemExit("--max-trim-tokens must be >= 0")
+    if args.header_session_ttl < 0:
+        raise SystemExit("--header-session-ttl must be >= 0")
     return SessionSettings(
-        allowed_append_roles=roles, max_trim_tokens=args.max_trim_tokens, r3=args.r3
+        allowed_append_roles=roles,
+        max_trim_tokens=args.max_trim_tokens,
+        r3=args.r3,
+        header_session_ttl=args.header_session_ttl,
     )
 
 
@@ -186,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
             args.allowed_append_roles,
             "--max-trim-tokens",
             str(args.max_trim_tokens),
+            "--header-session-ttl",
+            str(args.header_session_ttl),
             "--log-level",
             args.log_level,
             *(["--tokenizer", args.tokenizer] if args.tokenizer else []),

@@ -8,7 +8,9 @@ app and the multi-process workers run exactly this code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -38,6 +40,8 @@ from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
 
+logger = logging.getLogger(__name__)
+
 # Proxied replies with a declared length below this are read whole and relayed in one frame.
 PROXY_BUFFER_BELOW = 256 * 1024
 # Session dumps at least this large are streamed in parts instead of joined.
@@ -58,6 +62,9 @@ class SessionCore:
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
         self.turns_recorded = 0
+        # Called as hook(session_id, reason) exactly once per session when it ends.
+        self.end_hooks: list[Callable[[str, str], None]] = []
+        self._expiry: asyncio.Task[None] | None = None
         self._ops: dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]] = {
             "health": self._health,
             "create": self._create,
@@ -67,8 +74,14 @@ class SessionCore:
             "proxy": self._proxy,
         }
 
+    def start(self) -> None:
+        """Background work that needs a running loop (idempotent)."""
+        self.upstream.start()
+        if self.settings.header_session_ttl > 0 and self._expiry is None:
+            self._expiry = asyncio.create_task(self._expire_idle_header_sessions())
+
     async def handle(self, request: CoreRequest) -> CoreReply:
-        self.upstream.start()  # idempotent: health checks need a running loop
+        self.start()
         handler = self._ops.get(request.op)
         if handler is None:
             return error_reply(BadRequest(f"unknown operation {request.op!r}"))
@@ -78,6 +91,13 @@ class SessionCore:
             return error_reply(error)
 
     async def aclose(self) -> None:
+        """Shutdown: end every session (hooks fire once each), then close the upstreams."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        for session in list(self.sessions.values()):
+            await self._close(session, "shutdown")
         await self.upstream.aclose()
 
     # -- lookups -------------------------------------------------------------------------
@@ -98,12 +118,15 @@ class SessionCore:
             raise SessionNotFound(f"session {session_id} is closing")
         return session
 
-    def _add_session(self, session_id: str, parent: Session | None) -> Session:
+    def _add_session(
+        self, session_id: str, parent: Session | None, *, from_header: bool = False
+    ) -> Session:
         session = Session(
             session_id=session_id,
             parent_id=parent.session_id if parent else None,
             root_id=parent.root_id if parent else shard_key(session_id),
             created_at=time.time(),
+            from_header=from_header,
         )
         self.sessions[session_id] = session
         if parent is not None:
@@ -172,15 +195,38 @@ class SessionCore:
         return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
 
     async def _delete(self, request: CoreRequest) -> CoreReply:
-        session = self._open_session(self._session_id(request))
+        await self._close(self._open_session(self._session_id(request)), "deleted")
+        return CoreReply(204, [])
+
+    async def _close(self, session: Session, reason: str) -> None:
+        """Every terminal path of a session (delete, idle expiry, shutdown) ends here."""
         session.closing = True
         # Wait for an in-flight turn so its reply is not cut off and nothing half-commits.
         await session.idle.wait()
-        self.sessions.pop(session.session_id, None)
+        if self.sessions.pop(session.session_id, None) is None:
+            return
         if session.parent_id is None:
             # Pins are rendezvous-derived, so a child created later re-pins identically.
             self.upstream.forget(session.root_id)
-        return CoreReply(204, [])
+        for hook in self.end_hooks:
+            try:
+                hook(session.session_id, reason)
+            except Exception:  # a hook must not break session bookkeeping
+                logger.exception("session end hook failed for %s", session.session_id)
+
+    async def _expire_idle_header_sessions(self) -> None:
+        ttl = self.settings.header_session_ttl
+        while True:
+            await asyncio.sleep(min(max(ttl / 4, 0.05), 30.0))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if (
+                    session.from_header
+                    and not session.closing
+                    and session.inflight == 0
+                    and now - session.last_active > ttl
+                ):
+                    await self._close(session, "expired")
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:
         root_id = None
@@ -208,7 +254,7 @@ class SessionCore:
 
         session = self.sessions.get(session_id)
         if session is None and request.auto_create:
-            session = self._add_session(session_id, None)
+            session = self._add_session(session_id, None, from_header=True)
         if session is None:
             raise SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
 
@@ -235,6 +281,7 @@ class SessionCore:
                 ]
             version = session.version
             session.turn_started()
+            session.last_active = time.monotonic()
 
         try:
             # Phase 2, no lock: the upstream call.
@@ -286,6 +333,7 @@ class SessionCore:
         finally:
             async with session.lock:
                 session.turn_finished()
+                session.last_active = time.monotonic()
 
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if wants_stream:

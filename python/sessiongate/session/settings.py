@@ -17,5 +17,7 @@ class SessionSettings:
     r3: bool = False
     # Upstream path of the chat endpoint.
     chat_path: str = "/v1/chat/completions"
+    # Header-identified sessions idle this long (seconds) are closed; 0 keeps them forever.
+    header_session_ttl: float = 3600.0
     # Appended to "session not found" errors, e.g. when this worker replaced a lost one.
     not_found_note: str = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
 
 from sessiongate.session.messages import Message
@@ -58,6 +59,9 @@ class Session:
     records: list[TurnRecord] = field(default_factory=list)
     tools: object = None
     children: list[str] = field(default_factory=list)
+    # Created on first use by a session header: expires after the idle TTL.
+    from_header: bool = False
+    last_active: float = field(default_factory=time.monotonic)
     # Bumped by every committed turn, so a turn that raced another one can tell.
     version: int = 0
     closing: bool = False
