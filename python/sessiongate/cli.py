@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sessiongate.dataplane import router_main, worker_main
     from sessiongate.demo import run as demo
     from sessiongate.mock_engine import cli as mock_engine_cli
+    from sessiongate.routing import cli as routing_cli
     from sessiongate.server import serve
 
     serve.add_parser(sub)
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     router_main.add_parser(sub)
     worker_main.add_parser(sub)
     mock_engine_cli.add_parser(sub)
+    routing_cli.add_parser(sub)
     return parser
 
 

@@ -33,6 +33,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--allowed-append-roles", default="tool,user")
     parser.add_argument("--max-trim-tokens", type=int, default=0)
     parser.add_argument("--header-session-ttl", type=float, default=3600.0)
+    parser.add_argument("--session-routing", default=None)
+    parser.add_argument("--session-routing-opt", action="append", default=[])
     parser.add_argument("--log-level", default="warning")
     parser.set_defaults(run=run)
 
@@ -56,6 +58,8 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     # Heavy imports live here: this module is also imported by the CLI of light processes.
     from sessiongate.dataplane.connection import FrameConnection
     from sessiongate.dataplane.worker_loop import WorkerLoop
+    from sessiongate.routing import load_mode
+    from sessiongate.routing.stamper import SessionStamper
     from sessiongate.session.core import SessionCore
     from sessiongate.session.settings import SessionSettings
     from sessiongate.tokenizer import load_tokenizer
@@ -76,10 +80,13 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         header_session_ttl=args.header_session_ttl,
         not_found_note=note,
     )
+    # The supervisor validated the mode already; a failure here is a bug, so let it raise.
+    mode = load_mode(args.session_routing, args.session_routing_opt)
     core = SessionCore(
         load_tokenizer(args.tokenizer),
         UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
         settings,
+        SessionStamper(mode) if mode is not None else None,
     )
     conn = await FrameConnection(sock).open()
     loop = WorkerLoop(
@@ -92,6 +99,7 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
             "turns_recorded": core.turns_recorded,
             "affinity_hits": core.upstream.affinity_hits,
             "repins": core.upstream.repins,
+            "sessions_ended": core.stamper.ended if core.stamper else 0,
         },
     )
     serving = asyncio.create_task(loop.run())

@@ -67,6 +67,10 @@ class EngineState:
     tokenizer: TokenizerLike
     generator: CompletionGenerator
     recent: deque[bytes] = field(default_factory=lambda: deque(maxlen=RECENT_REQUESTS))
+    # The headers of the same requests (a capture for session-routing tests).
+    recent_headers: deque[dict[str, str]] = field(
+        default_factory=lambda: deque(maxlen=RECENT_REQUESTS)
+    )
     # Set on shutdown: pending delays end at once so uvicorn's graceful shutdown is quick.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     requests: int = 0
@@ -403,6 +407,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             state.bad_requests += 1
             return _error("request body must be a JSON object", 400)
         state.recent.append(raw)
+        state.recent_headers.append(dict(request.headers.items()))
 
         forced = request.headers.get("x-mock-fail")
         if forced is not None:
@@ -463,8 +468,15 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
                 return _error("last must be a non-negative integer", 400)
             last = min(int(last_raw), len(state.recent))
         picked = list(state.recent)[len(state.recent) - last :] if last else []
+        headers = list(state.recent_headers)[len(state.recent_headers) - last :] if last else []
         # The stored raw bodies are valid JSON objects already: splice, don't re-encode.
-        body = b'{"requests":[' + b",".join(picked) + b"]}"
+        body = (
+            b'{"requests":['
+            + b",".join(picked)
+            + b'],"headers":'
+            + json.dumps(headers).encode()
+            + b"}"
+        )
         return Response(body, media_type="application/json")
 
     async def stats(request: Request) -> Response:

@@ -88,6 +88,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         + ")",
     )
     parser.add_argument(
+        "--session-routing",
+        default=None,
+        metavar="MODE",
+        help="stamp session identity onto upstream requests for an external router "
+        "(`sessiongate plugins` lists the modes)",
+    )
+    parser.add_argument(
+        "--session-routing-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the session routing mode (repeatable)",
+    )
+    parser.add_argument(
         "--header-session-ttl",
         type=float,
         default=3600.0,
@@ -181,7 +195,13 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
 
     logging.basicConfig(level=args.log_level.upper())
+    from sessiongate.routing import RoutingConfigError, load_mode
+
     session_settings_from(args)  # validate before starting anything
+    try:
+        load_mode(args.session_routing, args.session_routing_opt)
+    except RoutingConfigError as exc:
+        raise SystemExit(f"sessiongate serve: {exc}") from None
     frontend = frontend_settings_from(args)
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
@@ -200,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
             str(args.max_trim_tokens),
             "--header-session-ttl",
             str(args.header_session_ttl),
+            *(["--session-routing", args.session_routing] if args.session_routing else []),
+            *[arg for opt in args.session_routing_opt for arg in ("--session-routing-opt", opt)],
             "--log-level",
             args.log_level,
             *(["--tokenizer", args.tokenizer] if args.tokenizer else []),

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from sessiongate.primitives import new_session_id, shard_key, validate_session_id
+from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.errors import (
     BadRequest,
     GatewayError,
@@ -56,8 +57,11 @@ class SessionCore:
         tokenizer: ChatTokenizer,
         upstream: UpstreamPool,
         settings: SessionSettings | None = None,
+        stamper: SessionStamper | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
+        # Stamps session identity for an external router (None: no session routing mode).
+        self.stamper = stamper
         self.tito = TitoEngine(tokenizer, max_trim_tokens=self.settings.max_trim_tokens)
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
@@ -98,6 +102,8 @@ class SessionCore:
                 await self._expiry
         for session in list(self.sessions.values()):
             await self._close(session, "shutdown")
+        if self.stamper is not None:
+            self.stamper.release_all()
         await self.upstream.aclose()
 
     # -- lookups -------------------------------------------------------------------------
@@ -131,6 +137,8 @@ class SessionCore:
         self.sessions[session_id] = session
         if parent is not None:
             parent.children.append(session_id)
+        if self.stamper is not None:
+            self.stamper.register(session_id, session.parent_id)
         return session
 
     # -- operations ----------------------------------------------------------------------
@@ -208,6 +216,8 @@ class SessionCore:
         if session.parent_id is None:
             # Pins are rendezvous-derived, so a child created later re-pins identically.
             self.upstream.forget(session.root_id)
+        if self.stamper is not None:
+            self.stamper.end(session.session_id)
         for hook in self.end_hooks:
             try:
                 hook(session.session_id, reason)
@@ -279,10 +289,15 @@ class SessionCore:
                     *self.tito.junction_ids(base_ids),
                     *self.tito.appended_ids(last_assistant, plan.appended, tools),
                 ]
+            routing_headers: list[tuple[str, str]] = []
+            final_turn = False
+            if self.stamper is not None:
+                routing_ctx, final_turn = self.stamper.begin_turn(session_id, request.headers)
             version = session.version
             session.turn_started()
             session.last_active = time.monotonic()
 
+        succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
             upstream_body = {
@@ -295,11 +310,13 @@ class SessionCore:
             }
             if self.settings.r3:
                 upstream_body["return_routed_experts"] = True
+            if self.stamper is not None:
+                upstream_body, routing_headers = self.stamper.stamp(upstream_body, routing_ctx)
             request_bytes = json.dumps(
                 upstream_body, ensure_ascii=False, separators=(",", ":")
             ).encode()
             reply = await self.upstream.post_json(
-                session.root_id, self.settings.chat_path, request_bytes
+                session.root_id, self.settings.chat_path, request_bytes, routing_headers
             )
             if reply.status != 200:
                 # Upstream errors pass through unrecorded.
@@ -330,8 +347,11 @@ class SessionCore:
                     session.tools = tools
                     session.version += 1
                     self.turns_recorded += 1
+            succeeded = True
         finally:
             async with session.lock:
+                if self.stamper is not None:
+                    self.stamper.finish_turn(session_id, final=final_turn, succeeded=succeeded)
                 session.turn_finished()
                 session.last_active = time.monotonic()
 

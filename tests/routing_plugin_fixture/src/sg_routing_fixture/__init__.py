@@ -30,3 +30,17 @@ class TraceHeader(SessionRoutingMode):
 
     def on_session_end(self, session_id: str) -> None:
         self.ended.append(session_id)
+
+
+class ContextHeader(SessionRoutingMode):
+    """Exposes the whole routing context in one header, so tests can see the finality flags
+    the server computed for every upstream request."""
+
+    name = "fixture_context"
+    description = "test plugin: X-Fixture-Context: <the routing context as JSON>"
+
+    def headers(self, ctx: RoutingContext) -> dict[str, str]:
+        import dataclasses
+        import json
+
+        return {"X-Fixture-Context": json.dumps(dataclasses.asdict(ctx), sort_keys=True)}

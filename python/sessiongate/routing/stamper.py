@@ -1,0 +1,97 @@
+"""Per-worker glue between the session core and a routing mode: finality and branch headers
+from the client, the tree registry, stamping each upstream turn, and on_session_end exactly
+once per session."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from sessiongate.routing.base import RoutingContext, SessionRoutingMode
+from sessiongate.routing.tree import SessionTreeRegistry
+from sessiongate.session.errors import BadRequest
+
+logger = logging.getLogger(__name__)
+
+# A client marks the last turn of a session with either header set to "true".
+FINAL_TURN_HEADERS = ("x-session-final", "x-dynamo-session-final")
+# "N" (N >= 1 children) or "true" (some, count unknown) on a turn that spawns sub-agents.
+BRANCH_HEADER = "x-session-branch"
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no", ""})
+
+
+def _header(headers: Sequence[tuple[str, str]], name: str) -> str | None:
+    return next((v for k, v in headers if k.lower() == name), None)
+
+
+def is_final_turn(headers: Sequence[tuple[str, str]]) -> bool:
+    for name in FINAL_TURN_HEADERS:
+        value = _header(headers, name)
+        if value is not None and value.strip().lower() in _TRUE:
+            return True
+    return False
+
+
+def branch_declaration(headers: Sequence[tuple[str, str]]) -> tuple[bool, int | None]:
+    """(declared, count): count None means "some children, number unknown"."""
+    value = _header(headers, BRANCH_HEADER)
+    if value is None or value.strip().lower() in _FALSE:
+        return False, None
+    text = value.strip().lower()
+    # A number is a child count ("1" is one child, not "true").
+    if text.isdigit() and int(text) >= 1:
+        return True, int(text)
+    if text in _TRUE:
+        return True, None
+    raise BadRequest(f"header X-Session-Branch must be 'true' or a child count >= 1, not {value!r}")
+
+
+class SessionStamper:
+    def __init__(self, mode: SessionRoutingMode) -> None:
+        self.mode = mode
+        self.tree = SessionTreeRegistry()
+        self.ended = 0
+
+    def register(self, session_id: str, parent_id: str | None) -> None:
+        self.tree.register(session_id, parent_id)
+
+    def begin_turn(
+        self, session_id: str, headers: Sequence[tuple[str, str]]
+    ) -> tuple[RoutingContext, bool]:
+        declared, count = branch_declaration(headers)
+        if declared:
+            self.tree.declare_branch(session_id, count)
+        final = is_final_turn(headers)
+        return self.tree.context_for(session_id, is_final_turn=final), final
+
+    def stamp(
+        self, body: dict[str, Any], ctx: RoutingContext
+    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        headers = list(self.mode.headers(ctx).items())
+        if self.mode.mutates_body:
+            body = self.mode.transform_body(body, ctx)
+        return body, headers
+
+    def finish_turn(self, session_id: str, *, final: bool, succeeded: bool) -> None:
+        # A final turn that failed may be retried by the client: not final yet.
+        if self.tree.finish_turn(session_id, final=final and succeeded):
+            self._ended(session_id)
+
+    def end(self, session_id: str) -> None:
+        if session_id in self.tree and self.tree.end_session(session_id):
+            self._ended(session_id)
+
+    def release_all(self) -> None:
+        for session_id in self.tree.release_all():
+            self._ended(session_id)
+
+    def _ended(self, session_id: str) -> None:
+        self.ended += 1
+        try:
+            self.mode.on_session_end(session_id)
+        except Exception:  # a plugin's hook must not break session bookkeeping
+            logger.exception(
+                "routing mode %s: on_session_end(%s) failed", self.mode.name, session_id
+            )
