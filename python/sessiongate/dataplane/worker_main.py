@@ -29,6 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--health-interval", type=float, default=5.0)
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--r3", action="store_true")
+    parser.add_argument("--r3-topk", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--allowed-append-roles", default="tool,user")
     parser.add_argument("--max-trim-tokens", type=int, default=0)
@@ -77,6 +78,7 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         ),
         max_trim_tokens=args.max_trim_tokens,
         r3=args.r3,
+        r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         not_found_note=note,
     )

@@ -78,6 +78,8 @@ def classify(
                 f"{method} is not allowed on /sessions/{{id}} (use GET or DELETE)"
             )
         upstream_path = "/" + sub_path
+        if sub_path == "trajectory" and method == "GET":
+            return Route("trajectory", session_id)
         if upstream_path == CHAT_PATH and method == "POST":
             return Route("chat", session_id)
         return Route("proxy", session_id, upstream_path=upstream_path)

@@ -54,6 +54,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--r3", action="store_true", help="ask the upstream for routed experts")
     parser.add_argument(
+        "--r3-topk",
+        type=int,
+        default=0,
+        help="experts per token per layer: shapes R3 as [tokens, layers, topk] in trajectory "
+        "files (default 0: [tokens, layers*topk])",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=600.0, help="upstream timeout in seconds (600)"
     )
     parser.add_argument(
@@ -138,10 +145,13 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         raise SystemExit("--max-trim-tokens must be >= 0")
     if args.header_session_ttl < 0:
         raise SystemExit("--header-session-ttl must be >= 0")
+    if args.r3_topk < 0:
+        raise SystemExit("--r3-topk must be >= 0")
     return SessionSettings(
         allowed_append_roles=roles,
         max_trim_tokens=args.max_trim_tokens,
         r3=args.r3,
+        r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
     )
 
@@ -182,6 +192,8 @@ def backend_urls(args: argparse.Namespace) -> Iterator[tuple[list[str], ChildPro
     extra = shlex.split(args.mock_args)
     if args.r3 and "--r3-layers" not in extra:
         mock_args += DEFAULT_MOCK_R3
+        if args.r3_topk == 0:
+            args.r3_topk = int(DEFAULT_MOCK_R3[-1])
     child = ChildProcess("mock-engine", [*mock_args, *extra]).start()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -226,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
             args.log_level,
             *(["--tokenizer", args.tokenizer] if args.tokenizer else []),
             *(["--r3"] if args.r3 else []),
+            "--r3-topk",
+            str(args.r3_topk),
         ]
         router_args = [
             "--max-body-bytes",

@@ -12,8 +12,10 @@ import contextlib
 import json
 import logging
 import time
+from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from sessiongate.primitives import new_session_id, shard_key, validate_session_id
 from sessiongate.routing.stamper import SessionStamper
@@ -34,10 +36,11 @@ from sessiongate.session.protocol import (
     json_reply,
     parse_json_object,
 )
-from sessiongate.session.reply import client_view, parse_reply
+from sessiongate.session.reply import client_view, finish_reason_text, parse_reply
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.tito import TitoEngine
+from sessiongate.session.trajectory import build_trajectory
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
 
@@ -76,6 +79,7 @@ class SessionCore:
             "delete": self._delete,
             "chat": self._chat,
             "proxy": self._proxy,
+            "trajectory": self._trajectory,
         }
 
     def start(self) -> None:
@@ -201,6 +205,42 @@ class SessionCore:
             return CoreReply(200, list(JSON_HEADERS), b"".join([p async for p in parts]))
         # Large sessions go out record by record: never one buffer the size of the dump.
         return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
+
+    async def _trajectory(self, request: CoreRequest) -> CoreReply:
+        session = self._open_session(self._session_id(request))
+        async with session.lock:
+            records = list(session.records)
+            messages = list(session.messages)
+            accumulated = list(session.accumulated_ids)
+            tools = session.tools
+        metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
+        if accumulated:
+            metadata["tito_session_mismatch"] = await asyncio.to_thread(
+                self.tito.mismatches, messages, tools, accumulated
+            )
+        parts = await asyncio.to_thread(
+            build_trajectory,
+            session.session_id,
+            records,
+            accumulated,
+            metadata,
+            r3_topk=self.settings.r3_topk,
+        )
+        headers = [
+            ("content-type", "application/octet-stream"),
+            (
+                "content-disposition",
+                f'attachment; filename="{quote(session.session_id, safe="")}.safetensors"',
+            ),
+        ]
+        if sum(memoryview(p).nbytes for p in parts) < STREAM_GET_ABOVE:
+            return CoreReply(200, headers, b"".join(parts))
+
+        async def stream() -> AsyncIterator[bytes]:
+            for part in parts:
+                yield bytes(part)
+
+        return CoreReply(200, headers, stream=stream(), coalesce=True)
 
     async def _delete(self, request: CoreRequest) -> CoreReply:
         await self._close(self._open_session(self._session_id(request)), "deleted")
@@ -342,6 +382,10 @@ class SessionCore:
                             status_code=200,
                             request=request_bytes,
                             response=reply.body,
+                            prompt_len=len(prompt_ids),
+                            completion_ids=array("i", parsed.completion_ids),
+                            logprobs=array("f", parsed.logprobs),
+                            finish_reason=finish_reason_text(parsed.finish_reason),
                         ),
                     ]
                     session.tools = tools

@@ -107,3 +107,10 @@ def client_view(document: dict[str, Any]) -> bytes:
             stripped_choices.append(choice)
         document = {**document, "choices": stripped_choices}
     return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def finish_reason_text(reason: object) -> str:
+    """SGLang's `{"type": "stop", ...}` or OpenAI's "stop" as one word."""
+    if isinstance(reason, dict):
+        reason = reason.get("type")
+    return reason if isinstance(reason, str) else ""

@@ -15,6 +15,9 @@ class SessionSettings:
     max_trim_tokens: int = 0
     # Ask the upstream for routed experts (R3).
     r3: bool = False
+    # Experts per token per layer, to shape R3 as [tokens, layers, topk] in trajectory files
+    # (0: unknown, the shape is [tokens, layers * topk]).
+    r3_topk: int = 0
     # Upstream path of the chat endpoint.
     chat_path: str = "/v1/chat/completions"
     # Header-identified sessions idle this long (seconds) are closed; 0 keeps them forever.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from array import array
 from dataclasses import dataclass, field
 
 from sessiongate.session.messages import Message
@@ -25,6 +26,11 @@ class TurnRecord:
     status_code: int
     request: bytes
     response: bytes
+    # What the trajectory export needs, extracted once when the turn was recorded.
+    prompt_len: int = 0
+    completion_ids: array[int] = field(default_factory=lambda: array("i"))
+    logprobs: array[float] = field(default_factory=lambda: array("f"))
+    finish_reason: str = ""
 
     @property
     def size(self) -> int:

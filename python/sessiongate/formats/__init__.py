@@ -1,0 +1,1 @@
+"""File formats sessiongate writes for trainers."""
