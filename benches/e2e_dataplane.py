@@ -2,13 +2,15 @@
 
     python benches/e2e_dataplane.py                 # all scenarios, full size
     python benches/e2e_dataplane.py --quick         # small sizes (a smoke run)
-    python benches/e2e_dataplane.py --only r3       # one scenario: r3 | get | latency
+    python benches/e2e_dataplane.py --only r3       # one scenario: r3 | get | latency | cpu
 
 Scenarios (figures go to docs/performance.md):
   r3       8 concurrent sessions x 20 turns with 16 MiB of R3 per turn: --workers 1 vs 2.
   get      small-chat p99 alone vs while 4 clients GET 512 MiB sessions; router peak RSS.
   latency  1 KiB chat straight to the mock engine vs through sessiongate (stateless proxy
            and session turn), at concurrency 1 and 64.
+  cpu      gateway CPU (router + workers) per small turn, per ~20 MiB-R3 turn and per records
+           GET, Rust core vs SESSIONGATE_IMPL=python.
 """
 
 from __future__ import annotations
@@ -260,7 +262,94 @@ def scenario_latency(quick: bool) -> dict[str, Any]:
     return results
 
 
-SCENARIOS = {"r3": scenario_r3, "get": scenario_get, "latency": scenario_latency}
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def gateway_cpu(gw: ServerProcess) -> float:
+    """CPU seconds used so far by the router and the workers (not the mock engine)."""
+    workers = [w["pid"] for w in httpx.get(gw.url + "/health").json()["workers"]]
+    return sum(cpu_seconds(pid) for pid in [router_pid(gw), *workers])
+
+
+def scenario_cpu(quick: bool) -> dict[str, Any]:
+    """Gateway CPU per small turn, per R3 turn (~20 MiB raw R3) and per records GET, with
+    the Rust core and with SESSIONGATE_IMPL=python, in one run."""
+    small_turns = 60 if quick else 300
+    r3_turns = 4 if quick else 24
+    # 48 layers x 8 experts x 4 bytes = 1.5 KiB per token; ~13.5k-token turns ~ 20 MiB.
+    r3_mock = "--r3-layers 48 --r3-topk 8 --completion-tokens 24 --completion-tokens-jitter 0"
+    prompt = " ".join(["word"] * (3000 if quick else 13500))
+    results: dict[str, Any] = {}
+    for impl in ("rust", "python"):
+        port = free_port()
+        env = {"SESSIONGATE_IMPL": impl}
+        args = ["serve", "--port", str(port), "--workers", "1", "--r3", "--mock-args", r3_mock]
+        with ServerProcess(args, port, timeout=60, env=env) as gw:
+
+            async def small() -> float:
+                latencies: list[float] = []
+                started = time.perf_counter()
+                await small_chats(gw.url, small_turns, latencies)
+                return time.perf_counter() - started
+
+            before = gateway_cpu(gw)
+            small_elapsed = asyncio.run(small())
+            small_cpu = gateway_cpu(gw) - before
+
+            latencies: list[float] = []
+
+            async def big(latencies: list[float]) -> tuple[str, float]:
+                async with httpx.AsyncClient(base_url=gw.url, timeout=600) as client:
+                    sid = (await client.post("/sessions")).json()["session_id"]
+                    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+                    started = time.perf_counter()
+                    for turn in range(r3_turns):
+                        t0 = time.perf_counter()
+                        reply = await client.post(
+                            f"/sessions/{sid}/v1/chat/completions", json={"messages": messages}
+                        )
+                        latencies.append(time.perf_counter() - t0)
+                        reply.raise_for_status()
+                        messages.append(reply.json()["choices"][0]["message"])
+                        messages.append({"role": "tool", "content": f"ok {turn}"})
+                    return sid, time.perf_counter() - started
+
+            before = gateway_cpu(gw)
+            sid, r3_elapsed = asyncio.run(big(latencies))
+            r3_cpu = gateway_cpu(gw) - before
+            before = gateway_cpu(gw)
+            started = time.perf_counter()
+            size = len(httpx.get(f"{gw.url}/sessions/{sid}", timeout=600).content)
+            get_elapsed = time.perf_counter() - started
+            get_cpu = gateway_cpu(gw) - before
+        results[impl] = {
+            "small_turn_cpu_ms": round(small_cpu / small_turns * 1000, 2),
+            "small_turns_per_s": round(small_turns / small_elapsed, 1),
+            "r3_turn_cpu_ms": round(r3_cpu / r3_turns * 1000, 1),
+            "r3_turns_per_s": round(r3_turns / r3_elapsed, 2),
+            "r3_turn_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
+            "get_mib": round(size / 2**20, 1),
+            "get_cpu_ms": round(get_cpu * 1000, 1),
+            "get_s": round(get_elapsed, 3),
+        }
+    rust, python = results["rust"], results["python"]
+    results["python_over_rust"] = {
+        "small_turn_cpu": round(python["small_turn_cpu_ms"] / rust["small_turn_cpu_ms"], 2),
+        "r3_turn_cpu": round(python["r3_turn_cpu_ms"] / rust["r3_turn_cpu_ms"], 2),
+        "r3_turns_per_s": round(rust["r3_turns_per_s"] / python["r3_turns_per_s"], 2),
+        "get_cpu": round(python["get_cpu_ms"] / max(rust["get_cpu_ms"], 0.1), 2),
+    }
+    return results
+
+
+SCENARIOS = {
+    "r3": scenario_r3,
+    "get": scenario_get,
+    "latency": scenario_latency,
+    "cpu": scenario_cpu,
+}
 
 
 def main() -> int:
