@@ -19,12 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from sessiongate.dataplane import router_main, worker_main
     from sessiongate.demo import run as demo
+    from sessiongate.loadgen import cli as bench_cli
     from sessiongate.mock_engine import cli as mock_engine_cli
     from sessiongate.routing import cli as routing_cli
     from sessiongate.server import serve
 
     serve.add_parser(sub)
     demo.add_parser(sub)
+    bench_cli.add_parser(sub)
     router_main.add_parser(sub)
     worker_main.add_parser(sub)
     mock_engine_cli.add_parser(sub)

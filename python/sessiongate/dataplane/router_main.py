@@ -16,7 +16,7 @@ MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("_router", help=argparse.SUPPRESS)
+    parser = sub.add_parser("_router")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--worker-fds", required=True, help="comma list, worker 0 first")

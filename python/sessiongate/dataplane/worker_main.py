@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("_worker", help=argparse.SUPPRESS)
+    parser = sub.add_parser("_worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--generation", type=int, default=0)

@@ -1,113 +1,175 @@
-"""`sessiongate demo`: start the gateway (and its mock engine), run agents, verify, report."""
+"""`sessiongate demo`: the gateway and its mock engine, a short bench run, full verification.
+
+It is `sessiongate serve` (mock engine) plus `sessiongate bench --target sessiongate` with a
+fixed agent-like workload (tool turns, one sub-agent child per session), the bench's own
+progress and summary, and one more check the bench does not do: every session's records
+(fetched by the bench before DELETE) must be token-exact.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import time
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
-import httpx
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from sessiongate.demo.agent import AgentStats, run_session
-from sessiongate.demo.verify import trajectory_problems
-from sessiongate.process import ChildProcess, free_port, wait_http_ready
+from sessiongate.demo.verify import RecordsVerifier
+from sessiongate.loadgen.pacing import Pacing
+from sessiongate.loadgen.report import print_summary
+from sessiongate.loadgen.runner import BenchConfig, BenchOutcome, run_bench
+from sessiongate.loadgen.workload import DEFAULT_TOOLS, SyntheticOptions, SyntheticWorkload
+from sessiongate.process import free_port, wait_http_ready
+from sessiongate.process.children import PARENT_PID_ENV
+
+SHOWN_PROBLEMS = 20
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = sub.add_parser(
         "demo",
-        help="start the mock engine and gateway, run a short agent workload, verify it",
+        help="start the mock engine and gateway, run a short bench workload, verify it",
         description="Start `sessiongate serve` with the built-in mock engine, drive concurrent "
-        "multi-turn sessions with tool turns and one sub-agent child each, fetch and delete "
-        "every session, check that every trajectory is token-exact, and report.",
+        "multi-turn sessions with tool turns and one sub-agent child each (the `bench` load "
+        "driver), fetch and delete every session, check that every trajectory is "
+        "token-exact, and report. Exits 1 on any error.",
     )
-    parser.add_argument("--sessions", type=int, default=40)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--child-turns", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=40, help="root sessions (40)")
+    parser.add_argument("--turns", type=int, default=6, help="turns per root session (6)")
+    parser.add_argument("--child-turns", type=int, default=2, help="turns per sub-agent (2)")
+    parser.add_argument("--concurrency", type=int, default=8, help="trees in flight (8)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--url", default=None, help="use a running gateway instead of starting one")
     parser.add_argument("--serve-args", default="", help="extra arguments for `sessiongate serve`")
+    parser.add_argument(
+        "--progress", choices=("auto", "rich", "plain", "off"), default="auto", help="(auto)"
+    )
     parser.set_defaults(run=run)
 
 
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+def demo_workload(args: argparse.Namespace) -> SyntheticWorkload:
+    # The first turn of every root spawns one sub-agent and waits for it, like an agent
+    # that delegates a search and reads its result; later turns append tool results or
+    # user follow-ups (the two roles the gateway accepts by default).
+    return SyntheticWorkload(
+        SyntheticOptions(
+            seed=args.seed,
+            turns=args.turns,
+            child_turns=args.child_turns,
+            system_tokens=12,
+            prompt_tokens=24,
+            append_tokens=12,
+            tool_ratio=0.5,
+            max_tokens=48,
+            child_prob=1.0,
+            fanout=1,
+            depth=1,
+            max_spawns=1,
+        )
+    )
 
 
-async def _workload(
-    url: str, args: argparse.Namespace
-) -> tuple[AgentStats, tuple[int, int], int, float]:
-    stats = AgentStats()
-    gate = asyncio.Semaphore(args.concurrency)
-    limits = httpx.Limits(max_connections=args.concurrency * 2)
-    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
+class _Gateway:
+    """`sessiongate serve` as a child whose chatter goes to a log shown only on failure."""
 
-        async def one(index: int) -> list[str]:
-            async with gate:
-                return await run_session(
-                    client,
-                    turns=args.turns,
-                    index=index,
-                    stats=stats,
-                    child_turns=args.child_turns,
-                )
+    def __init__(self, serve_args: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="sessiongate-demo-", suffix=".log")
+        env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sessiongate", "serve", "--port", str(self.port), *serve_args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
 
-        started = time.perf_counter()
-        created = await asyncio.gather(*(one(i) for i in range(args.sessions)))
-        elapsed = time.perf_counter() - started
-        recorded_bytes = 0
-        checked = 0
-        exact = 0
-        for session_id in (s for group in created for s in group):
-            response = await client.get(f"/sessions/{session_id}")
-            recorded_bytes += len(response.content)
-            problems = trajectory_problems(response.json())
-            stats.errors += [f"{session_id}: {p}" for p in problems]
-            checked += 1
-            exact += not problems
-            deleted = await client.delete(f"/sessions/{session_id}")
-            if deleted.status_code != 204:
-                stats.errors.append(f"{session_id}: DELETE answered {deleted.status_code}")
-    return stats, (exact, checked), recorded_bytes, elapsed
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def _bench(url: str, args: argparse.Namespace, verifier: RecordsVerifier) -> BenchOutcome:
+    config = BenchConfig(
+        url=url,
+        pacing=Pacing(sessions=args.sessions, concurrency=args.concurrency, seed=args.seed),
+        target="sessiongate",
+        tools=DEFAULT_TOOLS,
+        timeout=120.0,
+        progress=args.progress,
+        progress_interval_s=2.0,
+        workload_label="demo: tool turns + one sub-agent per session",
+    )
+    workload = demo_workload(args)
+    return asyncio.run(
+        run_bench(config, workload, total_trees=args.sessions, records_hook=verifier)
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    child: ChildProcess | None = None
+    if args.sessions < 1 or args.turns < 1 or args.child_turns < 1 or args.concurrency < 1:
+        console.print("--sessions, --turns, --child-turns and --concurrency must be >= 1")
+        return 2
+    gateway: _Gateway | None = None
     url = args.url
     if url is None:
-        port = free_port()
-        child = ChildProcess("serve", ["serve", "--port", str(port), *args.serve_args.split()])
-        child.start()
-        url = f"http://127.0.0.1:{port}"
-        wait_http_ready(url + "/health", timeout=60.0, proc=child.proc)
+        gateway = _Gateway(shlex.split(args.serve_args))
+        url = gateway.url
+    verifier = RecordsVerifier()
     try:
+        if gateway is not None:
+            try:
+                wait_http_ready(url + "/health", timeout=60.0, proc=gateway.proc)
+            except RuntimeError as exc:
+                console.print(
+                    f"[red]gateway did not start[/red]: {escape(str(exc))}\n"
+                    + escape(gateway.output())
+                )
+                return 1
         console.print(
-            f"sessiongate demo: {args.sessions} sessions x {args.turns} turns "
-            f"(+{args.child_turns}-turn sub-agent each) against {url}"
+            f"sessiongate demo: {args.sessions} sessions x {args.turns} turns, a "
+            f"{args.child_turns}-turn sub-agent each, {args.concurrency} in flight"
         )
-        stats, verified, recorded_bytes, elapsed = asyncio.run(_workload(url, args))
+        console.print(f"gateway: {url}", highlight=False)
+        outcome = _bench(url, args, verifier)
     finally:
-        if child is not None:
-            child.stop()
-    turns = len(stats.turn_latencies)
-    table = Table(title="sessiongate demo")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_row("turns", str(turns))
-    table.add_row("turns/s", f"{turns / elapsed:.1f}")
-    table.add_row("latency p50", f"{_percentile(stats.turn_latencies, 0.5) * 1000:.1f} ms")
-    table.add_row("latency p99", f"{_percentile(stats.turn_latencies, 0.99) * 1000:.1f} ms")
-    exact, checked = verified
-    table.add_row("sessions verified token-exact", f"{exact}/{checked}")
-    table.add_row("bytes recorded (GET bodies)", f"{recorded_bytes:,}")
-    table.add_row("errors", str(len(stats.errors)))
-    console.print(table)
-    for error in stats.errors[:20]:
-        console.print(f"[red]error[/red] {error}")
-    return 1 if stats.errors else 0
+        if gateway is not None:
+            gateway.stop()
+    print_summary(outcome.summary, console, title="sessiongate demo")
+    expected = args.sessions * 2
+    console.print(
+        f"sessions verified token-exact: {verifier.exact}/{expected} ({verifier.checked} fetched)"
+    )
+    problems = list(verifier.problems)
+    if verifier.checked != expected:
+        problems.append(f"fetched the records of {verifier.checked} sessions, expected {expected}")
+    errors = outcome.summary["errors"]["total"]
+    failed = [r for r in outcome.collector.records if r.error_key is not None]
+    for record in failed[:SHOWN_PROBLEMS]:
+        console.print(
+            f"[red]error[/red] {record.kind} {record.session_id} turn {record.turn}: "
+            + escape(f"{record.error_key} {record.error}"),
+            highlight=False,
+        )
+    for problem in problems[:SHOWN_PROBLEMS]:
+        console.print(f"[red]not token-exact[/red] {escape(problem)}", highlight=False)
+    if outcome.interrupted:
+        return 130
+    return 1 if errors or problems else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -30,3 +31,27 @@ def trajectory_problems(session: dict[str, Any]) -> list[str]:
     if mismatch:
         problems.append(f"re-render mismatch: {mismatch}")
     return problems
+
+
+class RecordsVerifier:
+    """Records hook for the bench driver: checks every fetched session as it arrives.
+
+    Bodies are checked and dropped at once, so a long run keeps only the problems.
+    """
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.exact = 0
+        self.problems: list[str] = []
+
+    def __call__(self, handle: object, body: bytes) -> None:
+        session_id = getattr(handle, "session_id", str(handle))
+        self.checked += 1
+        try:
+            problems = trajectory_problems(json.loads(body))
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            problems = [f"records are not a session document: {type(exc).__name__}: {exc}"]
+        if problems:
+            self.problems += [f"{session_id}: {p}" for p in problems]
+        else:
+            self.exact += 1
