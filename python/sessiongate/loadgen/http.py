@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.loadgen.client import ConnectFailed, HttpClient, HttpError, Response
+from sessiongate.http.client import ConnectFailed, HttpClient, HttpError, Response
 
 ERROR_TEXT_LIMIT = 300  # characters of an error body kept in raw records
 

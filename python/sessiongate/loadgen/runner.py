@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.loadgen.client import HttpClient
+from sessiongate.http.client import HttpClient
 from sessiongate.loadgen.driver import Driver, RequestOptions
 from sessiongate.loadgen.http import exchange
 from sessiongate.loadgen.pacing import Pacing, drive

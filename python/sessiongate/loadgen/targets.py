@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from sessiongate.loadgen.client import HttpClient
+from sessiongate.http.client import HttpClient
 from sessiongate.loadgen.http import Exchange, exchange
 from sessiongate.routing import SessionRoutingMode, SessionTreeRegistry
 

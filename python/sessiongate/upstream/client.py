@@ -1,19 +1,21 @@
-"""A pooled async HTTP client to one upstream base URL.
+"""An async HTTP client to one upstream base URL, on the lean keep-alive client.
 
-Transport failures become `UpstreamError` (502) naming the upstream and what failed; HTTP
+Transport failures become `UpstreamError` (502) naming the upstream and what failed
+(`UpstreamUnreachable` when the connection could not be made, so nothing was sent); HTTP
 statuses are returned as they are, because non-200 replies pass through to the client.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import httpx
-
+from sessiongate.http.client import ConnectFailed, HttpClient, HttpError, Response
 from sessiongate.session.errors import UpstreamError
 
-# Hop-by-hop headers (RFC 9110 section 7.6.1) and ones the client library recomputes.
+# Hop-by-hop headers (RFC 9110 section 7.6.1) and ones the client recomputes.
 _DROP_HEADERS = frozenset(
     {
         "connection",
@@ -30,6 +32,8 @@ _DROP_HEADERS = frozenset(
         "accept-encoding",
     }
 )
+# Upstream replies are relayed verbatim, so never ask for compression.
+_IDENTITY = ("accept-encoding", "identity")
 
 
 def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -57,20 +61,21 @@ class UpstreamStream:
 
     status: int
     headers: list[tuple[str, str]]
-    response: httpx.Response
+    response: Response
+    exchange: contextlib.AsyncExitStack
+    timeout: float
+    _closed: bool = field(default=False)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self.response.aiter_raw():
-                yield chunk
-        except httpx.HTTPError:
+            async with asyncio.timeout(self.timeout):
+                async for chunk in self.response.iter_raw():
+                    yield chunk
+        except (HttpError, OSError, TimeoutError):
             # The client already has the status line; ending the body early is all we can do.
             return
         finally:
-            await self.response.aclose()
-
-    async def aclose(self) -> None:
-        await self.response.aclose()
+            await self.aclose()
 
     def small_body_length(self, limit: int) -> int | None:
         """The declared length when the body is small and not a live stream, else None."""
@@ -83,59 +88,68 @@ class UpstreamStream:
 
     async def read_all(self) -> bytes:
         try:
-            return await self.response.aread()
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self.timeout):
+                return await self.response.read()
+        except (HttpError, OSError, TimeoutError) as exc:
             raise UpstreamError(f"upstream transport error while reading the reply: {exc}") from exc
         finally:
-            await self.response.aclose()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self.exchange.aclose()
 
 
 class UpstreamClient:
     def __init__(
-        self,
-        base_url: str,
-        *,
-        timeout: float = 600.0,
-        max_connections: int = 1024,
+        self, base_url: str, *, timeout: float = 600.0, connect_timeout: float = 10.0
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            # Upstream replies are relayed verbatim, so never ask for compression.
-            headers={"accept-encoding": "identity"},
-        )
+        self.timeout = timeout
+        self.connect_timeout = min(timeout, connect_timeout)
+        self._http = HttpClient(connect_timeout=self.connect_timeout)
 
-    def _error(self, method: str, path: str, exc: Exception) -> UpstreamError:
+    def _error(self, method: str, path: str, exc: BaseException) -> UpstreamError:
         kind = type(exc).__name__
-        message = f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {exc})"
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "")
+        message = (
+            f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {detail})"
+        )
+        if isinstance(exc, ConnectFailed):
             return UpstreamUnreachable(message, base_url=self.base_url)
         return UpstreamError(message)
 
     async def probe(self, path: str = "/health", timeout: float = 2.0) -> bool:
         """True when the upstream answers `path` with a 2xx in time."""
         try:
-            response = await self._client.get(path, timeout=timeout)
-        except httpx.HTTPError:
+            async with (
+                asyncio.timeout(timeout),
+                self._http.request("GET", self.base_url + path) as response,
+            ):
+                await response.read()
+                return 200 <= response.status < 300
+        except (HttpError, OSError, TimeoutError):
             return False
-        return response.is_success
 
     async def post_json(
         self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
     ) -> UpstreamReply:
-        all_headers = [("content-type", "application/json"), *headers]
+        all_headers = [("content-type", "application/json"), _IDENTITY, *headers]
         try:
-            response = await self._client.post(path, content=body, headers=all_headers)
-        except httpx.HTTPError as exc:
+            async with (
+                asyncio.timeout(self.timeout),
+                self._http.request(
+                    "POST", self.base_url + path, headers=all_headers, body=body
+                ) as response,
+            ):
+                content = await response.read()
+        except (HttpError, OSError, TimeoutError) as exc:
             raise self._error("POST", path, exc) from exc
         return UpstreamReply(
-            status=response.status_code,
+            status=response.status,
             headers=forwardable_headers(response.headers.items()),
-            body=response.content,
+            body=content,
         )
 
     async def open_stream(
@@ -147,19 +161,31 @@ class UpstreamClient:
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
     ) -> UpstreamStream:
-        url = path + (f"?{query}" if query else "")
-        request = self._client.build_request(
-            method, url, content=body or None, headers=forwardable_headers(headers)
-        )
+        url = self.base_url + path + (f"?{query}" if query else "")
+        exchange = contextlib.AsyncExitStack()
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
+            async with asyncio.timeout(self.timeout):
+                response = await exchange.enter_async_context(
+                    self._http.request(
+                        method,
+                        url,
+                        headers=[_IDENTITY, *forwardable_headers(headers)],
+                        body=body or None,
+                    )
+                )
+        except (HttpError, OSError, TimeoutError) as exc:
+            await exchange.aclose()
             raise self._error(method, path, exc) from exc
+        except BaseException:
+            await exchange.aclose()
+            raise
         return UpstreamStream(
-            status=response.status_code,
+            status=response.status,
             headers=forwardable_headers(response.headers.items()),
             response=response,
+            exchange=exchange,
+            timeout=self.timeout,
         )
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sessiongate.loadgen.client import ConnectFailed, HttpClient, ProtocolFailure
+from sessiongate.http.client import ConnectFailed, HttpClient, ProtocolFailure
 from sessiongate.loadgen.http import exchange
 
 # What the server sends for the n-th request it reads (0-based, over all connections), and
