@@ -4,6 +4,9 @@
 use pyo3::prelude::*;
 
 pub mod frame;
+pub mod json_scan;
+pub mod r3;
+pub mod relay;
 pub mod shard;
 
 #[pymodule]
@@ -11,5 +14,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     shard::register(m)?;
     frame::register(m)?;
+    relay::register(m)?;
+    r3::register(m)?;
     Ok(())
 }

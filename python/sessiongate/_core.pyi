@@ -77,3 +77,48 @@ class FrameDecoder:
         """True after a decode error."""
     def feed(self, data: Buffer) -> list[tuple[int, int, bytes]]:
         """Consume ``data``; return ``(type, request_id, payload)`` per completed frame."""
+
+# JSON relay (rust/relay.rs, rust/r3.rs; docs/relay.md)
+
+@final
+class ExtractedReply:
+    """What ``extract_reply`` returns (read-only attributes)."""
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """``choices[0].meta_info.output_token_logprobs[i][1]``."""
+    @property
+    def logprobs(self) -> list[float]:
+        """``float(output_token_logprobs[i][0])``."""
+    @property
+    def completion_tokens(self) -> int:
+        """``choices[0].meta_info.completion_tokens``."""
+    @property
+    def finish_reason(self) -> object:
+        """``meta_info.finish_reason`` if present, else ``choices[0].finish_reason`` (or None)."""
+    @property
+    def message(self) -> dict[str, Any]:
+        """``{"role": "assistant", "content": ..., "tool_calls"?: ...}`` (tool_calls if truthy)."""
+    @property
+    def client_body(self) -> bytes:
+        """The reply without ``routed_experts`` / ``indexer_topk`` in any choice's meta_info."""
+    @property
+    def routed_experts(self) -> bytes | None:
+        """The base64 text of ``choices[0].meta_info.routed_experts``; None if absent or null.
+
+        Copied from the reply on first access (use ``routed_experts_view`` to avoid it)."""
+    @property
+    def routed_experts_view(self) -> memoryview | None:
+        """The same text as a read-only memoryview: a zero-copy slice of a ``bytes`` reply."""
+    @property
+    def prompt_tokens(self) -> int | None:
+        """``choices[0].meta_info.prompt_tokens`` when it is an int."""
+
+def extract_reply(body: Buffer) -> ExtractedReply:
+    """Validate an upstream reply (ReplyContractError with the 502 message) and extract it."""
+
+def rewrite_request(body: Buffer, fields: dict[str, Any]) -> bytes:
+    """The request JSON with the top-level members in ``fields`` set (RequestRewriteError)."""
+
+def decode_r3(data: str | Buffer, *, layers: int, topk: int) -> memoryview:
+    """Base64 little-endian int32 R3 as a memoryview ``'i'`` of shape (n_tokens, layers, topk)."""

@@ -1,7 +1,7 @@
-"""Foundation primitives: shard selection, session ids and the IPC frame codec.
+"""Foundation primitives: shard selection, session ids, the IPC frame codec and the JSON relay.
 
 Every function here has two implementations with identical results: the Rust core
-(``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame``). The module
+(``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame`` / ...). The module
 level names are bound to the Rust core unless the environment says
 ``SESSIONGATE_IMPL=python``; ``IMPL`` tells which one is active. Both stay reachable as
 :data:`rust` and :data:`python` (or :func:`get_impl`) so tests and benchmarks can compare
@@ -16,8 +16,14 @@ import warnings
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Literal
 
-from . import _py_frame, _py_shard
-from .errors import FrameCorrupt, FrameError, FrameTooLarge
+from . import _py_frame, _py_relay, _py_shard
+from .errors import (
+    FrameCorrupt,
+    FrameError,
+    FrameTooLarge,
+    ReplyContractError,
+    RequestRewriteError,
+)
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -27,17 +33,23 @@ __all__ = [
     "FRAME_REQUEST",
     "IMPL",
     "MAX_SESSION_ID_LEN",
+    "ExtractedReply",
     "FrameCorrupt",
     "FrameDecoder",
     "FrameError",
     "FrameTooLarge",
+    "ReplyContractError",
+    "RequestRewriteError",
     "decode_envelope",
+    "decode_r3",
     "encode_envelope",
     "encode_frame",
     "encode_frame_header",
+    "extract_reply",
     "get_impl",
     "new_session_id",
     "python",
+    "rewrite_request",
     "rust",
     "shard_index",
     "shard_indices",
@@ -53,8 +65,12 @@ _API = (
     "FRAME_REPLY",
     "FRAME_REQUEST",
     "MAX_SESSION_ID_LEN",
+    "ExtractedReply",
     "FrameDecoder",
     "decode_envelope",
+    "decode_r3",
+    "extract_reply",
+    "rewrite_request",
     "encode_envelope",
     "encode_frame",
     "encode_frame_header",
@@ -64,7 +80,13 @@ _API = (
     "shard_key",
     "validate_session_id",
 )
-_ERRORS = {"FrameError": FrameError, "FrameTooLarge": FrameTooLarge, "FrameCorrupt": FrameCorrupt}
+_ERRORS = {
+    "FrameError": FrameError,
+    "FrameTooLarge": FrameTooLarge,
+    "FrameCorrupt": FrameCorrupt,
+    "ReplyContractError": ReplyContractError,
+    "RequestRewriteError": RequestRewriteError,
+}
 
 
 def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
@@ -79,7 +101,7 @@ def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
     return ns
 
 
-python = _namespace("python", _py_shard, _py_frame)
+python = _namespace("python", _py_shard, _py_frame, _py_relay)
 """The pure-Python twins, always available."""
 
 _core: ModuleType | None
@@ -144,6 +166,7 @@ if TYPE_CHECKING:
         encode_frame,
         encode_frame_header,
     )
+    from ._py_relay import ExtractedReply, decode_r3, extract_reply, rewrite_request
     from ._py_shard import (
         MAX_SESSION_ID_LEN,
         new_session_id,
@@ -169,3 +192,7 @@ else:
     shard_indices = _active.shard_indices
     shard_key = _active.shard_key
     validate_session_id = _active.validate_session_id
+    ExtractedReply = _active.ExtractedReply
+    decode_r3 = _active.decode_r3
+    extract_reply = _active.extract_reply
+    rewrite_request = _active.rewrite_request

@@ -1,0 +1,343 @@
+"""Pure-Python twin of the Rust JSON relay primitives (``rust/relay.rs``, ``rust/r3.rs``).
+
+Built on ``json.loads`` / ``json.dumps`` (the baseline the Rust core is measured against),
+with the same results, exception classes and messages as the Rust core; client bodies are
+re-serialized here, spliced there, and parse equal. See docs/relay.md.
+
+- :func:`extract_reply`: the contract checks and messages of
+  ``sessiongate.session.reply.parse_reply``, raised as :class:`ReplyContractError`.
+- :func:`rewrite_request`: the request body with top-level members set.
+- :func:`decode_r3`: base64 R3 to an int32 memoryview ``(n_tokens, layers, topk)``.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import operator
+import re
+import sys
+from array import array
+from typing import Any
+
+from .errors import ReplyContractError, RequestRewriteError
+
+__all__ = ["ExtractedReply", "decode_r3", "extract_reply", "rewrite_request"]
+
+# Members of `meta_info` that only the trainer needs; they can be hundreds of MiB.
+RECORD_ONLY_META_KEYS = ("routed_experts", "indexer_topk")
+_CONTRACT = "upstream reply breaks the chat contract: "
+_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_DUMPS_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+_BytesLike = bytes | bytearray | memoryview
+
+# R3 base64
+MAX_DIM = 1 << 20
+_B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+_NOT_B64 = re.compile(rb"[^A-Za-z0-9+/]")
+
+
+def _view(obj: object, func: str, arg: str, expected: str = "a bytes-like object") -> memoryview:
+    """A flat unsigned-byte view of a C-contiguous bytes-like object (no copy)."""
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"{func}() argument '{arg}' must be {expected}, not {type(obj).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        raise TypeError(f"{func}() argument '{arg}' must be a C-contiguous bytes-like object")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _loadable(obj: object, view: memoryview) -> bytes | bytearray:
+    """What ``json.loads`` takes: the object itself when it is bytes / bytearray."""
+    if isinstance(obj, bytes | bytearray):
+        return obj
+    return view.tobytes()
+
+
+def _encode(obj: object) -> bytes:
+    """``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` as UTF-8.
+
+    Strings with lone surrogates cannot be UTF-8: then the whole value is written with
+    ``ensure_ascii=True`` (escapes), which parses back to the same value.
+    """
+    text = _DUMPS(obj)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _DUMPS_ASCII(obj).encode()
+
+
+def _kind(value: object) -> str:
+    """The JSON name of a parsed value's type."""
+    if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    return "number"
+
+
+# ---------------------------------------------------------------------------------------
+# extract_reply
+
+
+class ExtractedReply:
+    """What :func:`extract_reply` returns (read-only attributes, like the Rust class)."""
+
+    __slots__ = (
+        "client_body",
+        "completion_ids",
+        "completion_tokens",
+        "finish_reason",
+        "logprobs",
+        "message",
+        "prompt_tokens",
+        "routed_experts",
+    )
+    completion_ids: list[int]
+    logprobs: list[float]
+    completion_tokens: int
+    finish_reason: object
+    message: dict[str, Any]
+    client_body: bytes
+    routed_experts: bytes | None
+    prompt_tokens: int | None
+
+    def __init__(
+        self,
+        *,
+        completion_ids: list[int],
+        logprobs: list[float],
+        completion_tokens: int,
+        finish_reason: object,
+        message: dict[str, Any],
+        client_body: bytes,
+        routed_experts: bytes | None,
+        prompt_tokens: int | None,
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "completion_ids", completion_ids)
+        setter(self, "logprobs", logprobs)
+        setter(self, "completion_tokens", completion_tokens)
+        setter(self, "finish_reason", finish_reason)
+        setter(self, "message", message)
+        setter(self, "client_body", client_body)
+        setter(self, "routed_experts", routed_experts)
+        setter(self, "prompt_tokens", prompt_tokens)
+
+    @property
+    def routed_experts_view(self) -> memoryview | None:
+        """``routed_experts`` as a read-only memoryview (the Rust core's is a zero-copy slice
+        of the reply when the reply is ``bytes``)."""
+        return None if self.routed_experts is None else memoryview(self.routed_experts)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"attribute '{name}' of 'ExtractedReply' objects is not writable")
+
+    def __repr__(self) -> str:
+        r3 = "None" if self.routed_experts is None else f"<{len(self.routed_experts)} bytes>"
+        return (
+            f"ExtractedReply(completion_tokens={self.completion_tokens!r}, "
+            f"finish_reason={self.finish_reason!r}, prompt_tokens={self.prompt_tokens!r}, "
+            f"routed_experts={r3})"
+        )
+
+
+def _broken(detail: str) -> ReplyContractError:
+    return ReplyContractError(f"{_CONTRACT}{detail}")
+
+
+def _client_body(document: dict[str, Any]) -> bytes:
+    """The reply without the record-only members of any ``choices[i].meta_info``."""
+    choices = document.get("choices")
+    if isinstance(choices, list):
+        stripped = []
+        for choice in choices:
+            meta = choice.get("meta_info") if isinstance(choice, dict) else None
+            if isinstance(meta, dict) and any(k in meta for k in RECORD_ONLY_META_KEYS):
+                meta = {k: v for k, v in meta.items() if k not in RECORD_ONLY_META_KEYS}
+                choice = {**choice, "meta_info": meta}
+            stripped.append(choice)
+        document = {**document, "choices": stripped}
+    return _encode(document)
+
+
+def extract_reply(body: _BytesLike) -> ExtractedReply:
+    """Validate an upstream chat reply and extract what the session core needs.
+
+    Checks and messages are those of ``sessiongate.session.reply.parse_reply`` (plus one:
+    a ``routed_experts`` that is neither a string nor null), raised as ReplyContractError.
+    """
+    data = _loadable(body, _view(body, "extract_reply", "body"))
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise _broken(f"body is not valid JSON ({exc})") from exc
+    if not isinstance(document, dict):
+        raise _broken("body is not a JSON object")
+    choices = document.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise _broken("'choices' is missing or empty")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise _broken("choices[0].message is missing")
+    if message.get("content") is None:
+        raise _broken("choices[0].message.content is null")
+    meta = choice.get("meta_info")
+    if not isinstance(meta, dict):
+        raise _broken("choices[0].meta_info is missing (was return_meta_info honoured?)")
+    entries = meta.get("output_token_logprobs")
+    if not isinstance(entries, list):
+        raise _broken("choices[0].meta_info.output_token_logprobs is missing")
+    completion_tokens = meta.get("completion_tokens")
+    if not isinstance(completion_tokens, int) or isinstance(completion_tokens, bool):
+        raise _broken("choices[0].meta_info.completion_tokens is missing")
+    if len(entries) != completion_tokens:
+        raise _broken(
+            f"output_token_logprobs has {len(entries)} entries but completion_tokens is "
+            f"{completion_tokens}"
+        )
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for index, entry in enumerate(entries):
+        if (
+            not isinstance(entry, list)
+            or len(entry) < 2
+            or not isinstance(entry[1], int)
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[0], int | float)
+        ):
+            raise _broken(
+                f"output_token_logprobs[{index}] is not [logprob, token_id, ...]: {entry!r:.80}"
+            )
+        logprobs.append(float(entry[0]))
+        ids.append(entry[1])
+    r3 = meta.get("routed_experts")
+    if r3 is not None and not isinstance(r3, str):
+        raise _broken(
+            f"choices[0].meta_info.routed_experts is not a base64 string (got {_kind(r3)})"
+        )
+    assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        assistant["tool_calls"] = message["tool_calls"]
+    prompt_tokens = meta.get("prompt_tokens")
+    if not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool):
+        prompt_tokens = None
+    return ExtractedReply(
+        completion_ids=ids,
+        logprobs=logprobs,
+        completion_tokens=completion_tokens,
+        finish_reason=meta.get("finish_reason", choice.get("finish_reason")),
+        message=assistant,
+        client_body=_client_body(document),
+        routed_experts=None if r3 is None else r3.encode("utf-8", "surrogatepass"),
+        prompt_tokens=prompt_tokens,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# rewrite_request
+
+
+def rewrite_request(body: _BytesLike, fields: dict[str, Any]) -> bytes:
+    """The request body with the top-level members of ``fields`` set (appended at the end,
+    replacing every member of the same name); values written like ``json.dumps(v,
+    separators=(",", ":"), ensure_ascii=False)``."""
+    view = _view(body, "rewrite_request", "body")
+    if not isinstance(fields, dict):
+        raise TypeError(
+            f"rewrite_request() argument 'fields' must be dict, not {type(fields).__name__}"
+        )
+    for key in fields:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"rewrite_request() keys of 'fields' must be str, not {type(key).__name__}"
+            )
+    try:
+        document = json.loads(_loadable(body, view))
+    except ValueError as exc:
+        raise RequestRewriteError(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise RequestRewriteError(f"request body must be a JSON object, got {_kind(document)}")
+    for key in fields:
+        document.pop(key, None)
+    head = _encode(document)
+    if not fields:
+        return head
+    tail = b",".join(_encode(key) + b":" + _encode(value) for key, value in fields.items())
+    return head[:-1] + (b"," if document else b"") + tail + b"}"
+
+
+# ---------------------------------------------------------------------------------------
+# decode_r3
+
+
+def _dim(value: object, arg: str) -> int:
+    try:
+        v = operator.index(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            f"decode_r3() argument '{arg}' must be int, not {type(value).__name__}"
+        ) from None
+    if not 1 <= v <= MAX_DIM:
+        raise ValueError(f"decode_r3() argument '{arg}' must be in 1..{MAX_DIM}, got {v}")
+    return v
+
+
+def _b64_problem(raw: bytes) -> str:
+    """Why ``raw`` is not valid base64 (the first of: a bad character, too much padding,
+    a length that is not a multiple of 4)."""
+    n = len(raw)
+    pad = n - len(raw.rstrip(b"="))
+    bad = _NOT_B64.search(raw, 0, n - pad)
+    if bad is not None:
+        i = bad.start()
+        if raw[i] == ord("="):
+            return f"'=' at offset {i} is not at the end"
+        return f"character at offset {i} is not in the base64 alphabet"
+    if pad > 2:
+        return f"{pad} '=' at the end (at most 2)"
+    return f"length {n} is not a multiple of 4"
+
+
+def decode_r3(data: str | _BytesLike, *, layers: int, topk: int) -> memoryview:
+    """The base64 text of ``routed_experts`` (little-endian int32) as a read-only memoryview
+    of format ``'i'`` and shape ``(n_tokens, layers, topk)``; 1-D and empty for no data."""
+    if isinstance(data, str):
+        raw = data.encode("ascii") if data.isascii() else data.encode("utf-8", "surrogatepass")
+    else:
+        view = _view(data, "decode_r3", "data", "str or a bytes-like object")
+        raw = data if isinstance(data, bytes) else view.tobytes()
+    n_layers = _dim(layers, "layers")
+    n_topk = _dim(topk, "topk")
+    n = len(raw)
+    stripped = raw.rstrip(b"=")
+    if n - len(stripped) > 2 or n % 4 or stripped.translate(None, _B64_ALPHABET):
+        raise ValueError(f"R3 data is not valid base64: {_b64_problem(raw)}")
+    decoded = binascii.a2b_base64(raw)
+    row = 4 * n_layers * n_topk
+    if len(decoded) % row:
+        raise ValueError(
+            f"R3 data decodes to {len(decoded)} bytes, not a multiple of 4*layers*topk = "
+            f"4*{n_layers}*{n_topk} = {row} bytes"
+        )
+    if sys.byteorder == "big":
+        values = array("i")
+        values.frombytes(decoded)
+        values.byteswap()
+        decoded = values.tobytes()
+    tokens = len(decoded) // row
+    if tokens == 0:
+        return memoryview(decoded).cast("i")
+    return memoryview(decoded).cast("i", (tokens, n_layers, n_topk))

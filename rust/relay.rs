@@ -1,0 +1,1396 @@
+//! JSON relay primitives for the upstream chat path (issue 5, docs/relay.md):
+//!
+//! - `extract_reply(body)`: validate an upstream reply against the chat contract (DESIGN.md
+//!   "Upstream chat contract"), return the completion ids, logprobs, finish reason, assistant
+//!   message and the raw `routed_experts` text, and the client body: the original bytes with
+//!   every `routed_experts` / `indexer_topk` member of every `choices[i].meta_info` cut out.
+//!   One pass over the bytes with the GIL released; nothing but the small members is turned
+//!   into Python objects.
+//! - `rewrite_request(body, fields)`: the client request with top-level members set, by
+//!   splicing (the rest of the body is copied, not re-serialized).
+//!
+//! Both match the pure-Python twins in `python/sessiongate/primitives/_py_relay.py`: same
+//! results (client bodies parse equal), same exception classes and messages. Bodies the
+//! scanner of `rust/json_scan.rs` does not accept (invalid JSON, and the rare valid inputs
+//! it leaves to CPython: BOM / UTF-16 / UTF-32, encoded surrogates, very deep nesting, huge
+//! integers) are handed to the twin, whose `json.loads` gives the verdict and the message.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::{PyMemoryError, PyTypeError};
+use pyo3::prelude::*;
+use pyo3::sync::GILOnceCell;
+use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyType};
+use pyo3::{ffi, intern};
+
+use crate::frame::write_json_str;
+use crate::json_scan::{
+    for_each_kept, member_cuts, spliced_len, unescape, validate, Kind, Member, NumKind, Scan,
+    Scanner, Str,
+};
+use crate::shard::type_name;
+
+/// Scans and copies at least this large run with the GIL released.
+pub(crate) const GIL_RELEASE: usize = 128 << 10;
+
+const CONTRACT_PREFIX: &str = "upstream reply breaks the chat contract: ";
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers (also used by rust/r3.rs)
+
+/// A read-only view of a C-contiguous bytes-like argument, valid while it lives (the
+/// exported buffer pins the memory; bytes objects are immutable).
+pub(crate) struct Input<'py> {
+    obj: Bound<'py, PyAny>,
+    buffer: Option<PyBuffer<u8>>,
+}
+
+impl<'py> Input<'py> {
+    /// Same checks and messages as `_byte_view` in the Python twins.
+    pub(crate) fn get(obj: &Bound<'py, PyAny>, func: &str, arg: &str) -> PyResult<Self> {
+        Self::get_as(obj, func, arg, "a bytes-like object")
+    }
+
+    /// `get`, naming what is `expected` when `obj` is not a buffer at all.
+    pub(crate) fn get_as(
+        obj: &Bound<'py, PyAny>,
+        func: &str,
+        arg: &str,
+        expected: &str,
+    ) -> PyResult<Self> {
+        if obj.is_exact_instance_of::<PyBytes>() {
+            return Ok(Self {
+                obj: obj.clone(),
+                buffer: None,
+            });
+        }
+        let py = obj.py();
+        match PyBuffer::<u8>::get(obj) {
+            Ok(buffer) if buffer.is_c_contiguous() => {
+                return Ok(Self {
+                    obj: obj.clone(),
+                    buffer: Some(buffer),
+                })
+            }
+            Ok(_) => return Err(not_contiguous(func, arg)),
+            Err(_) => {}
+        }
+        // Not a buffer, or items wider than a byte: go through memoryview like the twin.
+        let view = py.get_type::<PyMemoryView>().call1((obj,)).map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{func}() argument '{arg}' must be {expected}, not {}",
+                type_name(obj)
+            ))
+        })?;
+        if !view.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
+            return Err(not_contiguous(func, arg));
+        }
+        let view = view.call_method1(intern!(py, "cast"), ("B",))?;
+        let buffer = PyBuffer::<u8>::get(&view)?;
+        Ok(Self {
+            obj: view,
+            buffer: Some(buffer),
+        })
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match &self.buffer {
+            None => self
+                .obj
+                .downcast::<PyBytes>()
+                .map(|b| b.as_bytes())
+                .unwrap_or(&[]),
+            Some(buffer) => {
+                let len = buffer.len_bytes();
+                if len == 0 {
+                    return &[];
+                }
+                // SAFETY: the buffer is C-contiguous, `len` bytes long, and stays exported
+                // (so neither freed nor resized) for as long as `self` lives.
+                unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) }
+            }
+        }
+    }
+}
+
+fn not_contiguous(func: &str, arg: &str) -> PyErr {
+    PyTypeError::new_err(format!(
+        "{func}() argument '{arg}' must be a C-contiguous bytes-like object"
+    ))
+}
+
+/// Write cursor into a new, not yet initialised bytes object (raw pointers: the memory is
+/// uninitialised until written).
+pub(crate) struct Filler {
+    ptr: *mut u8,
+    len: usize,
+    pos: usize,
+}
+
+// SAFETY: the target is a bytes object no other code can see yet; filling it from a thread
+// that runs without the GIL is sound.
+unsafe impl Send for Filler {}
+
+impl Filler {
+    pub(crate) fn put(&mut self, src: &[u8]) {
+        assert!(src.len() <= self.len - self.pos, "Filler overflow");
+        // SAFETY: bounds checked above; the target is new, so the ranges never overlap.
+        unsafe {
+            let dst = self.ptr.add(self.pos);
+            if src.len() >= STREAM_COPY {
+                stream_copy(dst, src);
+            } else {
+                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+            }
+        }
+        self.pos += src.len();
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.pos == self.len
+    }
+}
+
+/// Copies at least this large bypass the caches: the target is not read back soon (it is
+/// handed to Python), and streaming stores skip reading each target line before writing it.
+const STREAM_COPY: usize = 1 << 20;
+
+/// `copy_nonoverlapping` with non-temporal stores (SSE2) on x86_64.
+///
+/// # Safety
+/// `dst` must be valid for `src.len()` bytes of writes and must not overlap `src`.
+unsafe fn stream_copy(dst: *mut u8, src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        let len = src.len();
+        // Bytes up to the first 16-byte aligned target address.
+        let head = (16 - (dst as usize & 15)) & 15;
+        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
+        let mut i = head;
+        while i + 64 <= len {
+            let s = src.as_ptr().add(i) as *const __m128i;
+            let d = dst.add(i) as *mut __m128i;
+            let a = _mm_loadu_si128(s);
+            let b = _mm_loadu_si128(s.add(1));
+            let c = _mm_loadu_si128(s.add(2));
+            let e = _mm_loadu_si128(s.add(3));
+            _mm_stream_si128(d, a);
+            _mm_stream_si128(d.add(1), b);
+            _mm_stream_si128(d.add(2), c);
+            _mm_stream_si128(d.add(3), e);
+            i += 64;
+        }
+        _mm_sfence();
+        std::ptr::copy_nonoverlapping(src.as_ptr().add(i), dst.add(i), len - i);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+}
+
+/// A new bytes object of `len` bytes, to be filled completely through the returned cursor
+/// before Python code can see it.
+pub(crate) fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, Filler)> {
+    let size = isize::try_from(len)
+        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {len} bytes")))?;
+    // SAFETY: PyBytes_FromStringAndSize(NULL, n) returns a new reference (or NULL with an
+    // exception set) to an n-byte bytes object whose contents the caller must write.
+    unsafe {
+        let raw = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+        let obj = Bound::from_owned_ptr_or_err(py, raw)?.downcast_into_unchecked::<PyBytes>();
+        let ptr = ffi::PyBytes_AsString(raw) as *mut u8;
+        advise_huge_pages(ptr, len);
+        Ok((obj, Filler { ptr, len, pos: 0 }))
+    }
+}
+
+/// Outputs at least this large ask for transparent huge pages before they are written.
+const HUGE_PAGE_ADVICE: usize = 4 << 20;
+
+/// Asks Linux to back the (not yet touched) buffer with transparent huge pages: a fresh
+/// 128 MiB buffer otherwise takes 32,768 page faults on first write, which cost more than
+/// the JSON scan itself (see docs/performance.md). Advisory only: contents are unaffected
+/// and failures are ignored.
+fn advise_huge_pages(ptr: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    if len >= HUGE_PAGE_ADVICE {
+        const PAGE: usize = 4096;
+        const MADV_HUGEPAGE: std::ffi::c_int = 14;
+        extern "C" {
+            fn madvise(
+                addr: *mut std::ffi::c_void,
+                len: usize,
+                advice: std::ffi::c_int,
+            ) -> std::ffi::c_int;
+        }
+        let start = (ptr as usize).next_multiple_of(PAGE);
+        let end = (ptr as usize + len) / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the range lies inside the buffer just allocated for us; MADV_HUGEPAGE
+            // only changes how the kernel backs those pages.
+            unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (ptr, len, HUGE_PAGE_ADVICE);
+}
+
+/// Runs `f` with the GIL released when `size` is large enough to be worth it.
+fn maybe_unlocked<T: Send>(py: Python<'_>, size: usize, f: impl FnOnce() -> T + Send) -> T {
+    if size >= GIL_RELEASE {
+        py.allow_threads(f)
+    } else {
+        f()
+    }
+}
+
+static REPLY_CONTRACT_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+static REQUEST_REWRITE_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+
+/// An exception of a shared class from `sessiongate.primitives.errors`.
+fn shared_err(
+    py: Python<'_>,
+    cell: &'static GILOnceCell<Py<PyType>>,
+    name: &str,
+    msg: String,
+) -> PyErr {
+    match cell.import(py, "sessiongate.primitives.errors", name) {
+        Ok(cls) => PyErr::from_type(cls.clone(), msg),
+        Err(import_error) => import_error,
+    }
+}
+
+fn contract_error(py: Python<'_>, detail: &str) -> PyErr {
+    shared_err(
+        py,
+        &REPLY_CONTRACT_ERROR,
+        "ReplyContractError",
+        format!("{CONTRACT_PREFIX}{detail}"),
+    )
+}
+
+fn rewrite_error(py: Python<'_>, msg: String) -> PyErr {
+    shared_err(py, &REQUEST_REWRITE_ERROR, "RequestRewriteError", msg)
+}
+
+static TWIN: GILOnceCell<Py<PyModule>> = GILOnceCell::new();
+static JSON_LOADS: GILOnceCell<Py<PyAny>> = GILOnceCell::new();
+
+/// `name` from the pure-Python twin module.
+fn twin<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let module = TWIN.get_or_try_init(py, || {
+        py.import("sessiongate.primitives._py_relay")
+            .map(Bound::unbind)
+    })?;
+    module.bind(py).getattr(name)
+}
+
+/// `json.loads` of a slice of a document the scanner accepted (strict UTF-8 JSON), so the
+/// result is exactly the matching part of `json.loads(document)`.
+fn json_loads<'py>(py: Python<'py>, text: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    let loads = JSON_LOADS.get_or_try_init(py, || {
+        py.import("json")?.getattr("loads").map(Bound::unbind)
+    })?;
+    loads.bind(py).call1((PyBytes::new(py, text),))
+}
+
+// ---------------------------------------------------------------------------------------
+// Reply scan (no GIL)
+
+const K_CHOICES: &[u8] = b"choices";
+const K_MESSAGE: &[u8] = b"message";
+const K_CONTENT: &[u8] = b"content";
+const K_META: &[u8] = b"meta_info";
+const K_FINISH: &[u8] = b"finish_reason";
+const K_LOGPROBS: &[u8] = b"output_token_logprobs";
+const K_COMPLETION: &[u8] = b"completion_tokens";
+const K_PROMPT: &[u8] = b"prompt_tokens";
+const K_R3: &[u8] = b"routed_experts";
+const K_TOPK: &[u8] = b"indexer_topk";
+
+/// An int-valued member: a JSON integer that fits i64, or anything else.
+#[derive(Debug, Clone, Copy)]
+enum IntField {
+    Int(i64),
+    Other,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum R3Field {
+    Null,
+    Str(Str),
+    Other(Kind),
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    ids: Vec<i64>,
+    logprobs: Vec<f64>,
+    count: usize,
+    /// The first malformed entry: its index and span.
+    first_bad: Option<(usize, usize, usize)>,
+}
+
+/// What the contract needs from one `meta_info` object (the last one of a choice wins).
+#[derive(Debug, Default)]
+struct Meta {
+    /// None: absent; Some(None): not an array.
+    entries: Option<Option<Entries>>,
+    completion_tokens: Option<IntField>,
+    prompt_tokens: Option<IntField>,
+    finish_reason: Option<(usize, usize)>,
+    routed_experts: Option<R3Field>,
+}
+
+/// A message object's span, and whether its `content` is absent (None) or null (Some(true)).
+type MessageInfo = ((usize, usize), Option<bool>);
+
+#[derive(Debug, Default)]
+struct Choice {
+    /// None: absent; Some(None): not an object; Some(Some((span, content))) where content
+    /// is None when absent, Some(true) when null.
+    message: Option<Option<MessageInfo>>,
+    /// None: absent; Some(None): not an object.
+    meta: Option<Option<Meta>>,
+    finish_reason: Option<(usize, usize)>,
+}
+
+#[derive(Debug)]
+enum Choices {
+    NotArray,
+    Empty,
+    FirstNotObject,
+    First(Box<Choice>),
+}
+
+#[derive(Debug, Default)]
+struct ReplyScan {
+    /// The kind of the top-level value.
+    top: Option<Kind>,
+    /// The last top-level `choices` member.
+    choices: Option<Choices>,
+    /// Ranges of the record-only members to cut, sorted and disjoint.
+    cuts: Vec<(usize, usize)>,
+    /// Some value the fast path cannot represent (an integer beyond i64): use the twin.
+    needs_twin: bool,
+}
+
+/// A JSON integer that fits i64 (the text is a validated integer literal).
+fn parse_i64(text: &[u8]) -> Option<i64> {
+    let (neg, digits) = match text.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, text),
+    };
+    let mut v: i64 = 0;
+    for &d in digits {
+        let d = i64::from(d.wrapping_sub(b'0'));
+        v = v.checked_mul(10)?;
+        v = if neg {
+            v.checked_sub(d)?
+        } else {
+            v.checked_add(d)?
+        };
+    }
+    Some(v)
+}
+
+/// A JSON number (or NaN / Infinity / -Infinity) as Python's `float()` reads it.
+fn parse_f64(text: &[u8]) -> f64 {
+    match text {
+        b"NaN" => f64::NAN,
+        b"Infinity" => f64::INFINITY,
+        b"-Infinity" => f64::NEG_INFINITY,
+        _ => std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(f64::NAN),
+    }
+}
+
+struct ReplyScanner<'a> {
+    sc: Scanner<'a>,
+    out: ReplyScan,
+}
+
+impl<'a> ReplyScanner<'a> {
+    fn run(s: &'a [u8]) -> Scan<ReplyScan> {
+        let mut this = ReplyScanner {
+            sc: Scanner::new(s),
+            out: ReplyScan::default(),
+        };
+        this.top()?;
+        Ok(this.out)
+    }
+
+    fn top(&mut self) -> Scan<()> {
+        self.sc.ws();
+        let kind = self.sc.kind()?;
+        self.out.top = Some(kind);
+        if kind != Kind::Object {
+            self.sc.value()?;
+            return self.sc.finish();
+        }
+        if !self.sc.object_start()? {
+            loop {
+                let key = self.sc.key()?;
+                if self.sc.key_is(&key, K_CHOICES) {
+                    let choices = self.choices()?;
+                    self.out.choices = Some(choices);
+                } else {
+                    self.sc.value()?;
+                }
+                if !self.sc.object_next()? {
+                    break;
+                }
+            }
+        }
+        self.sc.finish()
+    }
+
+    fn choices(&mut self) -> Scan<Choices> {
+        if self.sc.kind()? != Kind::Array {
+            self.sc.value()?;
+            return Ok(Choices::NotArray);
+        }
+        if self.sc.array_start()? {
+            return Ok(Choices::Empty);
+        }
+        let mut first = Choices::FirstNotObject;
+        let mut index = 0usize;
+        loop {
+            if self.sc.kind()? == Kind::Object {
+                let choice = self.choice(index == 0)?;
+                if index == 0 {
+                    first = Choices::First(Box::new(choice));
+                }
+            } else {
+                self.sc.value()?;
+            }
+            index += 1;
+            if !self.sc.array_next()? {
+                return Ok(first);
+            }
+        }
+    }
+
+    /// One element of `choices`; only the first one's members are collected, but every
+    /// one's `meta_info` loses its record-only members.
+    fn choice(&mut self, collect: bool) -> Scan<Choice> {
+        let mut choice = Choice::default();
+        if self.sc.object_start()? {
+            return Ok(choice);
+        }
+        loop {
+            let key = self.sc.key()?;
+            if self.sc.key_is(&key, K_META) {
+                choice.meta = Some(if self.sc.kind()? == Kind::Object {
+                    Some(self.meta(collect)?)
+                } else {
+                    self.sc.value()?;
+                    None
+                });
+            } else if collect && self.sc.key_is(&key, K_MESSAGE) {
+                choice.message = Some(if self.sc.kind()? == Kind::Object {
+                    let start = self.sc.pos;
+                    let content = self.message()?;
+                    Some(((start, self.sc.pos), content))
+                } else {
+                    self.sc.value()?;
+                    None
+                });
+            } else if collect && self.sc.key_is(&key, K_FINISH) {
+                let start = self.sc.pos;
+                self.sc.value()?;
+                choice.finish_reason = Some((start, self.sc.pos));
+            } else {
+                self.sc.value()?;
+            }
+            if !self.sc.object_next()? {
+                return Ok(choice);
+            }
+        }
+    }
+
+    /// A message object; returns whether `content` is present and null (last one wins).
+    fn message(&mut self) -> Scan<Option<bool>> {
+        let mut content = None;
+        if self.sc.object_start()? {
+            return Ok(content);
+        }
+        loop {
+            let key = self.sc.key()?;
+            if self.sc.key_is(&key, K_CONTENT) {
+                content = Some(self.sc.kind()? == Kind::Null);
+            }
+            self.sc.value()?;
+            if !self.sc.object_next()? {
+                return Ok(content);
+            }
+        }
+    }
+
+    fn meta(&mut self, collect: bool) -> Scan<Meta> {
+        let mut meta = Meta::default();
+        let mut members: Vec<Member> = Vec::new();
+        let mut removing = false;
+        if self.sc.object_start()? {
+            return Ok(meta);
+        }
+        loop {
+            let key = self.sc.key()?;
+            let mut remove = false;
+            if self.sc.key_is(&key, K_R3) {
+                remove = true;
+                let field = match self.sc.kind()? {
+                    Kind::String => R3Field::Str(self.sc.string()?),
+                    Kind::Null => {
+                        self.sc.value()?;
+                        R3Field::Null
+                    }
+                    other => {
+                        self.sc.value()?;
+                        R3Field::Other(other)
+                    }
+                };
+                if collect {
+                    meta.routed_experts = Some(field);
+                }
+            } else if self.sc.key_is(&key, K_TOPK) {
+                remove = true;
+                self.sc.value()?;
+            } else if collect && self.sc.key_is(&key, K_LOGPROBS) {
+                meta.entries = Some(self.entries()?);
+            } else if collect && self.sc.key_is(&key, K_COMPLETION) {
+                meta.completion_tokens = Some(self.int_field()?);
+            } else if collect && self.sc.key_is(&key, K_PROMPT) {
+                meta.prompt_tokens = Some(self.int_field()?);
+            } else if collect && self.sc.key_is(&key, K_FINISH) {
+                let start = self.sc.pos;
+                self.sc.value()?;
+                meta.finish_reason = Some((start, self.sc.pos));
+            } else {
+                self.sc.value()?;
+            }
+            members.push(Member {
+                key_start: key.start,
+                value_end: self.sc.pos,
+                remove,
+            });
+            removing |= remove;
+            if !self.sc.object_next()? {
+                break;
+            }
+        }
+        if removing {
+            member_cuts(&members, &mut self.out.cuts);
+        }
+        Ok(meta)
+    }
+
+    fn int_field(&mut self) -> Scan<IntField> {
+        if self.sc.kind()? != Kind::Number {
+            self.sc.value()?;
+            return Ok(IntField::Other);
+        }
+        let start = self.sc.pos;
+        if self.sc.scalar()? != Some(NumKind::Int) {
+            return Ok(IntField::Other);
+        }
+        match parse_i64(&self.sc.s[start..self.sc.pos]) {
+            Some(v) => Ok(IntField::Int(v)),
+            None => {
+                self.out.needs_twin = true;
+                Ok(IntField::Other)
+            }
+        }
+    }
+
+    /// `output_token_logprobs`: None if it is not an array.
+    fn entries(&mut self) -> Scan<Option<Entries>> {
+        if self.sc.kind()? != Kind::Array {
+            self.sc.value()?;
+            return Ok(None);
+        }
+        let mut entries = Entries::default();
+        if self.sc.array_start()? {
+            return Ok(Some(entries));
+        }
+        loop {
+            let start = self.sc.pos;
+            let good = self.entry(&mut entries)?;
+            if !good && entries.first_bad.is_none() {
+                entries.first_bad = Some((entries.count, start, self.sc.pos));
+            }
+            entries.count += 1;
+            if !self.sc.array_next()? {
+                return Ok(Some(entries));
+            }
+        }
+    }
+
+    /// One `[logprob, token_id, ...]` entry (Python's checks: a list of at least two items,
+    /// an int (not bool) token id, an int, float or bool logprob). True when well formed.
+    fn entry(&mut self, entries: &mut Entries) -> Scan<bool> {
+        if self.sc.kind()? != Kind::Array {
+            self.sc.value()?;
+            return Ok(false);
+        }
+        if self.sc.array_start()? {
+            return Ok(false);
+        }
+        let start = self.sc.pos;
+        let logprob = match self.sc.kind()? {
+            Kind::Number => {
+                let kind = self.sc.scalar()?;
+                let text = &self.sc.s[start..self.sc.pos];
+                if kind == Some(NumKind::Int) {
+                    match parse_i64(text) {
+                        // Python's float(int) rounds to nearest, ties to even, like `as`.
+                        Some(v) => Some(v as f64),
+                        None => {
+                            self.out.needs_twin = true;
+                            None
+                        }
+                    }
+                } else {
+                    Some(parse_f64(text))
+                }
+            }
+            Kind::Bool => {
+                let truth = self.sc.peek() == Some(b't');
+                self.sc.value()?;
+                Some(if truth { 1.0 } else { 0.0 })
+            }
+            _ => {
+                self.sc.value()?;
+                None
+            }
+        };
+        if !self.sc.array_next()? {
+            return Ok(false);
+        }
+        let start = self.sc.pos;
+        let id = match self.sc.kind()? {
+            Kind::Number => {
+                if self.sc.scalar()? == Some(NumKind::Int) {
+                    let id = parse_i64(&self.sc.s[start..self.sc.pos]);
+                    if id.is_none() {
+                        self.out.needs_twin = true;
+                    }
+                    id
+                } else {
+                    None
+                }
+            }
+            _ => {
+                self.sc.value()?;
+                None
+            }
+        };
+        while self.sc.array_next()? {
+            self.sc.value()?;
+        }
+        match (logprob, id) {
+            (Some(logprob), Some(id)) => {
+                entries.logprobs.push(logprob);
+                entries.ids.push(id);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+}
+
+/// A reply that meets the contract, as offsets and plain values.
+struct Good {
+    ids: Vec<i64>,
+    logprobs: Vec<f64>,
+    completion_tokens: i64,
+    finish_reason: Option<(usize, usize)>,
+    message: (usize, usize),
+    routed_experts: Option<Str>,
+    prompt_tokens: Option<i64>,
+    cuts: Vec<(usize, usize)>,
+}
+
+enum Verdict {
+    Good(Box<Good>),
+    /// The detail after the contract prefix.
+    Broken(String),
+    /// A malformed `output_token_logprobs` entry (its repr needs Python).
+    BadEntry(usize, (usize, usize)),
+    /// Leave the body to the twin.
+    Twin,
+}
+
+/// The contract checks, in the order of `parse_reply` (python/sessiongate/session/reply.py).
+fn judge(scan: ReplyScan) -> Verdict {
+    use Verdict::Broken;
+    if scan.needs_twin {
+        return Verdict::Twin;
+    }
+    if scan.top != Some(Kind::Object) {
+        return Broken("body is not a JSON object".into());
+    }
+    let Some(Choices::First(choice)) = scan.choices else {
+        return Broken("'choices' is missing or empty".into());
+    };
+    let choice = *choice;
+    let Some(Some((message, content))) = choice.message else {
+        return Broken("choices[0].message is missing".into());
+    };
+    if content != Some(false) {
+        return Broken("choices[0].message.content is null".into());
+    }
+    let Some(Some(meta)) = choice.meta else {
+        return Broken("choices[0].meta_info is missing (was return_meta_info honoured?)".into());
+    };
+    let Some(Some(entries)) = meta.entries else {
+        return Broken("choices[0].meta_info.output_token_logprobs is missing".into());
+    };
+    let Some(IntField::Int(completion_tokens)) = meta.completion_tokens else {
+        return Broken("choices[0].meta_info.completion_tokens is missing".into());
+    };
+    if i64::try_from(entries.count) != Ok(completion_tokens) {
+        return Broken(format!(
+            "output_token_logprobs has {} entries but completion_tokens is {completion_tokens}",
+            entries.count
+        ));
+    }
+    if let Some((index, start, end)) = entries.first_bad {
+        return Verdict::BadEntry(index, (start, end));
+    }
+    let routed_experts = match meta.routed_experts {
+        None | Some(R3Field::Null) => None,
+        Some(R3Field::Str(text)) => Some(text),
+        Some(R3Field::Other(kind)) => {
+            return Broken(format!(
+                "choices[0].meta_info.routed_experts is not a base64 string (got {})",
+                kind.name()
+            ))
+        }
+    };
+    let prompt_tokens = match meta.prompt_tokens {
+        Some(IntField::Int(v)) => Some(v),
+        _ => None,
+    };
+    Verdict::Good(Box::new(Good {
+        ids: entries.ids,
+        logprobs: entries.logprobs,
+        completion_tokens,
+        finish_reason: meta.finish_reason.or(choice.finish_reason),
+        message,
+        routed_experts,
+        prompt_tokens,
+        cuts: scan.cuts,
+    }))
+}
+
+fn scan_reply(data: &[u8]) -> Verdict {
+    match ReplyScanner::run(data) {
+        Ok(scan) => judge(scan),
+        Err(_) => Verdict::Twin,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// extract_reply
+
+/// What `extract_reply` returns: the fields the session core needs from an upstream reply.
+#[pyclass(module = "sessiongate._core", frozen)]
+pub struct ExtractedReply {
+    /// Sampled token ids: `output_token_logprobs[i][1]` of `choices[0].meta_info`.
+    #[pyo3(get)]
+    completion_ids: Py<PyAny>,
+    /// Their logprobs as floats: `output_token_logprobs[i][0]`.
+    #[pyo3(get)]
+    logprobs: Py<PyAny>,
+    /// `choices[0].meta_info.completion_tokens`.
+    #[pyo3(get)]
+    completion_tokens: Py<PyAny>,
+    /// `meta_info.finish_reason` if present, else `choices[0].finish_reason` (or None).
+    #[pyo3(get)]
+    finish_reason: Py<PyAny>,
+    /// `{"role": "assistant", "content": ..., "tool_calls"?: ...}` from `choices[0].message`.
+    #[pyo3(get)]
+    message: Py<PyAny>,
+    /// The reply for the client: the original bytes without the record-only members.
+    #[pyo3(get)]
+    client_body: Py<PyAny>,
+    /// `choices[0].meta_info.prompt_tokens` when it is an int, else None.
+    #[pyo3(get)]
+    prompt_tokens: Py<PyAny>,
+    r3: R3,
+}
+
+/// Where `routed_experts` comes from.
+enum R3 {
+    Absent,
+    /// A bytes object already (escaped text, an input that is not `bytes`, the twin's result).
+    Bytes(Py<PyAny>),
+    /// A span of the (immutable) reply bytes: viewed without a copy, copied on first access
+    /// of `routed_experts`.
+    Span {
+        body: Py<PyBytes>,
+        start: usize,
+        end: usize,
+        copy: GILOnceCell<Py<PyAny>>,
+    },
+}
+
+#[pymethods]
+impl ExtractedReply {
+    /// The base64 text of `choices[0].meta_info.routed_experts` as bytes (None if absent
+    /// or null). Copied from the reply on first access; `routed_experts_view` avoids that.
+    #[getter]
+    fn routed_experts(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.r3 {
+            R3::Absent => Ok(py.None()),
+            R3::Bytes(bytes) => Ok(bytes.clone_ref(py)),
+            R3::Span {
+                body,
+                start,
+                end,
+                copy,
+            } => copy
+                .get_or_try_init(py, || {
+                    let body = body.bind(py);
+                    let src = &body.as_bytes()[*start..*end];
+                    let (bytes, mut fill) = new_bytes(py, src.len())?;
+                    maybe_unlocked(py, src.len(), || fill.put(src));
+                    Ok::<_, PyErr>(bytes.into_any().unbind())
+                })
+                .map(|bytes| bytes.clone_ref(py)),
+        }
+    }
+
+    /// The same text as a read-only memoryview, without a copy when the reply was `bytes`
+    /// (a slice of it, which keeps the reply alive); None if absent or null.
+    #[getter]
+    fn routed_experts_view(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.r3 {
+            R3::Absent => Ok(py.None()),
+            R3::Bytes(bytes) => Ok(PyMemoryView::from(bytes.bind(py))?.into_any().unbind()),
+            R3::Span {
+                body, start, end, ..
+            } => {
+                let view = PyMemoryView::from(body.bind(py).as_any())?;
+                let slice = PySlice::new(py, *start as isize, *end as isize, 1);
+                Ok(view.get_item(slice)?.unbind())
+            }
+        }
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let r3 = match &self.r3 {
+            R3::Absent => "None".to_owned(),
+            R3::Bytes(bytes) => format!("<{} bytes>", bytes.bind(py).len()?),
+            R3::Span { start, end, .. } => format!("<{} bytes>", end - start),
+        };
+        Ok(format!(
+            "ExtractedReply(completion_tokens={}, finish_reason={}, prompt_tokens={}, \
+             routed_experts={})",
+            self.completion_tokens.bind(py).repr()?,
+            self.finish_reason.bind(py).repr()?,
+            self.prompt_tokens.bind(py).repr()?,
+            r3,
+        ))
+    }
+}
+
+impl ExtractedReply {
+    /// The same fields, read from the twin's result.
+    fn from_twin(reply: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let get = |name: &str| reply.getattr(name).map(Bound::unbind);
+        Ok(Self {
+            completion_ids: get("completion_ids")?,
+            logprobs: get("logprobs")?,
+            completion_tokens: get("completion_tokens")?,
+            finish_reason: get("finish_reason")?,
+            message: get("message")?,
+            client_body: get("client_body")?,
+            prompt_tokens: get("prompt_tokens")?,
+            r3: match reply.getattr("routed_experts")? {
+                r3 if r3.is_none() => R3::Absent,
+                r3 => R3::Bytes(r3.unbind()),
+            },
+        })
+    }
+}
+
+/// Validate an upstream chat reply and extract what the session core needs (docs/relay.md).
+#[pyfunction]
+fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedReply> {
+    let input = Input::get(body, "extract_reply", "body")?;
+    let data = input.as_slice();
+    let verdict = maybe_unlocked(py, data.len(), || scan_reply(data));
+    let good = match verdict {
+        Verdict::Good(good) => good,
+        Verdict::Broken(detail) => return Err(contract_error(py, &detail)),
+        Verdict::BadEntry(index, (start, end)) => {
+            let entry = json_loads(py, &data[start..end])?.repr()?;
+            let builtins = py.import("builtins")?;
+            let short = builtins.getattr("format")?.call1((entry, ".80"))?;
+            return Err(contract_error(
+                py,
+                &format!("output_token_logprobs[{index}] is not [logprob, token_id, ...]: {short}"),
+            ));
+        }
+        Verdict::Twin => {
+            let reply = twin(py, "extract_reply")?.call1((body,))?;
+            return ExtractedReply::from_twin(&reply);
+        }
+    };
+
+    let message = json_loads(py, &data[good.message.0..good.message.1])?;
+    let message = message.downcast::<PyDict>()?;
+    let assistant = PyDict::new(py);
+    assistant.set_item(intern!(py, "role"), intern!(py, "assistant"))?;
+    if let Some(content) = message.get_item(intern!(py, "content"))? {
+        assistant.set_item(intern!(py, "content"), content)?;
+    }
+    if let Some(calls) = message.get_item(intern!(py, "tool_calls"))? {
+        if calls.is_truthy()? {
+            assistant.set_item(intern!(py, "tool_calls"), calls)?;
+        }
+    }
+    let finish_reason = match good.finish_reason {
+        Some((start, end)) => json_loads(py, &data[start..end])?,
+        None => py.None().into_bound(py),
+    };
+
+    let (client_body, mut client_fill) = new_bytes(py, spliced_len(data.len(), &good.cuts))?;
+    let mut r3_raw: Option<(&[u8], Filler)> = None;
+    let r3 = match good.routed_experts {
+        None => R3::Absent,
+        Some(text) if text.escaped => R3::Bytes(
+            PyBytes::new(py, &unescape(&data[text.start..text.end]))
+                .into_any()
+                .unbind(),
+        ),
+        Some(text) => match body.downcast_exact::<PyBytes>() {
+            // Immutable: keep a reference and copy only if asked.
+            Ok(bytes) => R3::Span {
+                body: bytes.clone().unbind(),
+                start: text.start,
+                end: text.end,
+                copy: GILOnceCell::new(),
+            },
+            Err(_) => {
+                let raw = &data[text.start..text.end];
+                let (bytes, fill) = new_bytes(py, raw.len())?;
+                r3_raw = Some((raw, fill));
+                R3::Bytes(bytes.into_any().unbind())
+            }
+        },
+    };
+    let cuts = &good.cuts;
+    let copied = data.len() - good.cuts.iter().map(|(a, b)| b - a).sum::<usize>()
+        + r3_raw.as_ref().map_or(0, |(raw, _)| raw.len());
+    maybe_unlocked(py, copied, || {
+        for_each_kept(data, cuts, |piece| client_fill.put(piece));
+        if let Some((raw, fill)) = r3_raw.as_mut() {
+            fill.put(raw);
+        }
+    });
+    debug_assert!(client_fill.is_full());
+
+    Ok(ExtractedReply {
+        completion_ids: PyList::new(py, &good.ids)?.into_any().unbind(),
+        logprobs: PyList::new(py, &good.logprobs)?.into_any().unbind(),
+        completion_tokens: good
+            .completion_tokens
+            .into_pyobject(py)?
+            .into_any()
+            .unbind(),
+        finish_reason: finish_reason.unbind(),
+        message: assistant.into_any().unbind(),
+        client_body: client_body.into_any().unbind(),
+        prompt_tokens: good.prompt_tokens.into_pyobject(py)?.into_any().unbind(),
+        r3,
+    })
+}
+
+/// Test hook: None when the Rust scanner accepts `body` as JSON, else why it does not.
+#[pyfunction]
+fn _json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let input = Input::get(body, "_json_reject", "body")?;
+    let data = input.as_slice();
+    Ok(maybe_unlocked(py, data.len(), || validate(data))
+        .err()
+        .map(|r| format!("{} at byte {}", r.why, r.at)))
+}
+
+// ---------------------------------------------------------------------------------------
+// rewrite_request
+
+/// The top level of a request body: its kind, the offset of its `{`, and its members.
+struct RequestScan {
+    kind: Kind,
+    open: usize,
+    members: Vec<Member>,
+}
+
+fn scan_request(s: &[u8], names: &[Vec<u8>]) -> Scan<RequestScan> {
+    let mut sc = Scanner::new(s);
+    sc.ws();
+    let kind = sc.kind()?;
+    let open = sc.pos;
+    let mut members = Vec::new();
+    if kind != Kind::Object {
+        sc.value()?;
+    } else if !sc.object_start()? {
+        loop {
+            let key = sc.key()?;
+            let remove = names.iter().any(|name| sc.key_is(&key, name));
+            sc.value()?;
+            members.push(Member {
+                key_start: key.start,
+                value_end: sc.pos,
+                remove,
+            });
+            if !sc.object_next()? {
+                break;
+            }
+        }
+    }
+    sc.finish()?;
+    Ok(RequestScan {
+        kind,
+        open,
+        members,
+    })
+}
+
+/// Deepest container nesting the fast serializer writes itself (then `json.dumps` takes
+/// over, with its own circular-reference and recursion checks).
+const MAX_WRITE_DEPTH: usize = 64;
+
+const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
+fn write_i64(out: &mut Vec<u8>, v: i64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut n = v.unsigned_abs();
+    while n >= 100 {
+        let d = (n % 100) as usize * 2;
+        n /= 100;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
+    }
+    if n >= 10 {
+        let d = n as usize * 2;
+        i -= 2;
+        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
+    } else {
+        i -= 1;
+        buf[i] = b'0' + n as u8;
+    }
+    if v < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// Appends `obj` as `json.dumps(obj, separators=(",", ":"), ensure_ascii=False)` would
+/// write it, for the plain types (None, bool, exact int / float / str / list / tuple, and
+/// exact dicts with str keys). Ok(false) means "not a plain value": the caller truncates
+/// and lets `json.dumps` do it.
+///
+/// # Safety
+/// `obj` must be a valid object pointer and the GIL must be held. No Python code runs
+/// while this walks containers (only C-level conversions of exact built-in types), so the
+/// borrowed items stay valid.
+unsafe fn write_plain(out: &mut Vec<u8>, obj: *mut ffi::PyObject, depth: usize) -> bool {
+    if obj == ffi::Py_None() {
+        out.extend_from_slice(b"null");
+    } else if obj == ffi::Py_True() {
+        out.extend_from_slice(b"true");
+    } else if obj == ffi::Py_False() {
+        out.extend_from_slice(b"false");
+    } else if ffi::PyLong_CheckExact(obj) != 0 {
+        let mut overflow = 0;
+        let v = ffi::PyLong_AsLongLongAndOverflow(obj, &mut overflow);
+        if overflow != 0 || (v == -1 && !ffi::PyErr_Occurred().is_null()) {
+            ffi::PyErr_Clear();
+            return false;
+        }
+        write_i64(out, v);
+    } else if ffi::PyUnicode_CheckExact(obj) != 0 {
+        let mut size: ffi::Py_ssize_t = 0;
+        let ptr = ffi::PyUnicode_AsUTF8AndSize(obj, &mut size);
+        if ptr.is_null() {
+            // Lone surrogates: json.dumps + the twin's fallback for them.
+            ffi::PyErr_Clear();
+            return false;
+        }
+        let bytes = std::slice::from_raw_parts(ptr as *const u8, size as usize);
+        match std::str::from_utf8(bytes) {
+            Ok(text) => write_json_str(out, text),
+            Err(_) => return false,
+        }
+    } else if ffi::PyFloat_CheckExact(obj) != 0 {
+        let v = ffi::PyFloat_AsDouble(obj);
+        if v.is_nan() {
+            out.extend_from_slice(b"NaN");
+        } else if v.is_infinite() {
+            out.extend_from_slice(if v > 0.0 { b"Infinity" } else { b"-Infinity" });
+        } else {
+            // float.__repr__ (shortest round trip, Python's exponent rules).
+            let repr = ffi::PyObject_Repr(obj);
+            if repr.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            let mut size: ffi::Py_ssize_t = 0;
+            let ptr = ffi::PyUnicode_AsUTF8AndSize(repr, &mut size);
+            if ptr.is_null() {
+                ffi::PyErr_Clear();
+                ffi::Py_DecRef(repr);
+                return false;
+            }
+            out.extend_from_slice(std::slice::from_raw_parts(ptr as *const u8, size as usize));
+            ffi::Py_DecRef(repr);
+        }
+    } else if ffi::PyList_CheckExact(obj) != 0 || ffi::PyTuple_CheckExact(obj) != 0 {
+        if depth >= MAX_WRITE_DEPTH {
+            return false;
+        }
+        let is_list = ffi::PyList_CheckExact(obj) != 0;
+        out.push(b'[');
+        let mut i: ffi::Py_ssize_t = 0;
+        loop {
+            let len = if is_list {
+                ffi::PyList_Size(obj)
+            } else {
+                ffi::PyTuple_Size(obj)
+            };
+            if i >= len {
+                break;
+            }
+            let item = if is_list {
+                ffi::PyList_GetItem(obj, i)
+            } else {
+                ffi::PyTuple_GetItem(obj, i)
+            };
+            if item.is_null() {
+                ffi::PyErr_Clear();
+                return false;
+            }
+            if i > 0 {
+                out.push(b',');
+            }
+            if !write_plain(out, item, depth + 1) {
+                return false;
+            }
+            i += 1;
+        }
+        out.push(b']');
+    } else if ffi::PyDict_CheckExact(obj) != 0 {
+        if depth >= MAX_WRITE_DEPTH {
+            return false;
+        }
+        out.push(b'{');
+        let mut pos: ffi::Py_ssize_t = 0;
+        let mut key: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut value: *mut ffi::PyObject = std::ptr::null_mut();
+        let mut first = true;
+        while ffi::PyDict_Next(obj, &mut pos, &mut key, &mut value) != 0 {
+            if ffi::PyUnicode_CheckExact(key) == 0 {
+                return false;
+            }
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            if !write_plain(out, key, depth + 1) {
+                return false;
+            }
+            out.push(b':');
+            if !write_plain(out, value, depth + 1) {
+                return false;
+            }
+        }
+        out.push(b'}');
+    } else {
+        return false;
+    }
+    true
+}
+
+/// Appends the compact JSON of `obj`: the fast writer, else the twin's `_encode` (which
+/// is `json.dumps`, with `ensure_ascii=True` for strings UTF-8 cannot hold).
+fn encode_value(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    let mark = out.len();
+    // SAFETY: obj is a live object and we hold the GIL (we have a Bound).
+    if unsafe { write_plain(out, obj.as_ptr(), 0) } {
+        return Ok(());
+    }
+    out.truncate(mark);
+    let encoded = twin(obj.py(), "_encode")?.call1((obj,))?;
+    out.extend_from_slice(encoded.downcast::<PyBytes>()?.as_bytes());
+    Ok(())
+}
+
+/// The UTF-8 of a field name as the scanner's `unescape` would produce it
+/// (`encode("utf-8", "surrogatepass")`).
+fn name_bytes(name: &Bound<'_, PyString>) -> PyResult<Vec<u8>> {
+    match name.to_str() {
+        Ok(text) => Ok(text.as_bytes().to_vec()),
+        Err(_) => {
+            let py = name.py();
+            let raw = name.call_method1(intern!(py, "encode"), ("utf-8", "surrogatepass"))?;
+            Ok(raw.downcast::<PyBytes>()?.as_bytes().to_vec())
+        }
+    }
+}
+
+/// The client's request body with the top-level members in `fields` set (docs/relay.md).
+#[pyfunction]
+fn rewrite_request<'py>(
+    py: Python<'py>,
+    body: &Bound<'py, PyAny>,
+    fields: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let input = Input::get(body, "rewrite_request", "body")?;
+    let dict = fields.downcast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "rewrite_request() argument 'fields' must be dict, not {}",
+            type_name(fields)
+        ))
+    })?;
+    let mut names = Vec::with_capacity(dict.len());
+    for key in dict.keys() {
+        let name = key.downcast::<PyString>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "rewrite_request() keys of 'fields' must be str, not {}",
+                type_name(&key)
+            ))
+        })?;
+        names.push(name_bytes(name)?);
+    }
+    let data = input.as_slice();
+    let scan = match maybe_unlocked(py, data.len(), || scan_request(data, &names)) {
+        Ok(scan) => scan,
+        Err(_) => {
+            let out = twin(py, "rewrite_request")?.call1((body, fields))?;
+            return Ok(out.downcast_into::<PyBytes>()?);
+        }
+    };
+    if scan.kind != Kind::Object {
+        return Err(rewrite_error(
+            py,
+            format!(
+                "request body must be a JSON object, got {}",
+                scan.kind.name()
+            ),
+        ));
+    }
+    let mut cuts = Vec::new();
+    member_cuts(&scan.members, &mut cuts);
+    let last_kept = scan.members.iter().rev().find(|m| !m.remove);
+    let (insert_at, mut comma) = match last_kept {
+        Some(member) => (member.value_end, true),
+        None => (scan.open + 1, false),
+    };
+    let mut insert: Vec<u8> = Vec::new();
+    // A snapshot: json.dumps (the fallback) may run code that touches `fields`.
+    for item in dict.items().iter() {
+        let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item.extract()?;
+        if comma {
+            insert.push(b',');
+        }
+        comma = true;
+        encode_value(&mut insert, &key)?;
+        insert.push(b':');
+        encode_value(&mut insert, &value)?;
+    }
+    let total = spliced_len(data.len(), &cuts) + insert.len();
+    let (out, mut fill) = new_bytes(py, total)?;
+    maybe_unlocked(py, total, || {
+        let mut inserted = false;
+        let mut emit = |a: usize, b: usize| {
+            if !inserted && a <= insert_at && insert_at <= b {
+                fill.put(&data[a..insert_at]);
+                fill.put(&insert);
+                fill.put(&data[insert_at..b]);
+                inserted = true;
+            } else {
+                fill.put(&data[a..b]);
+            }
+        };
+        let mut at = 0;
+        for &(a, b) in &cuts {
+            emit(at, a);
+            at = b;
+        }
+        emit(at, data.len());
+    });
+    debug_assert!(fill.is_full());
+    Ok(out)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ExtractedReply>()?;
+    m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
+    m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
+    m.add_function(wrap_pyfunction!(_json_reject, m)?)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ints() {
+        for v in [0i64, 7, -7, 10, 99, 100, 12345, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            write_i64(&mut out, v);
+            assert_eq!(out, v.to_string().as_bytes());
+            assert_eq!(parse_i64(v.to_string().as_bytes()), Some(v));
+        }
+        assert_eq!(parse_i64(b"9223372036854775808"), None);
+        assert_eq!(parse_i64(b"-0"), Some(0));
+    }
+
+    fn client(body: &str) -> String {
+        match scan_reply(body.as_bytes()) {
+            Verdict::Good(good) => {
+                let mut out = Vec::new();
+                for_each_kept(body.as_bytes(), &good.cuts, |p| out.extend_from_slice(p));
+                String::from_utf8(out).unwrap_or_default()
+            }
+            _ => panic!("not a good reply"),
+        }
+    }
+
+    #[test]
+    fn splice_meta() {
+        let head = r#"{"choices":[{"message":{"content":"x"},"meta_info":{"#;
+        let tail = r#"}}]}"#;
+        let base = r#""output_token_logprobs":[[-0.5,7,null]],"completion_tokens":1"#;
+        for (meta, want) in [
+            (
+                format!(r#""routed_experts":"QUJD",{base}"#),
+                base.to_owned(),
+            ),
+            (
+                format!(r#"{base},"routed_experts":"QUJD""#),
+                base.to_owned(),
+            ),
+            (
+                format!(r#"{base}, "routed_experts" : "QUJD" , "indexer_topk":[1]"#),
+                base.to_owned(),
+            ),
+        ] {
+            assert_eq!(
+                client(&format!("{head}{meta}{tail}")),
+                format!("{head}{want}{tail}")
+            );
+        }
+    }
+}
