@@ -66,13 +66,16 @@ class SessionStamper:
         final = is_final_turn(headers)
         return self.tree.context_for(session_id, is_final_turn=final), final
 
-    def stamp(
-        self, body: dict[str, Any], ctx: RoutingContext
-    ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        headers = list(self.mode.headers(ctx).items())
-        if self.mode.mutates_body:
-            body = self.mode.transform_body(body, ctx)
-        return body, headers
+    @property
+    def mutates_body(self) -> bool:
+        return self.mode.mutates_body
+
+    def headers(self, ctx: RoutingContext) -> list[tuple[str, str]]:
+        return list(self.mode.headers(ctx).items())
+
+    def transform(self, body: dict[str, Any], ctx: RoutingContext) -> dict[str, Any]:
+        """The mode's body rewrite (a new object; the caller's is untouched)."""
+        return self.mode.transform_body(body, ctx) if self.mode.mutates_body else body
 
     def finish_turn(self, session_id: str, *, final: bool, succeeded: bool) -> None:
         # A final turn that failed may be retried by the client: not final yet.

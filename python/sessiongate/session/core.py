@@ -14,10 +14,10 @@ import logging
 import time
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
-from sessiongate.primitives import new_session_id, shard_key, validate_session_id
+from sessiongate.primitives import new_session_id, rewrite_request, shard_key, validate_session_id
 from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.errors import (
     BadRequest,
@@ -36,7 +36,7 @@ from sessiongate.session.protocol import (
     json_reply,
     parse_json_object,
 )
-from sessiongate.session.reply import client_view, finish_reason_text, parse_reply
+from sessiongate.session.reply import finish_reason_text, parse_reply
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.tito import TitoEngine
@@ -45,6 +45,7 @@ from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Proxied replies with a declared length below this are read whole and relayed in one frame.
 PROXY_BUFFER_BELOW = 256 * 1024
@@ -340,8 +341,7 @@ class SessionCore:
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
-            upstream_body = {
-                **body,
+            fields: dict[str, Any] = {
                 "input_ids": prompt_ids,
                 "logprobs": True,
                 "return_meta_info": True,
@@ -349,19 +349,24 @@ class SessionCore:
                 "stream": False,
             }
             if self.settings.r3:
-                upstream_body["return_routed_experts"] = True
+                fields["return_routed_experts"] = True
             if self.stamper is not None:
-                upstream_body, routing_headers = self.stamper.stamp(upstream_body, routing_ctx)
-            request_bytes = json.dumps(
-                upstream_body, ensure_ascii=False, separators=(",", ":")
-            ).encode()
+                routing_headers = self.stamper.headers(routing_ctx)
+            if self.stamper is not None and self.stamper.mutates_body:
+                # Body-rewriting modes work on the object; the rest never re-serialise it.
+                upstream_body = self.stamper.transform({**body, **fields}, routing_ctx)
+                request_bytes = json.dumps(
+                    upstream_body, ensure_ascii=False, separators=(",", ":")
+                ).encode()
+            else:
+                request_bytes = await _off_loop(rewrite_request, request.body, fields)
             reply = await self.upstream.post_json(
                 session.root_id, self.settings.chat_path, request_bytes, routing_headers
             )
             if reply.status != 200:
                 # Upstream errors pass through unrecorded.
                 return CoreReply(reply.status, reply.headers, reply.body)
-            parsed = await asyncio.to_thread(parse_reply, reply.body)
+            parsed = await _off_loop(parse_reply, reply.body)
 
             # Phase 3, under the lock again: commit unless the session moved on meanwhile.
             async with session.lock:
@@ -401,10 +406,8 @@ class SessionCore:
 
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if wants_stream:
-            return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.document))
-        return CoreReply(
-            200, [*JSON_HEADERS, *extra], await asyncio.to_thread(client_view, parsed.document)
-        )
+            return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.client_body))
+        return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
 
 
 async def _session_document_parts(
@@ -419,8 +422,9 @@ async def _session_document_parts(
     yield b'],"metadata":' + metadata + b"}"
 
 
-async def _one_chunk_sse(document: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _one_chunk_sse(client_body: bytes) -> AsyncIterator[bytes]:
     """The whole reply as one `chat.completion.chunk` event, then `[DONE]`."""
+    document = json.loads(client_body)
     chunk_choices = []
     for choice in document.get("choices") or []:
         if not isinstance(choice, dict):
@@ -434,9 +438,20 @@ async def _one_chunk_sse(document: dict[str, Any]) -> AsyncIterator[bytes]:
             chunk_choice["meta_info"] = choice["meta_info"]
         chunk_choices.append(chunk_choice)
     chunk = {**document, "object": "chat.completion.chunk", "choices": chunk_choices}
-    body = client_view(chunk)
-    yield b"data: " + body + b"\n\n"
+    yield b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+    yield b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+# Bodies above this are handled in a thread: the Rust primitives release the GIL, so the
+# event loop keeps serving other sessions meanwhile; small ones are cheaper inline.
+OFF_LOOP_ABOVE = 256 * 1024
+
+
+async def _off_loop(function: Callable[..., _T], data: bytes, *args: Any) -> _T:
+    if len(data) > OFF_LOOP_ABOVE:
+        return await asyncio.to_thread(function, data, *args)
+    return function(data, *args)
 
 
 __all__ = ["CoreReply", "CoreRequest", "SessionCore", "UpstreamError", "error_reply", "json_reply"]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessiongate.formats.safetensors import Tensor, encode
+from sessiongate.primitives import ReplyContractError, extract_reply
 from sessiongate.session.state import TurnRecord
 
 FORMAT_VERSION = "1"
@@ -26,11 +27,10 @@ FORMAT_VERSION = "1"
 def _routed_experts(response: bytes) -> bytes | None:
     """The raw int32 bytes of choices[0].meta_info.routed_experts, if present and valid."""
     try:
-        document = json.loads(response)
-        encoded = document["choices"][0]["meta_info"]["routed_experts"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        encoded = extract_reply(response).routed_experts_view
+    except ReplyContractError:
         return None
-    if not isinstance(encoded, str):
+    if encoded is None:
         return None
     try:
         return base64.b64decode(encoded, validate=True)
