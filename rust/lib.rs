@@ -8,6 +8,7 @@ pub mod json_scan;
 pub mod r3;
 pub mod relay;
 pub mod shard;
+pub mod stamp;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -16,5 +17,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     frame::register(m)?;
     relay::register(m)?;
     r3::register(m)?;
+    stamp::register(m)?;
     Ok(())
 }

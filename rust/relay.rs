@@ -235,7 +235,11 @@ fn advise_huge_pages(ptr: *mut u8, len: usize) {
 }
 
 /// Runs `f` with the GIL released when `size` is large enough to be worth it.
-fn maybe_unlocked<T: Send>(py: Python<'_>, size: usize, f: impl FnOnce() -> T + Send) -> T {
+pub(crate) fn maybe_unlocked<T: Send>(
+    py: Python<'_>,
+    size: usize,
+    f: impl FnOnce() -> T + Send,
+) -> T {
     if size >= GIL_RELEASE {
         py.allow_threads(f)
     } else {
@@ -268,7 +272,7 @@ fn contract_error(py: Python<'_>, detail: &str) -> PyErr {
     )
 }
 
-fn rewrite_error(py: Python<'_>, msg: String) -> PyErr {
+pub(crate) fn rewrite_error(py: Python<'_>, msg: String) -> PyErr {
     shared_err(py, &REQUEST_REWRITE_ERROR, "RequestRewriteError", msg)
 }
 
@@ -1071,7 +1075,7 @@ const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
 6061626364656667686970717273747576777879\
 8081828384858687888990919293949596979899";
 
-fn write_i64(out: &mut Vec<u8>, v: i64) {
+pub(crate) fn write_i64(out: &mut Vec<u8>, v: i64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut n = v.unsigned_abs();

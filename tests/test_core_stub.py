@@ -66,7 +66,7 @@ def _stub_class(name: str) -> ast.ClassDef:
     return node
 
 
-@pytest.mark.parametrize("cls_name", ["FrameDecoder"])
+@pytest.mark.parametrize("cls_name", ["FrameDecoder", "HeaderStamper"])
 def test_class_members_match(cls_name: str) -> None:
     node = _stub_class(cls_name)
     members = _defined(node.body)
@@ -96,6 +96,10 @@ def test_python_twins_share_the_signatures() -> None:
         assert hasattr(python, name), f"python twin lacks {name}"
         if isinstance(node, ast.FunctionDef):
             assert _params(node) == _runtime_params(getattr(python, name)), name
-    decoder = _stub_class("FrameDecoder")
-    twin = python.FrameDecoder
-    assert _public(_defined(decoder.body)) == _public(dir(twin))
+    for cls_name in ("FrameDecoder", "HeaderStamper"):
+        stub_cls = _stub_class(cls_name)
+        twin = getattr(python, cls_name)
+        assert _public(_defined(stub_cls.body)) == _public(dir(twin)), cls_name
+    stamp = _defined(_stub_class("HeaderStamper").body)["stamp"]
+    assert isinstance(stamp, ast.FunctionDef)
+    assert _params(stamp) == _runtime_params(python.HeaderStamper.stamp)

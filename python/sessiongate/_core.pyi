@@ -5,7 +5,7 @@ compiled module is declared here and vice versa, with matching parameter names. 
 module through :mod:`sessiongate.primitives`, which also provides the pure-Python twins.
 """
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, final
 
 from typing_extensions import Buffer
@@ -122,3 +122,30 @@ def rewrite_request(body: Buffer, fields: dict[str, Any]) -> bytes:
 
 def decode_r3(data: str | Buffer, *, layers: int, topk: int) -> memoryview:
     """Base64 little-endian int32 R3 as a memoryview ``'i'`` of shape (n_tokens, layers, topk)."""
+
+# Session routing stamping (rust/stamp.rs; docs/routing.md)
+
+@final
+class HeaderStamper:
+    """Header names per tier (list or tuple of str), validated once: RFC 9110 tokens, not
+    owned by the gateway, unique case-insensitively (ValueError / TypeError otherwise)."""
+
+    def __init__(
+        self, session: Sequence[str], parent: Sequence[str], root: Sequence[str]
+    ) -> None: ...
+    @property
+    def session(self) -> tuple[str, ...]:
+        """Names that carry the session id."""
+    @property
+    def parent(self) -> tuple[str, ...]:
+        """Names that carry the parent id (child sessions only)."""
+    @property
+    def root(self) -> tuple[str, ...]:
+        """Names that carry the root id."""
+    def stamp(self, session_id: str, parent_id: str | None, root_id: str) -> dict[str, str]:
+        """A new dict: the session id under every session name, the parent id under every
+        parent name unless it is None, the root id under every root name."""
+
+def nvext_session_control(body: Buffer, session_id: str, action: str, timeout: int | None) -> bytes:
+    """The request JSON with ``nvext.session_control`` set to ``{"session_id", "action"[,
+    "timeout"]}`` by splicing (RequestRewriteError for invalid JSON / a non-object body)."""

@@ -1,4 +1,5 @@
-"""Foundation primitives: shard selection, session ids, the IPC frame codec and the JSON relay.
+"""Foundation primitives: shard selection, session ids, the IPC frame codec, the JSON relay
+and session routing stamping.
 
 Every function here has two implementations with identical results: the Rust core
 (``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame`` / ...). The module
@@ -16,7 +17,7 @@ import warnings
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Literal
 
-from . import _py_frame, _py_relay, _py_shard
+from . import _py_frame, _py_relay, _py_shard, _py_stamp
 from .errors import (
     FrameCorrupt,
     FrameError,
@@ -38,6 +39,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "FrameTooLarge",
+    "HeaderStamper",
     "ReplyContractError",
     "RequestRewriteError",
     "decode_envelope",
@@ -48,6 +50,7 @@ __all__ = [
     "extract_reply",
     "get_impl",
     "new_session_id",
+    "nvext_session_control",
     "python",
     "rewrite_request",
     "rust",
@@ -67,6 +70,7 @@ _API = (
     "MAX_SESSION_ID_LEN",
     "ExtractedReply",
     "FrameDecoder",
+    "HeaderStamper",
     "decode_envelope",
     "decode_r3",
     "extract_reply",
@@ -75,6 +79,7 @@ _API = (
     "encode_frame",
     "encode_frame_header",
     "new_session_id",
+    "nvext_session_control",
     "shard_index",
     "shard_indices",
     "shard_key",
@@ -101,7 +106,7 @@ def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
     return ns
 
 
-python = _namespace("python", _py_shard, _py_frame, _py_relay)
+python = _namespace("python", _py_shard, _py_frame, _py_relay, _py_stamp)
 """The pure-Python twins, always available."""
 
 _core: ModuleType | None
@@ -175,6 +180,7 @@ if TYPE_CHECKING:
         shard_key,
         validate_session_id,
     )
+    from ._py_stamp import HeaderStamper, nvext_session_control
 else:
     DEFAULT_MAX_FRAME = _active.DEFAULT_MAX_FRAME
     FRAME_ERROR = _active.FRAME_ERROR
@@ -196,3 +202,5 @@ else:
     decode_r3 = _active.decode_r3
     extract_reply = _active.extract_reply
     rewrite_request = _active.rewrite_request
+    HeaderStamper = _active.HeaderStamper
+    nvext_session_control = _active.nvext_session_control

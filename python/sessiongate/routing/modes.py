@@ -1,4 +1,9 @@
-"""The five built-in session routing modes and their wire formats (see docs/routing.md)."""
+"""The five built-in session routing modes and their wire formats (see docs/routing.md).
+
+Their stamping runs in the primitives (Rust core, or the Python twins): every header mode is
+a `HeaderStamper`, and `dynamo_nvext` also splices its member into encoded bodies with
+`nvext_session_control` (`transform_body_bytes`, used by the server).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ from typing import Any, cast
 
 from pydantic import Field, field_validator, model_validator
 
+from sessiongate.primitives import HeaderStamper, nvext_session_control
 from sessiongate.routing.base import RoutingContext, RoutingOptions, SessionRoutingMode
 from sessiongate.routing.headers import split_header_names, validate_header_name
 
@@ -22,13 +28,12 @@ class DynamoHeaders(SessionRoutingMode):
         "X-Dynamo-Parent-Session-ID on child sessions"
     )
 
+    def __init__(self, options: RoutingOptions | None = None) -> None:
+        super().__init__(options)
+        self._stamp = HeaderStamper([DYNAMO_SESSION_HEADER], [DYNAMO_PARENT_HEADER], []).stamp
+
     def headers(self, ctx: RoutingContext) -> dict[str, str]:
-        if ctx.parent_session_id is None:
-            return {DYNAMO_SESSION_HEADER: ctx.session_id}
-        return {
-            DYNAMO_SESSION_HEADER: ctx.session_id,
-            DYNAMO_PARENT_HEADER: ctx.parent_session_id,
-        }
+        return self._stamp(ctx.session_id, ctx.parent_session_id, ctx.root_session_id)
 
 
 class DynamoNvext(SessionRoutingMode):
@@ -52,6 +57,14 @@ class DynamoNvext(SessionRoutingMode):
 
     def headers(self, ctx: RoutingContext) -> dict[str, str]:
         return {}
+
+    def transform_body_bytes(self, body: bytes, ctx: RoutingContext) -> bytes:
+        """`transform_body` on the encoded body: the same result (parse-equal), spliced into
+        the bytes instead of re-serialising the whole body (RequestRewriteError if `body` is
+        not a JSON object)."""
+        if ctx.is_final_turn:
+            return nvext_session_control(body, ctx.session_id, "close", None)
+        return nvext_session_control(body, ctx.session_id, "bind", self._timeout)
 
     def transform_body(self, body: dict[str, Any], ctx: RoutingContext) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -81,8 +94,12 @@ class SmgRoutingKey(SessionRoutingMode):
         "policies, sticky sessions)"
     )
 
+    def __init__(self, options: RoutingOptions | None = None) -> None:
+        super().__init__(options)
+        self._stamp = HeaderStamper([SMG_ROUTING_KEY_HEADER], [], []).stamp
+
     def headers(self, ctx: RoutingContext) -> dict[str, str]:
-        return {SMG_ROUTING_KEY_HEADER: ctx.session_id}
+        return self._stamp(ctx.session_id, ctx.parent_session_id, ctx.root_session_id)
 
 
 class SessionIdHeader(SessionRoutingMode):
@@ -107,10 +124,11 @@ class SessionIdHeader(SessionRoutingMode):
 
     def __init__(self, options: RoutingOptions | None = None) -> None:
         super().__init__(options)
-        self._header = cast(SessionIdHeader.Options, self.options).header_name
+        header = cast(SessionIdHeader.Options, self.options).header_name
+        self._stamp = HeaderStamper([header], [], []).stamp
 
     def headers(self, ctx: RoutingContext) -> dict[str, str]:
-        return {self._header: ctx.session_id}
+        return self._stamp(ctx.session_id, ctx.parent_session_id, ctx.root_session_id)
 
 
 _TIERS = ("session", "parent", "root")
@@ -177,20 +195,10 @@ class IdentityHeaders(SessionRoutingMode):
     def __init__(self, options: RoutingOptions | None = None) -> None:
         super().__init__(options)
         opts = cast(IdentityHeaders.Options, self.options)
-        self._session = opts.session
-        self._parent = opts.parent
-        self._root = opts.root
+        self._stamp = HeaderStamper(opts.session, opts.parent, opts.root).stamp
 
     def headers(self, ctx: RoutingContext) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for name in self._session:
-            out[name] = ctx.session_id
-        if ctx.parent_session_id is not None:
-            for name in self._parent:
-                out[name] = ctx.parent_session_id
-        for name in self._root:
-            out[name] = ctx.root_session_id
-        return out
+        return self._stamp(ctx.session_id, ctx.parent_session_id, ctx.root_session_id)
 
 
 BUILTIN_MODES: dict[str, type[SessionRoutingMode]] = {

@@ -5,7 +5,7 @@ once per session."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sessiongate.routing.base import RoutingContext, SessionRoutingMode
@@ -53,6 +53,12 @@ class SessionStamper:
         self.mode = mode
         self.tree = SessionTreeRegistry()
         self.ended = 0
+        # The mode's rewrite of encoded bodies, if it has one (dynamo_nvext): the server then
+        # splices into the bytes instead of re-serialising the parsed body.
+        body_bytes = getattr(mode, "transform_body_bytes", None) if mode.mutates_body else None
+        self._body_bytes: Callable[[bytes, RoutingContext], bytes] | None = (
+            body_bytes if callable(body_bytes) else None
+        )
 
     def register(self, session_id: str, parent_id: str | None) -> None:
         self.tree.register(session_id, parent_id)
@@ -76,6 +82,16 @@ class SessionStamper:
     def transform(self, body: dict[str, Any], ctx: RoutingContext) -> dict[str, Any]:
         """The mode's body rewrite (a new object; the caller's is untouched)."""
         return self.mode.transform_body(body, ctx) if self.mode.mutates_body else body
+
+    @property
+    def has_bytes_path(self) -> bool:
+        """True when `transform_bytes` rewrites (the mode has `transform_body_bytes`)."""
+        return self._body_bytes is not None
+
+    def transform_bytes(self, body: bytes, ctx: RoutingContext) -> bytes | None:
+        """The mode's body rewrite on the encoded JSON body (new bytes), or None when the mode
+        has no bytes path (use `transform` on the parsed body then)."""
+        return self._body_bytes(body, ctx) if self._body_bytes is not None else None
 
     def finish_turn(self, session_id: str, *, final: bool, succeeded: bool) -> None:
         # A final turn that failed may be retried by the client: not final yet.

@@ -353,12 +353,25 @@ class SessionCore:
             if self.stamper is not None:
                 routing_headers = self.stamper.headers(routing_ctx)
             if self.stamper is not None and self.stamper.mutates_body:
-                # Body-rewriting modes work on the object; the rest never re-serialise it.
-                upstream_body = self.stamper.transform({**body, **fields}, routing_ctx)
-                request_bytes = json.dumps(
-                    upstream_body, ensure_ascii=False, separators=(",", ":")
-                ).encode()
+                stamped: bytes | None = None
+                if self.stamper.has_bytes_path:
+                    # dynamo_nvext: splice its member into the client's bytes, then add the
+                    # TITO fields (parse-equal to the other order, and the splice does not
+                    # have to scan the prompt ids); neither step re-serialises the body.
+                    spliced = await _off_loop(
+                        self.stamper.transform_bytes, request.body, routing_ctx
+                    )
+                    if spliced is not None:
+                        stamped = await _off_loop(rewrite_request, spliced, fields)
+                if stamped is None:
+                    # Modes with an object rewrite only work on the parsed body, re-serialised.
+                    upstream_body = self.stamper.transform({**body, **fields}, routing_ctx)
+                    stamped = json.dumps(
+                        upstream_body, ensure_ascii=False, separators=(",", ":")
+                    ).encode()
+                request_bytes = stamped
             else:
+                # No body rewrite: the client's bytes plus the TITO fields, never re-serialised.
                 request_bytes = await _off_loop(rewrite_request, request.body, fields)
             reply = await self.upstream.post_json(
                 session.root_id, self.settings.chat_path, request_bytes, routing_headers
