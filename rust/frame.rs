@@ -11,7 +11,6 @@
 
 use std::fmt::Write as _;
 
-use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyMemoryError, PyRecursionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
@@ -20,6 +19,8 @@ use pyo3::types::{
 };
 use pyo3::{ffi, intern};
 
+use crate::buffer::Input;
+use crate::json_scan::push_code_point;
 use crate::shard::{int_arg, type_name, IntArg};
 
 pub const FRAME_REQUEST: u8 = 1;
@@ -77,84 +78,6 @@ fn too_large(py: Python<'_>, payload_len: u64, limit: u64) -> PyErr {
 
 // ---------------------------------------------------------------------------------------
 // Arguments
-
-/// A read-only view of a C-contiguous bytes-like argument, valid while the GIL is held
-/// (the exported buffer pins the memory; bytes objects are immutable).
-struct ByteSrc<'py> {
-    /// The object whose buffer is read: the argument itself, or a `cast("B")` memoryview.
-    obj: Bound<'py, PyAny>,
-    buffer: Option<PyBuffer<u8>>,
-    /// True when `obj` is bytes or a flat unsigned-byte buffer, so slicing a memoryview of
-    /// it yields bytes offsets (else `obj` must be cast first).
-    flat: bool,
-}
-
-impl<'py> ByteSrc<'py> {
-    fn get(obj: &Bound<'py, PyAny>, func: &str, arg: &str) -> PyResult<Self> {
-        if obj.is_exact_instance_of::<PyBytes>() {
-            return Ok(Self {
-                obj: obj.clone(),
-                buffer: None,
-                flat: true,
-            });
-        }
-        let py = obj.py();
-        match PyBuffer::<u8>::get(obj) {
-            Ok(buffer) if buffer.is_c_contiguous() => {
-                let flat = buffer.dimensions() == 1 && buffer.format().to_bytes() == b"B";
-                return Ok(Self {
-                    obj: obj.clone(),
-                    buffer: Some(buffer),
-                    flat,
-                });
-            }
-            Ok(_) => return Err(not_contiguous(func, arg)),
-            Err(_) => {}
-        }
-        // Not a buffer, or items wider than a byte: go through memoryview like the twin does.
-        let view = py.get_type::<PyMemoryView>().call1((obj,)).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{func}() argument '{arg}' must be a bytes-like object, not {}",
-                type_name(obj)
-            ))
-        })?;
-        if !view.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
-            return Err(not_contiguous(func, arg));
-        }
-        let view = view.call_method1(intern!(py, "cast"), ("B",))?;
-        let buffer = PyBuffer::<u8>::get(&view)?;
-        Ok(Self {
-            obj: view,
-            buffer: Some(buffer),
-            flat: true,
-        })
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        match &self.buffer {
-            None => self
-                .obj
-                .downcast::<PyBytes>()
-                .map(|b| b.as_bytes())
-                .unwrap_or(&[]),
-            Some(buffer) => {
-                let len = buffer.len_bytes();
-                if len == 0 {
-                    return &[];
-                }
-                // SAFETY: the buffer is C-contiguous, `len` bytes long, and stays exported
-                // (so neither freed nor resized) for as long as `self` lives.
-                unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) }
-            }
-        }
-    }
-}
-
-fn not_contiguous(func: &str, arg: &str) -> PyErr {
-    PyTypeError::new_err(format!(
-        "{func}() argument '{arg}' must be a C-contiguous bytes-like object"
-    ))
-}
 
 fn u64_arg(obj: &Bound<'_, PyAny>, func: &str, arg: &str, hi: u64) -> PyResult<u64> {
     match int_arg(obj, func, arg)? {
@@ -295,7 +218,7 @@ fn encode_frame<'py>(
     const FUNC: &str = "encode_frame";
     let ftype = u64_arg(frame_type, FUNC, "frame_type", 255)? as u8;
     let rid = u64_arg(request_id, FUNC, "request_id", u64::MAX)?;
-    let src = ByteSrc::get(payload, FUNC, "payload")?;
+    let src = Input::get(payload, FUNC, "payload")?;
     let limit = max_frame_arg(max_frame, FUNC)?;
     let data = src.as_slice();
     let plen = data.len() as u64;
@@ -549,7 +472,7 @@ impl FrameDecoder {
                 format!("FrameDecoder is closed after an earlier error: {err}"),
             ));
         }
-        let src = ByteSrc::get(data, "feed", "data")?;
+        let src = Input::get(data, "feed", "data")?;
         let data = src.as_slice();
         let mut out: Vec<Frame<'py>> = Vec::new();
         let mut pos = 0usize;
@@ -826,7 +749,7 @@ fn encode_envelope<'py>(
         ))
     })?;
     let src = match body {
-        Some(body) => Some(ByteSrc::get(body, "encode_envelope", "body")?),
+        Some(body) => Some(Input::get(body, "encode_envelope", "body")?),
         None => None,
     };
     let mut writer = JsonWriter {
@@ -835,7 +758,7 @@ fn encode_envelope<'py>(
     };
     writer.dict(dict)?;
     let json = writer.out;
-    let body = src.as_ref().map_or(&[][..], ByteSrc::as_slice);
+    let body = src.as_ref().map_or(&[][..], Input::as_slice);
     let (out, mut cursor) = new_bytes(py, 8 + json.len() + body.len())?;
     cursor.put(&(json.len() as u64).to_be_bytes());
     cursor.put(&json);
@@ -1148,29 +1071,6 @@ impl<'py> JsonReader<'_, 'py> {
     }
 }
 
-/// UTF-8 encoding of a code point, surrogates included (as their 3-byte forms).
-fn push_code_point(buf: &mut Vec<u8>, cp: u32) {
-    // Code points here come from at most two \u escapes, so cp <= 0x10FFFF.
-    if cp < 0x80 {
-        buf.push(cp as u8);
-    } else if cp < 0x800 {
-        buf.extend_from_slice(&[0xc0 | (cp >> 6) as u8, 0x80 | (cp & 0x3f) as u8]);
-    } else if cp < 0x10000 {
-        buf.extend_from_slice(&[
-            0xe0 | (cp >> 12) as u8,
-            0x80 | ((cp >> 6) & 0x3f) as u8,
-            0x80 | (cp & 0x3f) as u8,
-        ]);
-    } else {
-        buf.extend_from_slice(&[
-            0xf0 | (cp >> 18) as u8,
-            0x80 | ((cp >> 12) & 0x3f) as u8,
-            0x80 | ((cp >> 6) & 0x3f) as u8,
-            0x80 | (cp & 0x3f) as u8,
-        ]);
-    }
-}
-
 fn json_kind(obj: &Bound<'_, PyAny>) -> &'static str {
     if obj.is_none() {
         "null"
@@ -1206,7 +1106,7 @@ fn decode_envelope<'py>(
     py: Python<'py>,
     payload: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyDict>, Bound<'py, PyAny>)> {
-    let src = ByteSrc::get(payload, "decode_envelope", "payload")?;
+    let src = Input::get(payload, "decode_envelope", "payload")?;
     let data = src.as_slice();
     let size = data.len();
     if size < 8 {

@@ -564,7 +564,7 @@ pub fn unescape(raw: &[u8]) -> Vec<u8> {
 }
 
 /// UTF-8 encoding of a code point, surrogates included (as their 3-byte forms).
-fn push_code_point(buf: &mut Vec<u8>, cp: u32) {
+pub(crate) fn push_code_point(buf: &mut Vec<u8>, cp: u32) {
     if cp < 0x80 {
         buf.push(cp as u8);
     } else if cp < 0x800 {

@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+pub mod buffer;
 pub mod frame;
 pub mod json_scan;
 pub mod r3;

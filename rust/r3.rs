@@ -16,7 +16,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyMemoryView, PyString, PyTuple};
 
-use crate::relay::{new_bytes, Filler, Input, GIL_RELEASE};
+use crate::buffer::Input;
+use crate::relay::{new_bytes, Filler, GIL_RELEASE};
 use crate::shard::{int_arg, IntArg};
 
 /// Largest accepted `layers` / `topk`.

@@ -15,13 +15,13 @@
 //! it leaves to CPython: BOM / UTF-16 / UTF-32, encoded surrogates, very deep nesting, huge
 //! integers) are handed to the twin, whose `json.loads` gives the verdict and the message.
 
-use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyMemoryError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyType};
 use pyo3::{ffi, intern};
 
+use crate::buffer::Input;
 use crate::frame::write_json_str;
 use crate::json_scan::{
     for_each_kept, member_cuts, spliced_len, unescape, validate, Kind, Member, NumKind, Scan,
@@ -36,87 +36,6 @@ const CONTRACT_PREFIX: &str = "upstream reply breaks the chat contract: ";
 
 // ---------------------------------------------------------------------------------------
 // Shared helpers (also used by rust/r3.rs)
-
-/// A read-only view of a C-contiguous bytes-like argument, valid while it lives (the
-/// exported buffer pins the memory; bytes objects are immutable).
-pub(crate) struct Input<'py> {
-    obj: Bound<'py, PyAny>,
-    buffer: Option<PyBuffer<u8>>,
-}
-
-impl<'py> Input<'py> {
-    /// Same checks and messages as `_byte_view` in the Python twins.
-    pub(crate) fn get(obj: &Bound<'py, PyAny>, func: &str, arg: &str) -> PyResult<Self> {
-        Self::get_as(obj, func, arg, "a bytes-like object")
-    }
-
-    /// `get`, naming what is `expected` when `obj` is not a buffer at all.
-    pub(crate) fn get_as(
-        obj: &Bound<'py, PyAny>,
-        func: &str,
-        arg: &str,
-        expected: &str,
-    ) -> PyResult<Self> {
-        if obj.is_exact_instance_of::<PyBytes>() {
-            return Ok(Self {
-                obj: obj.clone(),
-                buffer: None,
-            });
-        }
-        let py = obj.py();
-        match PyBuffer::<u8>::get(obj) {
-            Ok(buffer) if buffer.is_c_contiguous() => {
-                return Ok(Self {
-                    obj: obj.clone(),
-                    buffer: Some(buffer),
-                })
-            }
-            Ok(_) => return Err(not_contiguous(func, arg)),
-            Err(_) => {}
-        }
-        // Not a buffer, or items wider than a byte: go through memoryview like the twin.
-        let view = py.get_type::<PyMemoryView>().call1((obj,)).map_err(|_| {
-            PyTypeError::new_err(format!(
-                "{func}() argument '{arg}' must be {expected}, not {}",
-                type_name(obj)
-            ))
-        })?;
-        if !view.getattr(intern!(py, "c_contiguous"))?.is_truthy()? {
-            return Err(not_contiguous(func, arg));
-        }
-        let view = view.call_method1(intern!(py, "cast"), ("B",))?;
-        let buffer = PyBuffer::<u8>::get(&view)?;
-        Ok(Self {
-            obj: view,
-            buffer: Some(buffer),
-        })
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        match &self.buffer {
-            None => self
-                .obj
-                .downcast::<PyBytes>()
-                .map(|b| b.as_bytes())
-                .unwrap_or(&[]),
-            Some(buffer) => {
-                let len = buffer.len_bytes();
-                if len == 0 {
-                    return &[];
-                }
-                // SAFETY: the buffer is C-contiguous, `len` bytes long, and stays exported
-                // (so neither freed nor resized) for as long as `self` lives.
-                unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, len) }
-            }
-        }
-    }
-}
-
-fn not_contiguous(func: &str, arg: &str) -> PyErr {
-    PyTypeError::new_err(format!(
-        "{func}() argument '{arg}' must be a C-contiguous bytes-like object"
-    ))
-}
 
 /// Write cursor into a new, not yet initialised bytes object (raw pointers: the memory is
 /// uninitialised until written).

@@ -20,9 +20,10 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
+use crate::buffer::Input;
 use crate::frame::write_json_str;
 use crate::json_scan::{member_cuts, Kind, Member, Scan, Scanner};
-use crate::relay::{maybe_unlocked, new_bytes, rewrite_error, write_i64, Filler, Input};
+use crate::relay::{maybe_unlocked, new_bytes, rewrite_error, write_i64, Filler};
 use crate::shard::type_name;
 
 // ---------------------------------------------------------------------------------------
