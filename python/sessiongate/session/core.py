@@ -178,20 +178,18 @@ class SessionCore:
         self._add_session(session_id, parent)
         return json_reply(200, {"session_id": session_id})
 
-    async def _get(self, request: CoreRequest) -> CoreReply:
+    async def _snapshot(
+        self, request: CoreRequest
+    ) -> tuple[Session, list[TurnRecord], list[int], dict[str, Any]]:
+        """A consistent copy of a session's records and ids, with the TITO metadata that a
+        fresh render of its history gives (computed off the event loop)."""
         session = self._open_session(self._session_id(request))
         async with session.lock:
             records = list(session.records)
             messages = list(session.messages)
             accumulated = list(session.accumulated_ids)
             tools = session.tools
-        metadata: dict[str, Any] = {
-            "accumulated_token_ids": accumulated,
-            "max_trim_tokens": self.tito.max_trim_tokens,
-            "parent_session_id": session.parent_id,
-            "child_session_ids": list(session.children),
-            "num_turns": len(records),
-        }
+        metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
         if accumulated:
             try:
                 metadata["tito_session_mismatch"] = await asyncio.to_thread(
@@ -199,6 +197,17 @@ class SessionCore:
                 )
             except (GatewayError, ValueError) as exc:
                 metadata["tito_session_mismatch_error"] = str(exc)
+        return session, records, accumulated, metadata
+
+    async def _get(self, request: CoreRequest) -> CoreReply:
+        session, records, accumulated, tito = await self._snapshot(request)
+        metadata: dict[str, Any] = {
+            "accumulated_token_ids": accumulated,
+            **tito,
+            "parent_session_id": session.parent_id,
+            "child_session_ids": list(session.children),
+            "num_turns": len(records),
+        }
         head = json.dumps({"session_id": session.session_id}, separators=(",", ":")).encode()
         meta = json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()
         parts = _session_document_parts(head[:-1], records, meta)
@@ -208,17 +217,7 @@ class SessionCore:
         return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
 
     async def _trajectory(self, request: CoreRequest) -> CoreReply:
-        session = self._open_session(self._session_id(request))
-        async with session.lock:
-            records = list(session.records)
-            messages = list(session.messages)
-            accumulated = list(session.accumulated_ids)
-            tools = session.tools
-        metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
-        if accumulated:
-            metadata["tito_session_mismatch"] = await asyncio.to_thread(
-                self.tito.mismatches, messages, tools, accumulated
-            )
+        session, records, accumulated, metadata = await self._snapshot(request)
         parts = await asyncio.to_thread(
             build_trajectory,
             session.session_id,
