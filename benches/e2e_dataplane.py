@@ -2,7 +2,7 @@
 
     python benches/e2e_dataplane.py                 # all scenarios, full size
     python benches/e2e_dataplane.py --quick         # small sizes (a smoke run)
-    python benches/e2e_dataplane.py --only r3       # one scenario: r3 | get | latency | cpu
+    python benches/e2e_dataplane.py --only r3       # one scenario (names below)
 
 Scenarios (figures go to docs/performance.md):
   r3       8 concurrent sessions x 20 turns with 16 MiB of R3 per turn: --workers 1 vs 2.
@@ -11,6 +11,10 @@ Scenarios (figures go to docs/performance.md):
            and session turn), at concurrency 1 and 64.
   cpu      gateway CPU (router + workers) per small turn, per ~20 MiB-R3 turn and per records
            GET, Rust core vs SESSIONGATE_IMPL=python.
+  transport  the r3 scenario with 2 workers on each transport: local UNIX-socket workers vs
+           2 `sessiongate worker` processes over loopback TCP vs 2 Ray-placed workers (a
+           private local Ray instance; skipped without `ray`), plus gateway CPU per turn
+           and the p50 of small sequential turns; 3 alternating rounds.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,30 +87,38 @@ async def session_turns(
         reply.raise_for_status()
         messages.append(reply.json()["choices"][0]["message"])
         messages.append({"role": "tool", "content": f"observation {turn}"})
+    # Free the records (GiBs with R3): gateways outlive one load in the transport scenario.
+    await client.delete(f"/sessions/{sid}")
+
+
+def r3_load(url: str, quick: bool) -> dict[str, Any]:
+    """The r3 scenario's load: concurrent sessions of 16 MiB-R3 turns; turns/s and latency."""
+    sessions, turns = (4, 3) if quick else (8, 20)
+    prompt = " ".join(["word"] * (200 if quick else 1000))
+    latencies: list[float] = []
+
+    async def run() -> float:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            started = time.perf_counter()
+            await asyncio.gather(
+                *(session_turns(client, turns, prompt, latencies) for _ in range(sessions))
+            )
+            return time.perf_counter() - started
+
+    elapsed = asyncio.run(run())
+    return {
+        "turns": len(latencies),
+        "turns_per_s": round(len(latencies) / elapsed, 2),
+        "p50_ms": round(pct(latencies, 0.5) * 1000, 1),
+        "p99_ms": round(pct(latencies, 0.99) * 1000, 1),
+    }
 
 
 def scenario_r3(quick: bool) -> dict[str, Any]:
-    sessions, turns = (4, 3) if quick else (8, 20)
-    prompt = " ".join(["word"] * (200 if quick else 1000))
     results: dict[str, Any] = {}
     for workers in (1, 2):
         with gateway("--workers", str(workers), "--r3", "--mock-args", R3_MOCK) as gw:
-            latencies: list[float] = []
-
-            async def run(url: str, latencies: list[float]) -> float:
-                async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-                    started = time.perf_counter()
-                    await asyncio.gather(
-                        *(session_turns(client, turns, prompt, latencies) for _ in range(sessions))
-                    )
-                    return time.perf_counter() - started
-
-            elapsed = asyncio.run(run(gw.url, latencies))
-            results[f"workers={workers}"] = {
-                "turns_per_s": round(len(latencies) / elapsed, 2),
-                "p50_ms": round(pct(latencies, 0.5) * 1000, 1),
-                "p99_ms": round(pct(latencies, 0.99) * 1000, 1),
-            }
+            results[f"workers={workers}"] = r3_load(gw.url, quick)
     results["speedup_2_vs_1"] = round(
         results["workers=2"]["turns_per_s"] / results["workers=1"]["turns_per_s"], 2
     )
@@ -344,11 +357,92 @@ def scenario_cpu(quick: bool) -> dict[str, Any]:
     return results
 
 
+@contextmanager
+def tcp_gateway() -> Iterator[ServerProcess]:
+    """A mock engine, 2 `sessiongate worker` processes on loopback TCP, a router over them."""
+    from test_tcp_workers import SECRET, WorkerProcess, router
+
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = Path(tmp) / "secret"
+        secret.write_text(SECRET)
+        secret.chmod(0o600)
+        port = free_port()
+        mock = ["mock-engine", "--port", str(port), *R3_MOCK.split()]
+        with (
+            ServerProcess(mock, port) as engine,
+            WorkerProcess(free_port(), secret, engine.url, "--r3") as w0,
+            WorkerProcess(free_port(), secret, engine.url, "--r3") as w1,
+            router(secret, w0.endpoint, w1.endpoint) as gw,
+        ):
+            deadline = time.monotonic() + 60
+            while httpx.get(gw.url + "/health").status_code != 200:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("TCP workers not up")
+                time.sleep(0.1)
+            yield gw
+
+
+def scenario_transport(quick: bool) -> dict[str, Any]:
+    """The r3 load over 2 workers on each transport. All three gateways run side by side and
+    the loads alternate in order round by round, so background noise hits them alike."""
+    rounds = 1 if quick else 3
+    results: dict[str, Any] = {}
+    with ExitStack() as stack:
+        gateways = {
+            "unix_socket": stack.enter_context(
+                gateway("--workers", "2", "--r3", "--mock-args", R3_MOCK)
+            ),
+            "loopback_tcp": stack.enter_context(tcp_gateway()),
+        }
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            results["ray"] = "skipped: ray is not installed"
+        else:
+            ray_args = ["--ray", "--ray-address", "local", "--workers", "2"]
+            gateways["ray"] = stack.enter_context(
+                gateway(*ray_args, "--r3", "--mock-args", R3_MOCK)
+            )
+        per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in gateways}
+        order = list(gateways)
+        for round_index in range(rounds):
+            for name in order if round_index % 2 == 0 else order[::-1]:
+                gw = gateways[name]
+                before = gateway_cpu(gw)
+                load = r3_load(gw.url, quick)
+                load["cpu_ms_per_turn"] = (gateway_cpu(gw) - before) * 1000 / load["turns"]
+                # Small sequential turns: where the transport's per-request cost shows.
+                small: list[float] = []
+                asyncio.run(small_chats(gw.url, 40 if quick else 200, small))
+                load["small_p50_ms"] = pct(small, 0.5) * 1000
+                per_round[name].append(load)
+    for name, loads in per_round.items():
+        results[name] = {
+            "turns_per_s_median": statistics.median(load["turns_per_s"] for load in loads),
+            "turns_per_s_rounds": [load["turns_per_s"] for load in loads],
+            # Router + workers (not the mock engine, not Ray's own processes).
+            "gateway_cpu_ms_per_turn_median": round(
+                statistics.median(load["cpu_ms_per_turn"] for load in loads), 1
+            ),
+            "p50_ms_median": statistics.median(load["p50_ms"] for load in loads),
+            "p99_ms_median": statistics.median(load["p99_ms"] for load in loads),
+            "small_turn_p50_ms_median": round(
+                statistics.median(load["small_p50_ms"] for load in loads), 2
+            ),
+        }
+    base = results["unix_socket"]["turns_per_s_median"]
+    results["turns_per_s_vs_unix"] = {
+        name: round(results[name]["turns_per_s_median"] / base, 2) for name in per_round
+    }
+    return results
+
+
 SCENARIOS = {
     "r3": scenario_r3,
     "get": scenario_get,
     "latency": scenario_latency,
     "cpu": scenario_cpu,
+    "transport": scenario_transport,
 }
 
 

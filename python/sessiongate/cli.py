@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from sessiongate.dataplane import router_main, worker_main
+    from sessiongate.dataplane import router_main, worker_main, worker_server
     from sessiongate.demo import run as demo
     from sessiongate.loadgen import cli as bench_cli
     from sessiongate.mock_engine import cli as mock_engine_cli
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from sessiongate.server import serve
 
     serve.add_parser(sub)
+    worker_server.add_parser(sub)
     demo.add_parser(sub)
     bench_cli.add_parser(sub)
     router_main.add_parser(sub)

@@ -14,7 +14,7 @@ READ_SIZE = 256 * 1024
 
 
 class FrameConnection:
-    def __init__(self, sock: socket.socket, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, sock: socket.socket | None, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.sock = sock
         self.max_frame = max_frame
         self._reader: asyncio.StreamReader | None = None
@@ -24,7 +24,24 @@ class FrameConnection:
         self._write_lock = asyncio.Lock()
         self.closed = False
 
+    @classmethod
+    def from_streams(
+        cls,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> FrameConnection:
+        """Frames over an already open stream (a TCP channel after its handshake); bytes the
+        reader already buffered are the first frames'."""
+        conn = cls(None, max_frame=max_frame)
+        conn._reader, conn._writer = reader, writer
+        return conn
+
     async def open(self) -> FrameConnection:
+        """Open the streams of the UNIX socket given at construction."""
+        if self.sock is None:
+            raise ConnectionError("FrameConnection has no socket to open")
         self.sock.setblocking(False)
         self._reader, self._writer = await asyncio.open_unix_connection(
             sock=self.sock, limit=READ_SIZE * 4
@@ -71,5 +88,5 @@ class FrameConnection:
         self.closed = True
         if self._writer is not None:
             self._writer.close()
-        else:
+        elif self.sock is not None:
             self.sock.close()

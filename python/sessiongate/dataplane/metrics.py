@@ -47,6 +47,12 @@ class WorkerGauge:
     bytes_relayed: int
     affinity_hits: int = 0
     repins: int = 0
+    # Remote (TCP) workers only.
+    address: str | None = None
+    transport: str = ""
+    state: str = ""
+    reconnects: int = 0
+    connect_failures: int = 0
 
 
 class RouterMetrics:
@@ -114,6 +120,36 @@ class RouterMetrics:
             "Session trees moved to another upstream after theirs failed.",
             [(f'worker="{w.index}"', w.repins) for w in workers],
         )
+        remote = [w for w in workers if w.address is not None]
+        if remote:
+            _family(
+                lines,
+                "sessiongate_worker_info",
+                "gauge",
+                "Remote workers: address, transport and connection state (value 1).",
+                [
+                    (
+                        f'worker="{w.index}",address="{w.address}",transport="{w.transport}",'
+                        f'state="{w.state}"',
+                        1,
+                    )
+                    for w in remote
+                ],
+            )
+            _family(
+                lines,
+                "sessiongate_worker_reconnects_total",
+                "counter",
+                "Connections to a remote worker re-established after the first.",
+                [(f'worker="{w.index}",address="{w.address}"', w.reconnects) for w in remote],
+            )
+            _family(
+                lines,
+                "sessiongate_worker_connect_failures_total",
+                "counter",
+                "Failed connection attempts to a remote worker (refused, timed out, handshake).",
+                [(f'worker="{w.index}",address="{w.address}"', w.connect_failures) for w in remote],
+            )
         _family(
             lines,
             "sessiongate_worker_restarts_total",

@@ -10,10 +10,11 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiongate.dataplane.connection import FrameConnection
 from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
@@ -40,6 +41,9 @@ from sessiongate.session.protocol import (
     parse_json_object,
 )
 
+if TYPE_CHECKING:
+    from sessiongate.dataplane.remote import RemoteWorker
+
 logger = logging.getLogger(__name__)
 
 # `POST /sessions` bodies are `{"parent_session_id": ...}`: anything larger is not one.
@@ -52,6 +56,8 @@ class Router:
         if worker_count < 1:
             raise ValueError("the router needs at least one worker")
         self.channels: list[WorkerChannel | None] = [None] * worker_count
+        # Connectors of remote (TCP) workers, one per slot; None for local workers.
+        self.remotes: list[RemoteWorker] | None = None
         self.metrics = RouterMetrics()
         self._round_robin = itertools.count()
 
@@ -59,11 +65,14 @@ class Router:
     def worker_count(self) -> int:
         return len(self.channels)
 
-    def attach(self, channel: WorkerChannel) -> None:
-        """Install (or replace) the channel of worker `channel.index`."""
+    def attach(self, channel: WorkerChannel, *, restarted: bool | None = None) -> None:
+        """Install (or replace) the channel of worker `channel.index`. `restarted` says
+        whether a new worker process is behind it (default: whenever one is replaced; a
+        remote worker's reconnect is not a restart)."""
         old = self.channels[channel.index]
-        if old is not None:
+        if restarted if restarted is not None else old is not None:
             self.metrics.worker_restarts += 1
+        if old is not None:
             asyncio.get_running_loop().create_task(old.aclose())
         self.channels[channel.index] = channel
         channel.start()
@@ -89,9 +98,9 @@ class Router:
         index = self._owner(request.session_id)
         channel = self.channels[index]
         if channel is None or not channel.up:
-            reason = "starting" if channel is None else channel.down_reason or "starting"
             raise Unavailable(
-                f"worker {index} is down ({reason}); its sessions are unavailable until it is back"
+                f"{self.describe(index)} is down ({self.down_reason(index)}); its sessions are "
+                "unavailable until it is back"
             )
         meta: dict[str, Any] = {
             "op": request.op,
@@ -106,11 +115,15 @@ class Router:
         try:
             return await channel.request(meta, request.body)
         except WorkerLost as exc:
-            lost = (
-                f"; session {request.session_id} was lost with its worker"
-                if request.session_id and request.op != "create"
-                else ""
-            )
+            lost = ""
+            if request.session_id and request.op != "create":
+                lost = (
+                    f"; session {request.session_id} was lost with its worker"
+                    if self.remotes is None
+                    # Only the connection is known to be gone: the worker may be alive.
+                    else f"; session {request.session_id} survives if only the connection "
+                    "broke, and was lost if the worker exited"
+                )
             raise Unavailable(f"{exc}{lost}") from exc
         except WorkerFailed as exc:
             raise UpstreamError(str(exc)) from exc
@@ -147,12 +160,51 @@ class Router:
             raise BadRequest(f"invalid parent_session_id: {exc}") from exc
         return new_session_id(parent)
 
+    # -- remote workers -----------------------------------------------------------------
+
+    def remote(self, index: int) -> RemoteWorker | None:
+        return self.remotes[index] if self.remotes is not None else None
+
+    def describe(self, index: int) -> str:
+        """`worker 1`, or `worker 1 (HOST:PORT)` for a remote worker."""
+        remote = self.remote(index)
+        return f"worker {index}" + (f" ({remote.endpoint})" if remote is not None else "")
+
+    def down_reason(self, index: int) -> str:
+        remote = self.remote(index)
+        if remote is not None:
+            return remote.reason()
+        channel = self.channels[index]
+        return (channel.down_reason if channel is not None else None) or "starting"
+
+    def set_endpoint(self, index: int, endpoint: str) -> None:
+        """A remote worker's new address (from the supervisor); ValueError when invalid."""
+        from sessiongate.dataplane.tcp import parse_endpoint
+
+        remote = self.remote(index) if 0 <= index < self.worker_count else None
+        if remote is None:
+            raise ValueError(f"worker {index} is not a remote worker")
+        remote.set_endpoint(parse_endpoint(endpoint))
+
     # -- health and metrics -------------------------------------------------------------
 
     def worker_states(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         states = []
         for index, channel in enumerate(self.channels):
+            remote = self.remote(index)
+            extra = remote.status() if remote is not None else {}
+            if remote is not None and (channel is None or not channel.up):
+                states.append(
+                    {
+                        "index": index,
+                        "state": remote.state,
+                        "reason": remote.reason(),
+                        "generation": remote.restarts,
+                        **extra,
+                    }
+                )
+                continue
             if channel is None:
                 states.append({"index": index, "state": "starting"})
                 continue
@@ -173,6 +225,7 @@ class Router:
                         if channel.last_heartbeat is not None
                         else None
                     ),
+                    **extra,
                 }
             )
         return states
@@ -186,7 +239,7 @@ class Router:
             return json_reply(
                 503,
                 {
-                    "error": f"worker {first['index']} is down ({reason})",
+                    "error": f"{self.describe(first['index'])} is down ({reason})",
                     "status": "degraded",
                     "workers": states,
                 },
@@ -201,8 +254,9 @@ class Router:
         )
 
     def gauges(self) -> list[WorkerGauge]:
-        return [
-            WorkerGauge(
+        gauges = []
+        for index, channel in enumerate(self.channels):
+            gauge = WorkerGauge(
                 index=index,
                 up=channel is not None and channel.up,
                 sessions=channel.heartbeat.get("sessions", 0) if channel else 0,
@@ -211,10 +265,19 @@ class Router:
                 affinity_hits=channel.heartbeat.get("affinity_hits", 0) if channel else 0,
                 repins=channel.heartbeat.get("repins", 0) if channel else 0,
             )
-            for index, channel in enumerate(self.channels)
-        ]
+            remote = self.remote(index)
+            if remote is not None:
+                gauge.address = str(remote.endpoint)
+                gauge.transport = remote.transport
+                gauge.state = remote.state
+                gauge.reconnects = remote.reconnects
+                gauge.connect_failures = remote.connect_failures
+            gauges.append(gauge)
+        return gauges
 
     async def aclose(self) -> None:
+        for remote in self.remotes or []:
+            await remote.aclose()
         for channel in self.channels:
             if channel is not None:
                 await channel.aclose()
@@ -233,9 +296,35 @@ async def open_channel(index: int, sock: socket.socket, generation: int = 0) -> 
 def watch_control_socket(
     control: socket.socket, router: Router, on_supervisor_gone: Callable[[], None]
 ) -> None:
-    """Receive replacement worker channels from the supervisor (fd passing, SCM_RIGHTS)."""
+    """Receive notices from the supervisor, one JSON object per line: a replacement worker
+    channel (`{"worker", "generation"}` with its socket passed along, SCM_RIGHTS) or a
+    remote worker's new address (`{"worker", "endpoint"}`)."""
     loop = asyncio.get_running_loop()
     control.setblocking(False)
+    buffer = bytearray()
+    received_fds: list[int] = []
+    pending_attaches: set[asyncio.Task[None]] = set()
+
+    def handle(line: bytes) -> None:
+        try:
+            notice = json.loads(line)
+            if "endpoint" in notice:
+                router.set_endpoint(int(notice["worker"]), str(notice["endpoint"]))
+                return
+            index, generation = int(notice["worker"]), int(notice["generation"])
+            if not received_fds or not 0 <= index < router.worker_count:
+                raise ValueError(f"bad worker notice {notice!r} with {len(received_fds)} fds")
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.error("ignoring control message: %s", exc)
+            return
+        sock = socket.socket(fileno=received_fds.pop(0))
+
+        async def attach() -> None:
+            router.attach(await open_channel(index, sock, generation))
+
+        task = loop.create_task(attach())
+        pending_attaches.add(task)
+        task.add_done_callback(pending_attaches.discard)
 
     def on_readable() -> None:
         try:
@@ -246,24 +335,17 @@ def watch_control_socket(
             message, fds = b"", []
         if not message:
             loop.remove_reader(control.fileno())
+            for fd in received_fds:
+                os.close(fd)
             on_supervisor_gone()
             return
-        try:
-            notice = json.loads(message)
-            index, generation = int(notice["worker"]), int(notice["generation"])
-            if not fds or not 0 <= index < router.worker_count:
-                raise ValueError(f"bad worker notice {notice!r} with {len(fds)} fds")
-        except (ValueError, KeyError, TypeError) as exc:
-            logger.error("ignoring control message: %s", exc)
-            return
-        sock = socket.socket(fileno=fds[0])
+        received_fds.extend(fds)
+        # A stream socket may merge or split notices: only whole lines are handled.
+        buffer.extend(message)
+        while (end := buffer.find(b"\n")) >= 0:
+            line = bytes(buffer[:end])
+            del buffer[: end + 1]
+            if line.strip():
+                handle(line)
 
-        async def attach() -> None:
-            router.attach(await open_channel(index, sock, generation))
-
-        task = loop.create_task(attach())
-        pending_attaches.add(task)
-        task.add_done_callback(pending_attaches.discard)
-
-    pending_attaches: set[asyncio.Task[None]] = set()
     loop.add_reader(control.fileno(), on_readable)

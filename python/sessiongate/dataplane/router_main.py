@@ -1,5 +1,6 @@
 """`sessiongate _router`: the router process, started by the supervisor with one inherited
-channel socket per worker and a control socket for replacement channels."""
+channel socket per local worker (or the endpoints of remote workers) and a control socket
+for replacement channels and moved endpoints."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import json
 import logging
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from sessiongate.process.children import die_with_parent
+
+if TYPE_CHECKING:
+    from sessiongate.dataplane.remote import RemoteSettings
+    from sessiongate.dataplane.tcp import Endpoint
 
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
 
@@ -19,7 +25,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser = sub.add_parser("_router")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--worker-fds", required=True, help="comma list, worker 0 first")
+    workers = parser.add_mutually_exclusive_group(required=True)
+    workers.add_argument("--worker-fds", help="comma list, worker 0 first")
+    workers.add_argument("--worker-endpoints", help="HOST:PORT comma list, worker 0 first")
+    parser.add_argument("--secret-file", default=None, help="file holding the shared secret")
+    parser.add_argument("--secret-env", default=None, help="env var holding the shared secret")
+    parser.add_argument("--tls-ca", default=None)
+    parser.add_argument("--tls-insecure", action="store_true")
+    parser.add_argument("--tls-server-name", default=None)
+    parser.add_argument("--worker-heartbeat-timeout", type=float, default=10.0)
     parser.add_argument("--control-fd", type=int, required=True)
     parser.add_argument("--max-body-bytes", type=int, required=True)
     parser.add_argument("--api-key-env", default=None, help="env var holding the API key")
@@ -39,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if not die_with_parent():
         return 0
     logging.basicConfig(level=args.log_level.upper(), format="router: %(levelname)s %(message)s")
-    fds = [int(fd) for fd in args.worker_fds.split(",")]
-    router = Router(len(fds))
+    fds = [int(fd) for fd in args.worker_fds.split(",")] if args.worker_fds else []
+    remote_settings, endpoints = _remote_settings(args) if args.worker_endpoints else (None, [])
+    router = Router(len(fds) or len(endpoints))
     # The key travels by environment, not argv, so it does not show in `ps`.
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     settings = FrontendSettings(
@@ -66,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
+        if remote_settings is not None:
+            from sessiongate.dataplane.remote import RemoteWorker
+
+            router.remotes = [
+                RemoteWorker(router, index, endpoint, remote_settings)
+                for index, endpoint in enumerate(endpoints)
+            ]
+            for remote in router.remotes:
+                remote.start()
         watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
         try:
             return await serve_until_exit(
@@ -78,3 +102,27 @@ def run(args: argparse.Namespace) -> int:
             write_modules_report()
 
     return asyncio.run(main())
+
+
+def _remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, list[Endpoint]]:
+    from sessiongate.dataplane.remote import RemoteSettings
+    from sessiongate.dataplane.tcp import client_tls_context, load_secret, parse_endpoints
+
+    # The secret comes from a file or the environment, never argv, so it does not show in `ps`.
+    try:
+        secret = load_secret(args.secret_file, args.secret_env)
+        endpoints = parse_endpoints(args.worker_endpoints)
+    except ValueError as exc:
+        raise SystemExit(f"router: {exc}") from None
+    tls = (
+        client_tls_context(args.tls_ca, args.tls_insecure)
+        if args.tls_ca or args.tls_insecure
+        else None
+    )
+    settings = RemoteSettings(
+        secret=secret,
+        tls=tls,
+        server_hostname=args.tls_server_name,
+        heartbeat_timeout=args.worker_heartbeat_timeout,
+    )
+    return settings, endpoints

@@ -2,6 +2,10 @@
 ready, watches every child, restarts a lost worker (or fails fast), and shuts everything
 down cleanly on SIGINT/SIGTERM. Children die with it (PR_SET_PDEATHSIG), so even a killed
 supervisor leaves nothing behind.
+
+With remote workers (`serve --worker-endpoints`, `serve --ray`) it spawns only the router;
+an `EndpointSource` (Ray placement) may report workers that moved, which it hands to the
+router over the control socket.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Protocol
 
 import httpx
 
@@ -31,9 +36,21 @@ RESTART_BURST = 5
 RESTART_WINDOW_S = 30.0
 
 
+class EndpointSource(Protocol):
+    """Where remote workers are (Ray placement): polled by the supervisor's loop."""
+
+    def changes(self) -> list[tuple[int, str]]:
+        """(worker index, new HOST:PORT) since the last call; never blocks."""
+        ...
+
+    def failure(self) -> str | None:
+        """Why a worker is gone for good, else None."""
+        ...
+
+
 @dataclass
 class SupervisorConfig:
-    workers: int
+    workers: int  # local worker processes; 0 when the router is given remote endpoints
     host: str
     port: int
     worker_args: list[str]
@@ -43,6 +60,12 @@ class SupervisorConfig:
     ready_timeout: float = 60.0
     # Other children (the embedded mock engine) whose exit stops the server.
     watched: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # Extra environment of the router (the remote workers' shared secret).
+    router_env: dict[str, str] = field(default_factory=dict)
+    endpoint_source: EndpointSource | None = None
+    # False for standalone remote workers, which may come up in any order and later: the
+    # router answering /health at all (200 or 503) then counts as ready.
+    require_workers_ready: bool = True
 
 
 @dataclass
@@ -72,6 +95,7 @@ class Supervisor:
         self.router: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._stop_signal: int | None = None
+        self._moves: dict[int, deque[float]] = {}
 
     # -- children ---------------------------------------------------------------------
 
@@ -106,7 +130,9 @@ class Supervisor:
             router_ends.append(router_end)
         control_here, control_router = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._control = control_here
-        env = {API_KEY_ENV: self.config.api_key} if self.config.api_key else None
+        env = dict(self.config.router_env)
+        if self.config.api_key:
+            env[API_KEY_ENV] = self.config.api_key
         fds = [s.fileno() for s in router_ends]
         self.router = _spawn(
             [
@@ -115,8 +141,7 @@ class Supervisor:
                 self.config.host,
                 "--port",
                 str(self.config.port),
-                "--worker-fds",
-                ",".join(map(str, fds)),
+                *(["--worker-fds", ",".join(map(str, fds))] if fds else []),
                 "--control-fd",
                 str(control_router.fileno()),
                 *(["--api-key-env", API_KEY_ENV] if self.config.api_key else []),
@@ -146,6 +171,7 @@ class Supervisor:
         try:
             assert self._control is not None
             notice = json.dumps({"worker": worker.index, "generation": generation}).encode()
+            notice += b"\n"
             socket.send_fds(self._control, [notice], [router_end.fileno()])
         except OSError as exc:
             logger.error("cannot hand worker %d's channel to the router: %s", worker.index, exc)
@@ -157,6 +183,35 @@ class Supervisor:
         print(
             f"sessiongate: worker {worker.index} restarted "
             f"(pid {proc.pid}, generation {generation})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
+
+    def _move_worker(self, index: int, endpoint: str) -> bool:
+        """Tell the router a remote worker's new address; False when it moves too often."""
+        now = time.monotonic()
+        moves = self._moves.setdefault(index, deque())
+        moves.append(now)
+        while moves and now - moves[0] > RESTART_WINDOW_S:
+            moves.popleft()
+        if len(moves) > RESTART_BURST:
+            logger.error(
+                "worker %d restarted %d times in %.0fs; giving up",
+                index,
+                len(moves),
+                RESTART_WINDOW_S,
+            )
+            return False
+        try:
+            assert self._control is not None
+            notice = json.dumps({"worker": index, "endpoint": endpoint}).encode() + b"\n"
+            self._control.sendall(notice)
+        except OSError as exc:
+            logger.error("cannot hand worker %d's new address to the router: %s", index, exc)
+            return False
+        print(
+            f"sessiongate: worker {index} is now at {endpoint} (its Ray actor was restarted)",
             file=sys.stderr,
             flush=True,
         )
@@ -197,9 +252,10 @@ class Supervisor:
     def _ready(self) -> bool:
         url = f"http://{self.config.host}:{self.config.port}/health"
         try:
-            return httpx.get(url, timeout=1.0).status_code == 200
+            status = httpx.get(url, timeout=1.0).status_code
         except httpx.HTTPError:
             return False
+        return status == 200 or not self.config.require_workers_ready
 
     def _watch(self, on_ready: str | None) -> int:
         """Watch every child; until the first ready /health also enforce the ready timeout."""
@@ -234,6 +290,17 @@ class Supervisor:
                 )
                 if self.config.on_worker_exit == "fail" or not self._restart_worker(worker):
                     return 1
+            source = self.config.endpoint_source
+            if source is not None:
+                failure = source.failure()
+                if failure is not None:
+                    print(f"sessiongate: {failure}; stopping", file=sys.stderr, flush=True)
+                    return 1
+                for index, endpoint in source.changes():
+                    if self.config.on_worker_exit == "fail" or not self._move_worker(
+                        index, endpoint
+                    ):
+                        return 1
             if not ready:
                 ready = self._ready()
                 if ready and on_ready:

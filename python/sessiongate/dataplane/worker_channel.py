@@ -57,9 +57,18 @@ class _Pending:
 
 
 class WorkerChannel:
-    def __init__(self, index: int, conn: FrameConnection, *, generation: int = 0) -> None:
+    def __init__(
+        self,
+        index: int,
+        conn: FrameConnection,
+        *,
+        generation: int = 0,
+        endpoint: str | None = None,
+    ) -> None:
         self.index = index
         self.generation = generation
+        # HOST:PORT of a remote (TCP) worker, named in every error about it.
+        self.endpoint = endpoint
         self.conn = conn
         self.pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
@@ -73,7 +82,8 @@ class WorkerChannel:
     @property
     def name(self) -> str:
         pid = self.heartbeat.get("pid")
-        return f"worker {self.index}" + (f" (pid {pid})" if pid else "")
+        details = [d for d in (self.endpoint, f"pid {pid}" if pid else None) if d]
+        return f"worker {self.index}" + (f" ({', '.join(details)})" if details else "")
 
     @property
     def up(self) -> bool:
@@ -132,6 +142,15 @@ class WorkerChannel:
                 FRAME_NAMES.get(frame_type, frame_type),
                 request_id,
             )
+
+    def close(self, reason: str) -> None:
+        """Tear the channel down from the router's side (e.g. the worker stopped beating)."""
+        self._fail_all(reason)
+
+    async def wait_closed(self) -> None:
+        """Return once the channel is down for good."""
+        if self._reader is not None:
+            await asyncio.wait({self._reader})
 
     def _fail_all(self, reason: str) -> None:
         if self.down_reason is None:

@@ -14,8 +14,12 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
+
+if TYPE_CHECKING:
+    from sessiongate.session.core import SessionCore
 
 logger = logging.getLogger(__name__)
 
@@ -25,19 +29,58 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--generation", type=int, default=0)
-    parser.add_argument("--backend", action="append", required=True)
-    parser.add_argument("--health-interval", type=float, default=5.0)
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--r3", action="store_true")
-    parser.add_argument("--r3-topk", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--allowed-append-roles", default="tool,user")
-    parser.add_argument("--max-trim-tokens", type=int, default=0)
-    parser.add_argument("--header-session-ttl", type=float, default=3600.0)
-    parser.add_argument("--session-routing", default=None)
-    parser.add_argument("--session-routing-opt", action="append", default=[])
-    parser.add_argument("--log-level", default="warning")
+    add_session_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """The session options of a worker: shared by `_worker` and `sessiongate worker`."""
+    parser.add_argument(
+        "--backend",
+        action="append",
+        required=True,
+        help="upstream base URL (an SGLang-style engine or router); repeat for several",
+    )
+    parser.add_argument(
+        "--health-interval",
+        type=float,
+        default=5.0,
+        help="seconds between upstream health checks with several --backend URLs (5)",
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="local Hugging Face tokenizer directory (built-in)"
+    )
+    parser.add_argument("--r3", action="store_true", help="ask the upstream for routed experts")
+    parser.add_argument("--r3-topk", type=int, default=0, help="experts per token per layer (0)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="upstream timeout (600 s)")
+    parser.add_argument(
+        "--allowed-append-roles",
+        default="tool,user",
+        help="roles an agent may append after an assistant turn (tool,user)",
+    )
+    parser.add_argument(
+        "--max-trim-tokens",
+        type=int,
+        default=0,
+        help="trailing checkpoint tokens allowed to differ in the next turn (0)",
+    )
+    parser.add_argument(
+        "--header-session-ttl",
+        type=float,
+        default=3600.0,
+        help="close header-created sessions after this many idle seconds (3600; 0 = never)",
+    )
+    parser.add_argument(
+        "--session-routing", default=None, metavar="MODE", help="session routing mode"
+    )
+    parser.add_argument(
+        "--session-routing-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of the session routing mode (repeatable)",
+    )
+    parser.add_argument("--log-level", default="warning")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,10 +98,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
+def restart_note(index: int) -> str:
+    """Appended to 404s for unknown sessions by a worker that replaced a lost one."""
+    return (
+        f" (worker {index} was restarted at {time.strftime('%H:%M:%S')}; sessions it "
+        "held before were lost with the previous worker process)"
+    )
+
+
+def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCore:
+    """One session core and its upstream pool from the session options."""
     # Heavy imports live here: this module is also imported by the CLI of light processes.
-    from sessiongate.dataplane.connection import FrameConnection
-    from sessiongate.dataplane.worker_loop import WorkerLoop
     from sessiongate.routing import load_mode
     from sessiongate.routing.stamper import SessionStamper
     from sessiongate.session.core import SessionCore
@@ -66,12 +116,6 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 
-    note = ""
-    if args.generation > 0:
-        note = (
-            f" (worker {args.index} was restarted at {time.strftime('%H:%M:%S')}; sessions it "
-            "held before were lost with the previous worker process)"
-        )
     settings = SessionSettings(
         allowed_append_roles=frozenset(
             r.strip() for r in args.allowed_append_roles.split(",") if r.strip()
@@ -80,29 +124,41 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
         r3=args.r3,
         r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
-        not_found_note=note,
+        not_found_note=not_found_note,
     )
-    # The supervisor validated the mode already; a failure here is a bug, so let it raise.
+    # The caller validated the mode already; a failure here is a bug, so let it raise.
     mode = load_mode(args.session_routing, args.session_routing_opt)
-    core = SessionCore(
+    return SessionCore(
         load_tokenizer(args.tokenizer),
         UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
         settings,
         SessionStamper(mode) if mode is not None else None,
     )
+
+
+def core_status(core: SessionCore) -> dict[str, Any]:
+    """The core's part of each heartbeat."""
+    return {
+        "sessions": len(core.sessions),
+        "turns_recorded": core.turns_recorded,
+        "affinity_hits": core.upstream.affinity_hits,
+        "repins": core.upstream.repins,
+        "sessions_ended": core.stamper.ended if core.stamper else 0,
+    }
+
+
+async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
+    from sessiongate.dataplane.connection import FrameConnection
+    from sessiongate.dataplane.worker_loop import WorkerLoop
+
+    core = build_core(args, restart_note(args.index) if args.generation > 0 else "")
     conn = await FrameConnection(sock).open()
     loop = WorkerLoop(
         conn,
         core.handle,
         index=args.index,
         generation=args.generation,
-        status=lambda: {
-            "sessions": len(core.sessions),
-            "turns_recorded": core.turns_recorded,
-            "affinity_hits": core.upstream.affinity_hits,
-            "repins": core.upstream.repins,
-            "sessions_ended": core.stamper.ended if core.stamper else 0,
-        },
+        status=lambda: core_status(core),
     )
     serving = asyncio.create_task(loop.run())
     stop = asyncio.Event()

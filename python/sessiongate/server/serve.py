@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import shlex
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -123,9 +124,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 1,
-        help="session worker processes (default: number of cores); sessions are sharded over "
-        "them by blake2b of the root session id",
+        default=None,
+        help="session worker processes (default: number of cores; with --ray, worker "
+        "actors); sessions are sharded over them by blake2b of the root session id",
     )
     parser.add_argument(
         "--on-worker-exit",
@@ -135,6 +136,69 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "stop everything and exit non-zero (fail-fast)",
     )
     parser.add_argument("--log-level", default="warning")
+    add_remote_arguments(parser)
+
+
+def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
+    remote = parser.add_argument_group(
+        "remote workers",
+        "Session workers on other hosts, over authenticated TCP (docs/deployment.md).",
+    )
+    remote.add_argument(
+        "--worker-endpoints",
+        metavar="HOST:PORT,...",
+        default=None,
+        help="route to these `sessiongate worker` processes instead of starting local "
+        "workers; the order fixes the shards (keep it for the deployment's lifetime)",
+    )
+    remote.add_argument(
+        "--secret-file",
+        default=None,
+        help="file with the shared secret of the workers (required with --worker-endpoints)",
+    )
+    remote.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="FILE",
+        help="connect to the workers over TLS and verify their certificates against FILE",
+    )
+    remote.add_argument(
+        "--tls-insecure",
+        action="store_true",
+        help="connect over TLS without verifying certificates (stops eavesdroppers, not an "
+        "active man in the middle)",
+    )
+    remote.add_argument(
+        "--tls-server-name",
+        default=None,
+        metavar="NAME",
+        help="host name to expect in the workers' certificates (default: each endpoint's host)",
+    )
+    remote.add_argument(
+        "--worker-heartbeat-timeout",
+        type=float,
+        default=10.0,
+        help="reconnect to a remote worker silent for this many seconds (10)",
+    )
+    remote.add_argument(
+        "--ray",
+        action="store_true",
+        help="place --workers worker actors in a Ray cluster (pip install 'sessiongate[ray]')",
+    )
+    remote.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="Ray cluster to join (as ray.init(address=...): 'auto', HOST:PORT, ray://...; "
+        "'local' starts a private instance; default: $RAY_ADDRESS, else a cluster started on "
+        "this machine, else a new local instance)",
+    )
+    remote.add_argument(
+        "--worker-num-cpus",
+        type=float,
+        default=1.0,
+        help="CPUs each Ray worker actor reserves (1)",
+    )
 
 
 def session_settings_from(args: argparse.Namespace) -> SessionSettings:
@@ -203,10 +267,102 @@ def backend_urls(args: argparse.Namespace) -> Iterator[tuple[list[str], ChildPro
         child.stop()
 
 
-def run(args: argparse.Namespace) -> int:
-    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
+def router_arguments(args: argparse.Namespace, frontend: FrontendSettings) -> list[str]:
+    router_args = [
+        "--max-body-bytes",
+        str(frontend.max_body_bytes),
+        "--log-level",
+        args.log_level,
+    ]
+    for header in frontend.session_headers:
+        router_args += ["--session-header", header]
+    return router_args
 
+
+def remote_router_arguments(args: argparse.Namespace, endpoints: str) -> list[str]:
+    """The router's options for remote workers (the secret goes separately)."""
+    if args.tls_ca and args.tls_insecure:
+        raise SystemExit("--tls-ca and --tls-insecure exclude each other")
+    if args.worker_heartbeat_timeout <= 0:
+        raise SystemExit("--worker-heartbeat-timeout must be > 0")
+    return [
+        "--worker-endpoints",
+        endpoints,
+        "--worker-heartbeat-timeout",
+        str(args.worker_heartbeat_timeout),
+        *(["--tls-ca", args.tls_ca] if args.tls_ca else []),
+        *(["--tls-insecure"] if args.tls_insecure else []),
+        *(["--tls-server-name", args.tls_server_name] if args.tls_server_name else []),
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper())
+    if args.worker_endpoints is not None:
+        if args.ray:
+            raise SystemExit("--worker-endpoints and --ray exclude each other")
+        return run_remote(args)
+    for option in ("secret_file", "tls_ca", "tls_server_name"):
+        if getattr(args, option):
+            flag = "--" + option.replace("_", "-")
+            raise SystemExit(f"{flag} applies to --worker-endpoints only")
+    if args.tls_insecure:
+        raise SystemExit("--tls-insecure applies to --worker-endpoints only")
+    return run_local(args)
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    """A router over standalone workers: no local workers, no embedded engine."""
+    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
+    from sessiongate.dataplane.tcp import load_secret, parse_endpoints
+
+    try:
+        endpoints = parse_endpoints(args.worker_endpoints)
+        load_secret(args.secret_file)  # fail here, not in the router
+    except ValueError as exc:
+        raise SystemExit(f"sessiongate serve: {exc}") from None
+    if args.backend or args.mock_args:
+        raise SystemExit(
+            "with --worker-endpoints the workers have the backends: give --backend to each "
+            "`sessiongate worker`, not to serve"
+        )
+    if args.on_worker_exit == "fail":
+        raise SystemExit(
+            "--on-worker-exit fail does not apply to --worker-endpoints: the router keeps "
+            "serving the other shards and reconnects; restarting workers is the "
+            "orchestrator's job"
+        )
+    if args.workers is not None and args.workers != len(endpoints):
+        raise SystemExit(
+            f"--workers {args.workers} does not match the {len(endpoints)} --worker-endpoints"
+        )
+    frontend = frontend_settings_from(args)
+    router_args = [
+        *router_arguments(args, frontend),
+        *remote_router_arguments(args, ",".join(map(str, endpoints))),
+        "--secret-file",
+        os.path.abspath(args.secret_file),
+    ]
+    supervisor = Supervisor(
+        SupervisorConfig(
+            workers=0,
+            host=args.host,
+            port=args.port,
+            worker_args=[],
+            router_args=router_args,
+            api_key=frontend.api_key,
+            require_workers_ready=False,
+        )
+    )
+    return supervisor.run(
+        on_ready=f"sessiongate serving on http://{args.host}:{args.port} "
+        f"({len(endpoints)} remote workers: {', '.join(map(str, endpoints))})"
+    )
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """Local worker processes, or (--ray) worker actors placed by Ray."""
+    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
     from sessiongate.routing import RoutingConfigError, load_mode
 
     session_settings_from(args)  # validate before starting anything
@@ -215,8 +371,14 @@ def run(args: argparse.Namespace) -> int:
     except RoutingConfigError as exc:
         raise SystemExit(f"sessiongate serve: {exc}") from None
     frontend = frontend_settings_from(args)
+    if args.workers is None:
+        args.workers = os.cpu_count() or 1
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
+    if args.worker_num_cpus < 0:
+        raise SystemExit("--worker-num-cpus must be >= 0")
+    if not args.ray and args.ray_address:
+        raise SystemExit("--ray-address applies to --ray only")
     backend_list(args)  # validate before starting anything
     with backend_urls(args) as (upstreams, mock):
         upstream = ", ".join(upstreams)
@@ -241,14 +403,10 @@ def run(args: argparse.Namespace) -> int:
             "--r3-topk",
             str(args.r3_topk),
         ]
-        router_args = [
-            "--max-body-bytes",
-            str(frontend.max_body_bytes),
-            "--log-level",
-            args.log_level,
-        ]
-        for header in frontend.session_headers:
-            router_args += ["--session-header", header]
+        router_args = router_arguments(args, frontend)
+        watched = [mock.proc] if mock is not None and mock.proc is not None else []
+        if args.ray:
+            return _run_ray(args, worker_args, router_args, frontend, watched, upstream)
         supervisor = Supervisor(
             SupervisorConfig(
                 workers=args.workers,
@@ -258,10 +416,59 @@ def run(args: argparse.Namespace) -> int:
                 router_args=router_args,
                 on_worker_exit=args.on_worker_exit,
                 api_key=frontend.api_key,
-                watched=[mock.proc] if mock is not None and mock.proc is not None else [],
+                watched=watched,
             )
         )
         return supervisor.run(
             on_ready=f"sessiongate serving on http://{args.host}:{args.port} "
             f"({args.workers} workers, upstream {upstream})"
         )
+
+
+def _run_ray(
+    args: argparse.Namespace,
+    worker_args: list[str],
+    router_args: list[str],
+    frontend: FrontendSettings,
+    watched: list[subprocess.Popen[bytes]],
+    upstream: str,
+) -> int:
+    from sessiongate.dataplane.ray_placement import RayPlacement
+    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
+    from sessiongate.dataplane.tcp import SECRET_ENV
+
+    placement = RayPlacement(
+        args.workers,
+        worker_args,
+        address=args.ray_address,
+        num_cpus=args.worker_num_cpus,
+        restart=args.on_worker_exit == "restart",
+    )
+    try:
+        endpoints = placement.start()
+        print(f"sessiongate: Ray placed the workers at {', '.join(endpoints)}", flush=True)
+        supervisor = Supervisor(
+            SupervisorConfig(
+                workers=0,
+                host=args.host,
+                port=args.port,
+                worker_args=[],
+                router_args=[
+                    *router_args,
+                    *remote_router_arguments(args, ",".join(endpoints)),
+                    "--secret-env",
+                    SECRET_ENV,
+                ],
+                on_worker_exit=args.on_worker_exit,
+                api_key=frontend.api_key,
+                watched=watched,
+                router_env={SECRET_ENV: placement.secret},
+                endpoint_source=placement,
+            )
+        )
+        return supervisor.run(
+            on_ready=f"sessiongate serving on http://{args.host}:{args.port} "
+            f"({args.workers} Ray workers, upstream {upstream})"
+        )
+    finally:
+        placement.stop()
