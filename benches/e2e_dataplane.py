@@ -329,14 +329,19 @@ def scenario_cpu(quick: bool) -> dict[str, Any]:
                         messages.append({"role": "tool", "content": f"ok {turn}"})
                     return sid, time.perf_counter() - started
 
+            worker = httpx.get(gw.url + "/health").json()["workers"][0]["pid"]
+            rss_before = rss_mib(worker)
             before = gateway_cpu(gw)
             sid, r3_elapsed = asyncio.run(big(latencies))
             r3_cpu = gateway_cpu(gw) - before
+            rss_growth = rss_mib(worker) - rss_before
             before = gateway_cpu(gw)
+            worker_before = cpu_seconds(worker)
             started = time.perf_counter()
             size = len(httpx.get(f"{gw.url}/sessions/{sid}", timeout=600).content)
             get_elapsed = time.perf_counter() - started
             get_cpu = gateway_cpu(gw) - before
+            get_worker_cpu = cpu_seconds(worker) - worker_before
         results[impl] = {
             "small_turn_cpu_ms": round(small_cpu / small_turns * 1000, 2),
             "small_turns_per_s": round(small_turns / small_elapsed, 1),
@@ -345,7 +350,12 @@ def scenario_cpu(quick: bool) -> dict[str, Any]:
             "r3_turn_p50_ms": round(pct(latencies, 0.5) * 1000, 1),
             "get_mib": round(size / 2**20, 1),
             "get_cpu_ms": round(get_cpu * 1000, 1),
+            "get_worker_cpu_ms": round(get_worker_cpu * 1000, 1),
+            "get_render_mb_per_worker_cpu_s": round(size / 1e6 / max(get_worker_cpu, 0.01)),
             "get_s": round(get_elapsed, 3),
+            # Worker RSS growth over the R3 turns vs the records' bytes (~ the GET size).
+            "rss_growth_mib": round(rss_growth, 1),
+            "rss_per_stored_byte": round(rss_growth / (size / 2**20), 2),
         }
     rust, python = results["rust"], results["python"]
     results["python_over_rust"] = {
