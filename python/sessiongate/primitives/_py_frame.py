@@ -16,6 +16,7 @@ import operator
 import struct
 from typing import Any
 
+from ._py_bytes import byte_view as _byte_view
 from .errors import FrameCorrupt, FrameError, FrameTooLarge
 
 __all__ = [
@@ -44,21 +45,6 @@ _U64 = struct.Struct(">Q")
 _JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 _JSON_DECODE = json.JSONDecoder().decode
 _BytesLike = bytes | bytearray | memoryview
-
-
-def _byte_view(obj: object, func: str, arg: str) -> memoryview:
-    """A flat unsigned-byte view of a C-contiguous bytes-like object (no copy)."""
-    try:
-        view = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{func}() argument '{arg}' must be a bytes-like object, not {type(obj).__name__}"
-        ) from None
-    if not view.c_contiguous:
-        raise TypeError(f"{func}() argument '{arg}' must be a C-contiguous bytes-like object")
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
 
 
 def _u64_arg(value: object, func: str, arg: str, lo: int = 0, hi: int = _U64_MAX) -> int:

@@ -20,6 +20,7 @@ import sys
 from array import array
 from typing import Any
 
+from ._py_bytes import byte_view as _view
 from .errors import ReplyContractError, RequestRewriteError
 
 __all__ = ["ExtractedReply", "decode_r3", "extract_reply", "rewrite_request"]
@@ -35,21 +36,6 @@ _BytesLike = bytes | bytearray | memoryview
 MAX_DIM = 1 << 20
 _B64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 _NOT_B64 = re.compile(rb"[^A-Za-z0-9+/]")
-
-
-def _view(obj: object, func: str, arg: str, expected: str = "a bytes-like object") -> memoryview:
-    """A flat unsigned-byte view of a C-contiguous bytes-like object (no copy)."""
-    try:
-        view = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"{func}() argument '{arg}' must be {expected}, not {type(obj).__name__}"
-        ) from None
-    if not view.c_contiguous:
-        raise TypeError(f"{func}() argument '{arg}' must be a C-contiguous bytes-like object")
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
 
 
 def _loadable(obj: object, view: memoryview) -> bytes | bytearray:
