@@ -9,10 +9,8 @@ the shape of `nvext` / `session_control`.
 from __future__ import annotations
 
 import json
-import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
@@ -21,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sessiongate._core as core
+from json_models import Obj, Writer, plain
 from sessiongate.primitives import get_impl
 from sessiongate.primitives.errors import RequestRewriteError
 from sessiongate.routing import (
@@ -273,78 +272,6 @@ def test_header_modes_are_header_stampers():
 
 
 # --- nvext_session_control -----------------------------------------------------------------
-
-
-@dataclass
-class Obj:
-    """A JSON object as ordered pairs (duplicate keys allowed)."""
-
-    pairs: list[tuple[str, Any]]
-
-
-class Writer:
-    """Writes JSON with random (valid) whitespace and escapes."""
-
-    def __init__(self, rnd: random.Random, pretty: bool) -> None:
-        self.rnd = rnd
-        self.pretty = pretty
-
-    def ws(self) -> str:
-        if not self.pretty or self.rnd.random() < 0.5:
-            return ""
-        return self.rnd.choice([" ", "\n", "\t", "\r\n  "])
-
-    def string(self, s: str) -> str:
-        out = ['"']
-        for ch in s:
-            code = ord(ch)
-            if ch in '"\\':
-                out.append("\\" + ch)
-            elif code < 0x20 or (code >= 0x80 and self.rnd.random() < 0.3):
-                if code >= 0x10000:
-                    hi = 0xD800 + ((code - 0x10000) >> 10)
-                    lo = 0xDC00 + ((code - 0x10000) & 0x3FF)
-                    out.append(f"\\u{hi:04x}\\u{lo:04X}")
-                else:
-                    out.append(f"\\u{code:04x}")
-            elif code < 0x10000 and self.rnd.random() < 0.05:
-                out.append(f"\\u{code:04X}")  # e.g. an escaped key
-            else:
-                out.append(ch)
-        out.append('"')
-        return "".join(out)
-
-    def value(self, v: Any) -> str:
-        if isinstance(v, Obj):
-            if not v.pairs:
-                return "{" + self.ws() + "}"
-            parts = [
-                self.ws() + self.string(k) + self.ws() + ":" + self.ws() + self.value(x) + self.ws()
-                for k, x in v.pairs
-            ]
-            return "{" + ",".join(parts) + "}"
-        if isinstance(v, list):
-            if not v:
-                return "[" + self.ws() + "]"
-            return "[" + ",".join(self.ws() + self.value(x) + self.ws() for x in v) + "]"
-        if isinstance(v, str):
-            return self.string(v)
-        return json.dumps(v)
-
-    def document(self, v: Any) -> bytes:
-        return (self.ws() + self.value(v) + self.ws()).encode()
-
-
-def plain(v: Any) -> Any:
-    """What json.loads gives for a model value (the last duplicate wins)."""
-    if isinstance(v, Obj):
-        out: dict[str, Any] = {}
-        for k, x in v.pairs:
-            out[k] = plain(x)
-        return out
-    if isinstance(v, list):
-        return [plain(x) for x in v]
-    return v
 
 
 texts = st.text(max_size=10) | st.sampled_from(["", "café", "日本語", "😀", 'q"\\/', "\x00\n\t"])
