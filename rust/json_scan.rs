@@ -281,15 +281,7 @@ impl<'a> Scanner<'a> {
 
     /// `{` and the whitespace after it; true when the object is empty (`}` consumed too).
     pub fn object_start(&mut self) -> Scan<bool> {
-        self.enter()?;
-        self.pos += 1;
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            self.depth -= 1;
-            return Ok(true);
-        }
-        Ok(false)
+        self.container_start(b'}')
     }
 
     /// A member's key, the ':' and the whitespace up to the value.
@@ -311,28 +303,27 @@ impl<'a> Scanner<'a> {
     /// After a member's value: true if another member follows (cursor at its key),
     /// false at the end of the object (`}` consumed).
     pub fn object_next(&mut self) -> Scan<bool> {
-        self.ws();
-        match self.peek() {
-            Some(b',') => {
-                self.pos += 1;
-                self.ws();
-                Ok(true)
-            }
-            Some(b'}') => {
-                self.pos += 1;
-                self.depth -= 1;
-                Ok(false)
-            }
-            _ => reject(self.pos, "expecting ',' or '}'"),
-        }
+        self.container_next(b'}', "expecting ',' or '}'")
     }
 
     /// `[` and the whitespace after it; true when the array is empty (`]` consumed too).
     pub fn array_start(&mut self) -> Scan<bool> {
+        self.container_start(b']')
+    }
+
+    /// After an element: true if another element follows (cursor at it), false at the end
+    /// of the array (`]` consumed).
+    pub fn array_next(&mut self) -> Scan<bool> {
+        self.container_next(b']', "expecting ',' or ']'")
+    }
+
+    /// The opening bracket and the whitespace after it; true when the container is empty
+    /// (its `close` consumed too).
+    fn container_start(&mut self, close: u8) -> Scan<bool> {
         self.enter()?;
         self.pos += 1;
         self.ws();
-        if self.peek() == Some(b']') {
+        if self.peek() == Some(close) {
             self.pos += 1;
             self.depth -= 1;
             return Ok(true);
@@ -340,9 +331,8 @@ impl<'a> Scanner<'a> {
         Ok(false)
     }
 
-    /// After an element: true if another element follows (cursor at it), false at the end
-    /// of the array (`]` consumed).
-    pub fn array_next(&mut self) -> Scan<bool> {
+    /// After an item: true at ',' (cursor at the next item), false at `close` (consumed).
+    fn container_next(&mut self, close: u8, expecting: &'static str) -> Scan<bool> {
         self.ws();
         match self.peek() {
             Some(b',') => {
@@ -350,12 +340,12 @@ impl<'a> Scanner<'a> {
                 self.ws();
                 Ok(true)
             }
-            Some(b']') => {
+            Some(c) if c == close => {
                 self.pos += 1;
                 self.depth -= 1;
                 Ok(false)
             }
-            _ => reject(self.pos, "expecting ',' or ']'"),
+            _ => reject(self.pos, expecting),
         }
     }
 
