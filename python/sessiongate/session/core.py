@@ -403,6 +403,7 @@ class SessionCore:
                             completion_ids=array("i", parsed.completion_ids),
                             logprobs=array("f", parsed.logprobs),
                             finish_reason=finish_reason_text(parsed.finish_reason),
+                            routed_experts=parsed.routed_experts,
                         ),
                     ]
                     session.tools = tools

@@ -23,6 +23,9 @@ class ParsedReply:
     assistant_message: Message
     # The reply for the client: the upstream bytes without routed_experts / indexer_topk.
     client_body: bytes
+    # The base64 text of choices[0].meta_info.routed_experts: a view into the reply bytes
+    # the record keeps anyway (no copy), or None.
+    routed_experts: memoryview | None
 
 
 def parse_reply(body: bytes) -> ParsedReply:
@@ -37,6 +40,7 @@ def parse_reply(body: bytes) -> ParsedReply:
         finish_reason=extracted.finish_reason,
         assistant_message=extracted.message,
         client_body=extracted.client_body,
+        routed_experts=extracted.routed_experts_view,
     )
 
 

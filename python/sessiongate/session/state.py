@@ -31,6 +31,8 @@ class TurnRecord:
     completion_ids: array[int] = field(default_factory=lambda: array("i"))
     logprobs: array[float] = field(default_factory=lambda: array("f"))
     finish_reason: str = ""
+    # choices[0].meta_info.routed_experts (base64) as a view into `response`, or None.
+    routed_experts: memoryview | None = None
 
     @property
     def size(self) -> int:

@@ -18,22 +18,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from sessiongate.formats.safetensors import Tensor, encode
-from sessiongate.primitives import ReplyContractError, extract_reply
 from sessiongate.session.state import TurnRecord
 
 FORMAT_VERSION = "1"
 
 
-def _routed_experts(response: bytes) -> bytes | None:
-    """The raw int32 bytes of choices[0].meta_info.routed_experts, if present and valid."""
-    try:
-        encoded = extract_reply(response).routed_experts_view
-    except ReplyContractError:
-        return None
-    if encoded is None:
+def _routed_experts(record: TurnRecord) -> bytes | None:
+    """The raw int32 bytes of the turn's routed experts, if present and valid base64."""
+    if record.routed_experts is None:
         return None
     try:
-        return base64.b64decode(encoded, validate=True)
+        return base64.b64decode(record.routed_experts, validate=True)
     except (binascii.Error, ValueError):
         return None
 
@@ -76,7 +71,7 @@ def build_trajectory(
     ]
     r3_note = "absent"
     if records and total > 1:
-        raw = _routed_experts(records[-1].response)
+        raw = _routed_experts(records[-1])
         if raw is not None:
             per_token, rest = divmod(len(raw), 4 * (total - 1))
             if rest == 0 and per_token > 0:
