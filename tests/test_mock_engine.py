@@ -18,9 +18,13 @@ import httpx
 import pytest
 
 from procs import ServerProcess, free_port
+from sessiongate.mock_engine import generate
+from sessiongate.mock_engine.app import SEND_SLICE, _send_slices
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import (
     CompletionGenerator,
+    r3_pool_rows,
+    request_key,
     routed_experts_b64,
     routed_experts_b64_parts,
 )
@@ -159,30 +163,85 @@ def test_stream_pieces_cover_tokens_and_content(gen: CompletionGenerator) -> Non
         assert calls == ([completion.tool_call] if completion.tool_call else [])
 
 
-@pytest.mark.parametrize("experts", [16, 64, 300])
-def test_routed_experts_shape_range_and_distinct_topk(experts: int) -> None:
-    rows, layers, topk = 1001, 3, 4
-    key = b"k" * 32
-    encoded = routed_experts_b64(key, rows, layers, topk, experts)
-    assert encoded == routed_experts_b64(key, rows, layers, topk, experts)
-    assert encoded != routed_experts_b64(b"j" * 32, rows, layers, topk, experts)
+def decode_r3(encoded: bytes, rows: int, layers: int, topk: int, experts: int) -> list[bytes]:
+    """Check the R3 contract and return the raw rows (`layers * topk * 4` bytes each)."""
+    assert len(encoded) % 4 == 0
+    # validate=True also rejects "=" anywhere but at the very end.
+    raw = base64.b64decode(encoded, validate=True)
     values = array("i")
-    values.frombytes(base64.b64decode(encoded, validate=True))
+    values.frombytes(raw)
     if sys.byteorder == "big":
         values.byteswap()
     assert len(values) == rows * layers * topk
-    assert 0 <= min(values) and max(values) < experts
+    if rows:
+        assert 0 <= min(values) and max(values) < experts
     groups = [values[i : i + topk] for i in range(0, len(values), topk)]
     assert all(len(set(g)) == topk for g in groups)
+    row_bytes = layers * topk * 4
+    return [raw[i : i + row_bytes] for i in range(0, len(raw), row_bytes)]
 
 
-def test_routed_experts_slices_concatenate() -> None:
-    # 3 MiB slices: 40 layers x 8 x 4 bytes per row -> several slices for 10k rows.
-    parts = routed_experts_b64_parts(b"x" * 32, 10_000, 40, 8, 64)
-    assert len(parts) > 1
-    raw = base64.b64decode(b"".join(parts), validate=True)
-    assert len(raw) == 10_000 * 40 * 8 * 4
-    assert routed_experts_b64_parts(b"x" * 32, 0, 40, 8, 64) == []
+@pytest.fixture
+def small_pool(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Shrink the R3 pool to 2 chunks of 5 groups (30 rows at 3 x 4) so replies wrap."""
+    monkeypatch.setattr(generate, "R3_POOL_CHUNK_B64", 1000)  # 5 groups of 192 base64 bytes
+    monkeypatch.setattr(generate, "R3_POOL_B64", 2000)
+    period = r3_pool_rows(3, 4, 16)
+    assert period == 30
+    return period
+
+
+@pytest.mark.parametrize("experts", [16, 64, 256, 300, 1000])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 8, 29, 31, 33, 64, 100, 1001])
+def test_routed_experts_contract(small_pool: int, rows: int, experts: int) -> None:
+    layers, topk = 3, 4
+    key = b"k" * 32
+    parts = routed_experts_b64_parts(key, rows, layers, topk, experts)
+    encoded = routed_experts_b64(key, rows, layers, topk, experts)
+    assert b"".join(parts) == encoded
+    assert encoded == routed_experts_b64(key, rows, layers, topk, experts)  # deterministic
+    decode_r3(encoded, rows, layers, topk, experts)
+    if rows:
+        assert encoded != routed_experts_b64(b"j" * 32, rows, layers, topk, experts)
+
+
+def test_routed_experts_wraps_with_the_pool_period(small_pool: int) -> None:
+    rows = 3 + 4 * small_pool + 2  # fresh head, 4 pool periods, fresh 2-row tail
+    out = decode_r3(routed_experts_b64(b"w" * 32, rows, 3, 4, 16), rows, 3, 4, 16)
+    middle = out[3 : rows - 2]
+    assert all(middle[i] == middle[i + small_pool] for i in range(len(middle) - small_pool))
+    assert len(set(middle[:small_pool])) > small_pool // 2  # the pool itself is random
+
+
+def test_routed_experts_keys_differ_from_the_first_rows(small_pool: int) -> None:
+    keys = [bytes([i]) * 32 for i in range(12)]
+    replies = [decode_r3(routed_experts_b64(k, 40, 3, 4, 64), 40, 3, 4, 64) for k in keys]
+    assert len({r[0] for r in replies}) == len(keys)  # fresh head rows
+    assert len({r[3] for r in replies}) > 1  # key-derived start in the pool
+    # A shorter reply for the same key is the same rows up to its fresh tail.
+    short = decode_r3(routed_experts_b64(keys[0], 35, 3, 4, 64), 35, 3, 4, 64)
+    assert short[:33] == replies[0][:33]
+
+
+def test_routed_experts_default_pool_is_served_without_copies() -> None:
+    # 512 x 8: 16 KiB rows, 64 KiB of base64 per 3-row group, 16 groups per 1 MiB chunk.
+    layers, topk, rows = 512, 8, 1000
+    assert r3_pool_rows(layers, topk, 64) < rows  # this reply wraps around the pool
+    parts = routed_experts_b64_parts(b"x" * 32, rows, layers, topk, 64)
+    whole = [p for p in parts if type(p) is bytes and len(p) == generate.R3_POOL_CHUNK_B64]
+    assert len(whole) >= 10  # most of the reply is the pool's own chunk objects
+    assert all(type(p) in (bytes, memoryview) for p in parts)
+    decode_r3(b"".join(parts), rows, layers, topk, 64)
+
+
+def test_send_slices_pass_small_bytes_through() -> None:
+    small, big = b"a" * 10, b"b" * (2 * SEND_SLICE + 5)
+    view = memoryview(b"c" * 100)[10:20]
+    out = list(_send_slices([small, view, big]))
+    assert out[0] is small and out[1] is view  # no copies on the way to the transport
+    assert all(len(p) <= SEND_SLICE for p in out)
+    assert b"".join(out) == small + bytes(view) + big
+    assert len(routed_experts_b64_parts(b"x" * 32, 0, 40, 8, 64)) == 0
 
 
 def test_config_rejects_nonsense() -> None:
@@ -277,6 +336,21 @@ def test_http_routed_experts(engine: ServerProcess) -> None:
     # Not asked for: not sent.
     meta = chat(engine, {"input_ids": PROMPT, "return_meta_info": True}).json()
     assert "routed_experts" not in meta["choices"][0]["meta_info"]
+
+
+def test_http_routed_experts_large_rows_wrap_the_pool() -> None:
+    # 512 layers: each reply spans several pool periods; the bytes match generate.py exactly.
+    prompt = list(range(5, 405))
+    body = {"input_ids": prompt, "return_routed_experts": True}
+    args = ["--r3-layers", "512", "--r3-topk", "8", "--completion-tokens", "24"]
+    with _engine(*args) as eng:
+        meta = chat(eng, body).json()["choices"][0]["meta_info"]
+        final = sse_events(eng, {**body, "stream": True})[-2]["choices"][0]["meta_info"]
+    rows = meta["prompt_tokens"] + meta["completion_tokens"] - 1
+    assert rows > r3_pool_rows(512, 8, 64)
+    expected = routed_experts_b64(request_key(0, None, prompt), rows, 512, 8, 64)
+    assert meta["routed_experts"].encode() == expected
+    assert final["routed_experts"] == meta["routed_experts"]
 
 
 def test_http_stream_matches_non_stream(engine: ServerProcess) -> None:

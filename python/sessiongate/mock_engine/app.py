@@ -13,9 +13,9 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -26,16 +26,22 @@ from starlette.types import Receive, Scope, Send
 
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import (
+    R3_POOL_CHUNK_B64,
     Completion,
     CompletionGenerator,
     TokenizerLike,
+    r3_pool_rows,
     routed_experts_b64_parts,
 )
+
+# A body slice: bytes, or a read-only view into the shared R3 pool.
+Part: TypeAlias = bytes | memoryview
 
 RECENT_REQUESTS = 256
 # Large bodies go out in slices this big: each send blocks the event loop only briefly and
 # uvicorn's flow control paces them (one 80 MiB write would be copied into asyncio's buffer).
-SEND_SLICE = 1 << 20
+# The R3 pool's chunks are at most this big, so they go out as they are (see `_send_slices`).
+SEND_SLICE = R3_POOL_CHUNK_B64
 # Stands in for the R3 string while the small rest of the reply goes through json.dumps; the
 # base64 bytes are spliced in afterwards (json.dumps of an 80 MiB string is pure waste).
 _R3_PLACEHOLDER = "@@sessiongate-mock-routed-experts@@"
@@ -163,7 +169,7 @@ def parse_chat(body: dict[str, Any], state: EngineState) -> ChatRequest:
 
 def meta_info(
     completion: Completion, request_id: str, *, with_r3: bool, cfg: MockEngineConfig
-) -> tuple[dict[str, Any], list[bytes] | None]:
+) -> tuple[dict[str, Any], list[Part] | None]:
     """SGLang-style `meta_info` dict, and the R3 base64 slices to splice in (if asked)."""
     meta: dict[str, Any] = {
         "id": request_id,
@@ -174,7 +180,7 @@ def meta_info(
         "weight_version": "default",
         "output_token_logprobs": completion.output_token_logprobs(),
     }
-    r3: list[bytes] | None = None
+    r3: list[Part] | None = None
     if with_r3:
         rows = completion.prompt_tokens + completion.completion_tokens - 1
         r3 = routed_experts_b64_parts(
@@ -184,8 +190,11 @@ def meta_info(
     return meta, r3
 
 
-def dumps_with_r3(payload: Any, r3: list[bytes] | None) -> list[bytes]:
-    """Compact JSON of `payload` as byte slices, the R3 placeholder replaced by `r3`."""
+def dumps_with_r3(payload: Any, r3: list[Part] | None) -> list[Part]:
+    """Compact JSON of `payload` as byte slices, the R3 placeholder replaced by `r3`.
+
+    The first and last slices are always `bytes` (the JSON around the R3 string).
+    """
     body = json.dumps(payload, separators=(",", ":")).encode()
     if r3 is None:
         return [body]
@@ -193,10 +202,26 @@ def dumps_with_r3(payload: Any, r3: list[bytes] | None) -> list[bytes]:
     return [head + b'"', *r3, b'"' + tail]
 
 
+def _send_slices(parts: list[Part]) -> Iterator[Part]:
+    """`parts` cut to at most SEND_SLICE bytes each, without copying.
+
+    A `bytes` part that is small enough goes out as that very object: h11 passes a lone bytes
+    object through (`b"".join([b])` is `b`) but copies a memoryview, so the R3 pool's chunks
+    reach the socket uncopied.
+    """
+    for part in parts:
+        if len(part) <= SEND_SLICE:
+            yield part
+            continue
+        view = memoryview(part)
+        for start in range(0, len(view), SEND_SLICE):
+            yield view[start : start + SEND_SLICE]
+
+
 class PartsResponse(Response):
     """A response whose body is a list of byte slices, sent without joining them."""
 
-    def __init__(self, parts: list[bytes], status_code: int = 200) -> None:
+    def __init__(self, parts: list[Part], status_code: int = 200) -> None:
         super().__init__(b"", status_code=status_code, media_type="application/json")
         self.parts = parts
         length = str(sum(len(p) for p in parts)).encode()
@@ -207,11 +232,8 @@ class PartsResponse(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        for part in self.parts:
-            view = memoryview(part)
-            for start in range(0, len(view), SEND_SLICE):
-                chunk = view[start : start + SEND_SLICE]
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        for chunk in _send_slices(self.parts):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
@@ -250,7 +272,7 @@ def _matched_stop(completion: Completion) -> int | None:
 
 def build_reply(
     req: ChatRequest, completion: Completion, state: EngineState, request_id: str
-) -> list[bytes]:
+) -> list[Part]:
     """The whole non-stream reply body (runs in a worker thread)."""
     message: dict[str, Any] = {"role": "assistant", "content": completion.content}
     if completion.tool_call is not None:
@@ -266,7 +288,7 @@ def build_reply(
         choice["logprobs"] = _openai_logprobs(
             state.tokenizer, completion, 0, completion.completion_tokens
         )
-    r3: list[bytes] | None = None
+    r3: list[Part] | None = None
     if req.want_meta or req.want_r3:
         choice["meta_info"], r3 = meta_info(
             completion, request_id, with_r3=req.want_r3, cfg=state.config
@@ -282,16 +304,16 @@ def build_reply(
     return dumps_with_r3(payload, r3)
 
 
-def _sse(payload: Any, r3: list[bytes] | None = None) -> list[bytes]:
+def _sse(payload: Any, r3: list[Part] | None = None) -> list[Part]:
     parts = dumps_with_r3(payload, r3)
     parts[0] = b"data: " + parts[0]
-    parts[-1] += b"\n\n"
+    parts[-1] = bytes(parts[-1]) + b"\n\n"  # bytes already (the JSON tail): no copy of R3
     return parts
 
 
 async def _stream_events(
     req: ChatRequest, completion: Completion, state: EngineState, request_id: str
-) -> AsyncIterator[bytes | memoryview]:
+) -> AsyncIterator[Part]:
     cfg = state.config
     created = int(time.time())
 
@@ -342,9 +364,9 @@ async def _stream_events(
                 )
             yield _sse(payload)[0]
 
-        def final() -> list[bytes]:
+        def final() -> list[Part]:
             extra: dict[str, Any] = {"matched_stop": _matched_stop(completion)}
-            r3: list[bytes] | None = None
+            r3: list[Part] | None = None
             if req.want_meta or req.want_r3:
                 extra["meta_info"], r3 = meta_info(
                     completion, request_id, with_r3=req.want_r3, cfg=cfg
@@ -353,10 +375,8 @@ async def _stream_events(
             payload["usage"] = _usage(completion)
             return _sse(payload, r3)
 
-        for part in await anyio.to_thread.run_sync(final):
-            view = memoryview(part)
-            for start in range(0, len(view), SEND_SLICE):
-                yield view[start : start + SEND_SLICE]
+        for chunk in _send_slices(await anyio.to_thread.run_sync(final)):
+            yield chunk
         yield b"data: [DONE]\n\n"
         state.tokens_generated += completion.completion_tokens
     finally:
@@ -393,6 +413,9 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         tool_call_rate=config.tool_call_rate,
     )
     state = EngineState(config, tokenizer, generator)
+    if config.r3_enabled:
+        # Build the R3 pool now (~10 ms) rather than inside the first R3 reply.
+        r3_pool_rows(config.r3_layers, config.r3_topk, config.r3_experts)
 
     async def chat(request: Request) -> Response:
         state.requests += 1

@@ -9,6 +9,7 @@ relies on re-tokenization stability) and `decode(content ids) == content`.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import random
@@ -34,7 +35,11 @@ WORDS: tuple[str, ...] = (
     "many", "most", "only", "also", "just", "very", "well", "here", "now", "done",
 )  # fmt: skip
 
-_R3_CHUNK_BYTES = 3 << 20  # raw bytes per R3 slice: short GIL holds, small peak temporaries
+# R3 rows come from one pool of random rows per (layers, topk, experts), built once and then
+# only sliced per reply: this many bytes of base64 (4.5 MiB raw), rounded up to whole chunks.
+R3_POOL_B64 = 6 << 20
+# The pool's base64 is kept in chunks of at most this size (the app's send slice).
+R3_POOL_CHUNK_B64 = 1 << 20
 _STREAM_WINDOW = 8  # tokens of left context when decoding one stream chunk
 _TOOL_CALL_OPEN = "\n<tool_call>\n"
 _TOOL_CALL_CLOSE = "\n</tool_call>"
@@ -352,7 +357,8 @@ def _make_tool_call(
     return ToolCall(call_id, name, json.dumps(args))
 
 
-def _expert_tables(experts: int, topk: int) -> list[tuple[bytes, bytes]]:
+@functools.lru_cache(maxsize=16)
+def _expert_tables(experts: int, topk: int) -> tuple[tuple[bytes, bytes], ...]:
     """Per slot k: (low byte, high byte) tables from a random byte b to an expert id.
 
     E <= 256: id = (b % E + k) % E. E > 256: id = ((b + k) % 256) * E // 256 (256 ids spread
@@ -365,7 +371,84 @@ def _expert_tables(experts: int, topk: int) -> list[tuple[bytes, bytes]]:
         else:
             ids = [((b + k) % 256) * experts // 256 for b in range(256)]
         tables.append((bytes(i & 0xFF for i in ids), bytes(i >> 8 for i in ids)))
-    return tables
+    return tuple(tables)
+
+
+def _random_rows(seed: bytes, rows: int, layers: int, topk: int, experts: int) -> bytearray:
+    """Little-endian int32 `(rows, layers, topk)` expert ids drawn from `seed`.
+
+    Bulk bytes operations only (no per-value Python objects): one random byte per (row, layer)
+    from shake_256, mapped to the `topk` ids with `bytes.translate`, widened to int32 by
+    strided slice assignment into a zeroed bytearray.
+    """
+    base = hashlib.shake_256(seed).digest(rows * layers)
+    out = bytearray(rows * layers * topk * 4)
+    for k, (lo, hi) in enumerate(_expert_tables(experts, topk)):
+        out[4 * k :: 4 * topk] = base.translate(lo)
+        if experts > 256:
+            out[4 * k + 1 :: 4 * topk] = base.translate(hi)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _R3Pool:
+    """Pre-encoded random rows for one (layers, topk, experts), served to every request.
+
+    The rows are counted in groups of 3: 3 rows of int32 are a multiple of 3 bytes, so the
+    base64 of whole groups is unpadded and base64 slices cut at group boundaries concatenate
+    into valid base64 of the concatenated rows.
+    """
+
+    groups: int  # 3-row groups in the pool (the pool's period is 3 * groups rows)
+    group_b64: int  # base64 bytes of one group (4 * row bytes)
+    chunk_groups: int  # groups per chunk
+    chunks: tuple[bytes, ...]  # the pool's base64, `chunk_groups` groups per chunk
+
+
+def _r3_pool(layers: int, topk: int, experts: int) -> _R3Pool:
+    # The sizes are read at call time (and key the cache) so tests can shrink the pool.
+    return _build_r3_pool(layers, topk, experts, R3_POOL_B64, R3_POOL_CHUNK_B64)
+
+
+@functools.lru_cache(maxsize=8)
+def _build_r3_pool(layers: int, topk: int, experts: int, pool_b64: int, chunk_b64: int) -> _R3Pool:
+    """About `pool_b64` bytes of base64 random rows in chunks of at most `chunk_b64` bytes."""
+    group_b64 = 4 * layers * topk * 4
+    # Chunks no bigger than a send slice: whole chunks go out as the bytes objects they are.
+    chunk_groups = max(1, chunk_b64 // group_b64)
+    want_groups = max(1, pool_b64 // group_b64)
+    n_chunks = -(-want_groups // chunk_groups)
+    seed = b"sg-mock-r3-pool|%d|%d|%d|" % (layers, topk, experts)
+    chunks = tuple(
+        base64.b64encode(
+            _random_rows(seed + i.to_bytes(8, "little"), 3 * chunk_groups, layers, topk, experts)
+        )
+        for i in range(n_chunks)
+    )
+    return _R3Pool(n_chunks * chunk_groups, group_b64, chunk_groups, chunks)
+
+
+def r3_pool_rows(layers: int, topk: int, experts: int) -> int:
+    """The pool's period: R3 rows (between the fresh head and tail) repeat every this many."""
+    return 3 * _r3_pool(layers, topk, experts).groups
+
+
+def _pool_slices(pool: _R3Pool, start: int, groups: int) -> list[bytes | memoryview]:
+    """`groups` consecutive groups of the pool's base64 from group `start`, wrapping around."""
+    parts: list[bytes | memoryview] = []
+    at, left = start, groups
+    while left:
+        index, within = divmod(at, pool.chunk_groups)
+        take = min(pool.chunk_groups - within, left)
+        chunk = pool.chunks[index]
+        if take == pool.chunk_groups:
+            parts.append(chunk)  # the bytes object itself: the HTTP layer sends it uncopied
+        else:
+            lo = within * pool.group_b64
+            parts.append(memoryview(chunk)[lo : lo + take * pool.group_b64])
+        left -= take
+        at = (at + take) % pool.groups
+    return parts
 
 
 def routed_experts_b64(key: bytes, rows: int, layers: int, topk: int, experts: int) -> bytes:
@@ -375,32 +458,27 @@ def routed_experts_b64(key: bytes, rows: int, layers: int, topk: int, experts: i
 
 def routed_experts_b64_parts(
     key: bytes, rows: int, layers: int, topk: int, experts: int
-) -> list[bytes]:
-    """`routed_experts_b64` as consecutive slices of a few MiB (their concatenation).
+) -> list[bytes | memoryview]:
+    """`routed_experts_b64` as consecutive slices (their concatenation), built without copies.
 
-    Callers send the slices as they are: joining 80 MiB costs a copy and a long GIL hold.
-
-    Built with bulk bytes operations only (no per-value Python objects): one random byte per
-    (row, layer) from shake_256, mapped to the `topk` ids with `bytes.translate`, widened to
-    int32 by strided slice assignment into a zeroed bytearray. Work is sliced so each C call
-    is short and other threads (the event loop) get the GIL between slices.
+    The first 3 rows (all rows when fewer) and the last `(rows - 3) % 3` rows are generated
+    from `key` (tiny); the rows between are the shared pool's base64, served as zero-copy
+    slices from a key-derived group onwards, wrapping around the pool. So the same key always
+    gives the same bytes, other keys differ at least in the first rows, and only a few KiB
+    are computed per reply whatever its size. Slices are bytes or read-only memoryviews of
+    the pool: callers send them as they are (joining 80 MiB costs a copy and a long GIL hold).
     """
     if rows <= 0 or layers <= 0 or topk <= 0:
         return []
-    row_bytes = layers * topk * 4
-    # A multiple of 3 rows => each slice is a multiple of 3 bytes => base64 slices concatenate.
-    rows_per_slice = max(3, (_R3_CHUNK_BYTES // row_bytes) // 3 * 3)
-    tables = _expert_tables(experts, topk)
-    wide = experts > 256
-    parts: list[bytes] = []
-    for index, first in enumerate(range(0, rows, rows_per_slice)):
-        n_rows = min(rows_per_slice, rows - first)
-        seed = key + b"r3" + index.to_bytes(8, "little")
-        base = hashlib.shake_256(seed).digest(n_rows * layers)
-        out = bytearray(n_rows * row_bytes)
-        for k, (lo, hi) in enumerate(tables):
-            out[4 * k :: 4 * topk] = base.translate(lo)
-            if wide:
-                out[4 * k + 1 :: 4 * topk] = base.translate(hi)
-        parts.append(base64.b64encode(out))
+    head = min(rows, 3)  # 3 rows are a multiple of 3 bytes: no padding before the pool part
+    groups, tail = divmod(rows - head, 3)
+    parts: list[bytes | memoryview] = [
+        base64.b64encode(_random_rows(key + b"r3head", head, layers, topk, experts))
+    ]
+    if groups:
+        pool = _r3_pool(layers, topk, experts)
+        start = int.from_bytes(hashlib.blake2b(key + b"r3pool", digest_size=8).digest(), "little")
+        parts += _pool_slices(pool, start % pool.groups, groups)
+    if tail:  # the only padded base64, at the very end
+        parts.append(base64.b64encode(_random_rows(key + b"r3tail", tail, layers, topk, experts)))
     return parts
