@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 pub mod buffer;
+pub mod bytes_sink;
 pub mod frame;
 pub mod json_scan;
 pub mod r3;
@@ -19,5 +20,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     relay::register(m)?;
     r3::register(m)?;
     stamp::register(m)?;
+    bytes_sink::register(m)?;
     Ok(())
 }

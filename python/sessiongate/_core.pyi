@@ -149,3 +149,20 @@ class HeaderStamper:
 def nvext_session_control(body: Buffer, session_id: str, action: str, timeout: int | None) -> bytes:
     """The request JSON with ``nvext.session_control`` set to ``{"session_id", "action"[,
     "timeout"]}`` by splicing (RequestRewriteError for invalid JSON / a non-object body)."""
+
+# In-place bytes (rust/bytes_sink.rs)
+
+@final
+class BytesSink:
+    """A zero-filled ``bytes`` of ``size`` bytes, written in place through ``view()`` (e.g.
+    ``socket.recv_into``) and handed out by ``finish()`` without a copy. The object is private
+    to the sink until then, so no Python code sees a ``bytes`` change."""
+
+    def __init__(self, size: int) -> None: ...
+    def view(self) -> memoryview:
+        """A writable memoryview of the whole sink; release it before ``finish``."""
+    def finish(self) -> bytes:
+        """The filled ``bytes``. BufferError while views are open, or when called twice."""
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __release_buffer__(self, buffer: memoryview, /) -> None: ...

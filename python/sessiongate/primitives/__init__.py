@@ -1,5 +1,5 @@
-"""Foundation primitives: shard selection, session ids, the IPC frame codec, the JSON relay
-and session routing stamping.
+"""Foundation primitives: shard selection, session ids, the IPC frame codec, the JSON relay,
+session routing stamping and the in-place bytes sink.
 
 Every function here has two implementations with identical results: the Rust core
 (``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame`` / ...). The module
@@ -17,7 +17,7 @@ import warnings
 from types import ModuleType, SimpleNamespace
 from typing import TYPE_CHECKING, Literal
 
-from . import _py_frame, _py_relay, _py_shard, _py_stamp
+from . import _py_bytes_sink, _py_frame, _py_relay, _py_shard, _py_stamp
 from .errors import (
     FrameCorrupt,
     FrameError,
@@ -34,6 +34,7 @@ __all__ = [
     "FRAME_REQUEST",
     "IMPL",
     "MAX_SESSION_ID_LEN",
+    "BytesSink",
     "ExtractedReply",
     "FrameCorrupt",
     "FrameDecoder",
@@ -68,6 +69,7 @@ _API = (
     "FRAME_REPLY",
     "FRAME_REQUEST",
     "MAX_SESSION_ID_LEN",
+    "BytesSink",
     "ExtractedReply",
     "FrameDecoder",
     "HeaderStamper",
@@ -106,7 +108,7 @@ def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
     return ns
 
 
-python = _namespace("python", _py_shard, _py_frame, _py_relay, _py_stamp)
+python = _namespace("python", _py_shard, _py_frame, _py_relay, _py_stamp, _py_bytes_sink)
 """The pure-Python twins, always available."""
 
 _core: ModuleType | None
@@ -159,6 +161,7 @@ IMPL: str = _active.IMPL
 
 if TYPE_CHECKING:
     # Type checkers see the twins' signatures, which match _core.pyi.
+    from ._py_bytes_sink import BytesSink
     from ._py_frame import (
         DEFAULT_MAX_FRAME,
         FRAME_ERROR,
@@ -187,6 +190,7 @@ else:
     FRAME_HEADER_SIZE = _active.FRAME_HEADER_SIZE
     FRAME_REPLY = _active.FRAME_REPLY
     FRAME_REQUEST = _active.FRAME_REQUEST
+    BytesSink = _active.BytesSink
     FrameDecoder = _active.FrameDecoder
     MAX_SESSION_ID_LEN = _active.MAX_SESSION_ID_LEN
     decode_envelope = _active.decode_envelope
