@@ -168,3 +168,56 @@ def test_a_silent_server_times_out():
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_large_body_is_received_whole_as_bytes_then_reused():
+    body = bytes(range(256)) * (5 * 4096 + 3)  # ~5 MiB: many receives into one sink
+
+    async def main() -> None:
+        async with ScriptedServer(lambda n: (_ok(body), False)) as server:
+            client = HttpClient()
+            for _ in range(2):
+                status, data = await _get(client, server.url)
+                assert status == 200 and type(data) is bytes and data == body
+            await client.aclose()
+            assert server.connections == 1
+
+    asyncio.run(main())
+
+
+def test_bytes_after_the_body_retire_the_connection():
+    # A server that sends more than it declared has broken the exchange: the extra bytes must
+    # never be read as the next response.
+    async def main() -> None:
+        reply = _ok(b"ok") + b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nevil"
+        async with ScriptedServer(lambda n: (reply, False)) as server:
+            client = HttpClient()
+            assert await _get(client, server.url) == (200, b"ok")
+            await asyncio.sleep(0.05)
+            assert await _get(client, server.url) == (200, b"ok")
+            await client.aclose()
+            assert server.connections == 2
+
+    asyncio.run(main())
+
+
+def test_truncated_large_body_header_overflow_and_bad_chunk_are_protocol_failures():
+    big = b"x" * (1 << 20)
+    cases = {
+        0: (b"HTTP/1.1 200 OK\r\nContent-Length: 3145728\r\n\r\n" + big, True),
+        1: (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * (2 << 20) + b"\r\n\r\n", True),
+        2: (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n", True),
+    }
+
+    async def main() -> None:
+        async with ScriptedServer(lambda n: cases[n]) as server:
+            client = HttpClient()
+            with pytest.raises(ProtocolFailure, match="2097152 of 3145728 body bytes unread"):
+                await _get(client, server.url)
+            with pytest.raises(ProtocolFailure, match="header block too large"):
+                await _get(client, server.url)
+            with pytest.raises(ProtocolFailure, match="chunk"):
+                await _get(client, server.url)
+            await client.aclose()
+
+    asyncio.run(main())
