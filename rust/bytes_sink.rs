@@ -132,10 +132,13 @@ impl BytesSink {
     }
 }
 
-/// Large sinks ask the kernel for transparent huge pages. Measured on the 2-core dev box:
-/// touching 22 MiB of fresh memory costs ~11 ms of CPU in 4 KiB page faults and ~2.5 ms in
-/// 2 MiB ones, and a gateway worker receives 16-30 MiB per R3 turn (docs/performance.md).
-/// Advice only: where THP is off or the call fails, nothing changes but speed.
+/// Large sinks ask the kernel for transparent huge pages. Measured on the 2-core dev box
+/// (docs/performance.md): faulting in 22 MiB of memory costs 8.5-12 ms of CPU in 4 KiB pages
+/// and 2-2.5 ms in 2 MiB ones; a gateway worker receives 16-30 MiB per R3 turn, and its CPU
+/// per turn in the end-to-end scenario went from 29-35 ms to 15-16 ms. (On a VM whose host
+/// takes back free memory, a huge page that the host must first provide again costs more:
+/// 35-52 ms per 22 MiB right after an idle spell.) Advice only: where THP is off or the call
+/// fails, nothing changes but speed.
 mod huge_pages {
     const HUGE: usize = 2 << 20;
 
