@@ -11,6 +11,8 @@ Scenarios (figures go to docs/performance.md):
            and session turn), at concurrency 1 and 64.
   cpu      gateway CPU (router + workers) per small turn, per ~20 MiB-R3 turn and per records
            GET, Rust core vs SESSIONGATE_IMPL=python.
+  impl     the r3 scenario (--workers 2) with the Rust core vs SESSIONGATE_IMPL=python, side by
+           side in alternating rounds: turns/s and CPU per turn of each process role.
   transport  the r3 scenario with 2 workers on each transport: local UNIX-socket workers vs
            2 `sessiongate worker` processes over loopback TCP vs 2 Ray-placed workers (a
            private local Ray instance; skipped without `ray`), plus gateway CPU per turn
@@ -286,6 +288,67 @@ def gateway_cpu(gw: ServerProcess) -> float:
     return sum(cpu_seconds(pid) for pid in [router_pid(gw), *workers])
 
 
+def process_roles(gw: ServerProcess) -> dict[str, list[int]]:
+    """PIDs of the gateway's router, its workers and its embedded mock engine."""
+    assert gw.proc is not None
+    workers = [w["pid"] for w in httpx.get(gw.url + "/health").json()["workers"]]
+    router = router_pid(gw)
+    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+    engine = [pid for pid in map(int, children) if pid not in workers and pid != router]
+    return {"router": [router], "workers": workers, "mock_engine": engine}
+
+
+def scenario_impl(quick: bool) -> dict[str, Any]:
+    """Issue 5's end-to-end figure: the r3 load with the Rust core and with the Python twins
+    (same --workers 2), alternating round by round so background noise hits both alike."""
+    rounds = 1 if quick else 3
+    impls = ("rust", "python")
+    per_round: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
+    with ExitStack() as stack:
+        gateways = {}
+        for impl in impls:
+            port = free_port()
+            args = ["serve", "--port", str(port), "--workers", "2", "--r3", "--mock-args", R3_MOCK]
+            gw = ServerProcess(args, port, timeout=60, env={"SESSIONGATE_IMPL": impl})
+            gateways[impl] = stack.enter_context(gw)
+        for round_index in range(rounds):
+            for impl in impls if round_index % 2 == 0 else impls[::-1]:
+                roles = process_roles(gateways[impl])
+                before = {role: sum(map(cpu_seconds, pids)) for role, pids in roles.items()}
+                driver_before = time.process_time()
+                load = r3_load(gateways[impl].url, quick)
+                load["driver"] = time.process_time() - driver_before
+                for role, pids in roles.items():
+                    load[role] = sum(map(cpu_seconds, pids)) - before[role]
+                per_round[impl].append(load)
+    results: dict[str, Any] = {}
+    for impl, loads in per_round.items():
+        cpu = {
+            role: round(statistics.median(load[role] / load["turns"] for load in loads) * 1000, 1)
+            for role in ("router", "workers", "mock_engine", "driver")
+        }
+        results[impl] = {
+            "turns_per_s_median": statistics.median(load["turns_per_s"] for load in loads),
+            "turns_per_s_rounds": [load["turns_per_s"] for load in loads],
+            "p50_ms_median": statistics.median(load["p50_ms"] for load in loads),
+            "p99_ms_median": statistics.median(load["p99_ms"] for load in loads),
+            "cpu_ms_per_turn_median": cpu,
+        }
+    rust, python = results["rust"], results["python"]
+    results["rust_over_python"] = {
+        "turns_per_s": round(rust["turns_per_s_median"] / python["turns_per_s_median"], 2),
+        "turns_per_s_rounds": [
+            round(r["turns_per_s"] / p["turns_per_s"], 2)
+            for r, p in zip(per_round["rust"], per_round["python"], strict=True)
+        ],
+        "worker_cpu_per_turn": round(
+            python["cpu_ms_per_turn_median"]["workers"] / rust["cpu_ms_per_turn_median"]["workers"],
+            2,
+        ),
+    }
+    return results
+
+
 def scenario_cpu(quick: bool) -> dict[str, Any]:
     """Gateway CPU per small turn, per R3 turn (~20 MiB raw R3) and per records GET, with
     the Rust core and with SESSIONGATE_IMPL=python, in one run."""
@@ -452,6 +515,7 @@ SCENARIOS = {
     "get": scenario_get,
     "latency": scenario_latency,
     "cpu": scenario_cpu,
+    "impl": scenario_impl,
     "transport": scenario_transport,
 }
 
