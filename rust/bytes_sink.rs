@@ -16,6 +16,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::relay::{maybe_unlocked, new_bytes};
+
 const SPENT: &str = "BytesSink.finish() was already called: the sink is spent";
 const OPEN_VIEWS: &str = "BytesSink.finish(): views of the sink are still open; release them first";
 
@@ -36,29 +38,13 @@ impl BytesSink {
         let len = usize::try_from(size).map_err(|_| {
             PyValueError::new_err(format!("BytesSink size must be >= 0, not {size}"))
         })?;
-        // SAFETY: a NULL source asks CPython for a new, uninitialized bytes object; it is
-        // filled below before anything else can see it.
-        let bytes = unsafe {
-            Bound::from_owned_ptr_or_err(
-                py,
-                ffi::PyBytes_FromStringAndSize(std::ptr::null(), size),
-            )?
-            .downcast_into_unchecked::<PyBytes>()
-        };
-        // SAFETY: the storage of a bytes object of `len` bytes.
-        let data = unsafe { ffi::PyBytes_AsString(bytes.as_ptr()) };
-        if data.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        let addr = data as usize; // a raw pointer is not Send; the address is
-        py.allow_threads(|| {
-            huge_pages::advise(addr, len);
-            // Zero-filled, like the twin's bytearray: a sink finished early holds no stale heap
-            // bytes. The pages are touched here instead of by the first receive, so this costs
-            // one memset pass, not a page fault more.
-            // SAFETY: `addr` is the start of `len` writable bytes that nothing else uses yet.
-            unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
-        });
+        // A new bytes object (huge-page backed when large: relay::new_bytes), zero-filled
+        // like the twin's bytearray so a sink finished early holds no stale heap bytes. The
+        // zero-fill also takes the page faults of fresh memory (most of the cost) with the
+        // GIL released, so a caller can pay them in a thread rather than in the receive on
+        // its event loop.
+        let (bytes, mut fill) = new_bytes(py, len)?;
+        maybe_unlocked(py, len, || fill.zero_rest());
         Ok(Self {
             bytes: Some(bytes.unbind()),
             size: len,
@@ -130,33 +116,6 @@ impl BytesSink {
         let mut this = slf.borrow_mut();
         this.exports = this.exports.saturating_sub(1);
     }
-}
-
-/// Large sinks ask the kernel for transparent huge pages. Measured on the 2-core dev box
-/// (docs/performance.md): faulting in 22 MiB of memory costs 8.5-12 ms of CPU in 4 KiB pages
-/// and 2-2.5 ms in 2 MiB ones; a gateway worker receives 16-30 MiB per R3 turn, and its CPU
-/// per turn in the end-to-end scenario went from 29-35 ms to 15-16 ms. (On a VM whose host
-/// takes back free memory, a huge page that the host must first provide again costs more:
-/// 35-52 ms per 22 MiB right after an idle spell.) Advice only: where THP is off or the call
-/// fails, nothing changes but speed.
-mod huge_pages {
-    const HUGE: usize = 2 << 20;
-
-    #[cfg(target_os = "linux")]
-    pub(super) fn advise(addr: usize, len: usize) {
-        // Only whole 2 MiB pages inside the object; the advice applies per page range.
-        let start = addr.next_multiple_of(HUGE);
-        let end = (addr + len) / HUGE * HUGE;
-        if end >= start + 2 * HUGE {
-            // SAFETY: madvise only changes paging advice for these pages of our own mapping.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn advise(_addr: usize, _len: usize) {}
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
