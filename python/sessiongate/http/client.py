@@ -21,6 +21,7 @@ import contextlib
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from sessiongate.primitives import BytesSink
@@ -70,8 +71,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports have the Transport methods without subclassing it.
+        self._transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._sink is not None:
