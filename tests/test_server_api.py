@@ -245,18 +245,123 @@ def test_body_over_limit_is_413(client: httpx.Client) -> None:
     assert "limit of 200000 bytes" in response.json()["error"]
 
 
-def test_stream_returns_sse_chunks(client: httpx.Client) -> None:
-    session_id = new_session(client)
-    response = chat(client, session_id, start_messages(), stream=True)
+def sse_events(response: httpx.Response) -> list[str]:
+    return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def test_stream_relays_token_chunks_and_records_the_turn(client: httpx.Client) -> None:
+    streamed, whole = new_session(client), new_session(client)
+    response = chat(client, streamed, start_messages(), stream=True)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    events = sse_events(response)
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
-    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-    record = client.get(f"/sessions/{session_id}").json()["records"][0]
-    assert content == record["response"]["choices"][0]["message"]["content"]
+    # The upstream's chunks, relayed: a role chunk, several content chunks, a final one.
+    assert len(chunks) >= 4
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    final = chunks[-1]["choices"][0]
+    assert final["delta"] == {} and final["finish_reason"] in ("stop", "length")
+    assert "routed_experts" not in final["meta_info"]  # cut for the client
     assert all("routed_experts" not in json.dumps(c) for c in chunks)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])
+
+    record = client.get(f"/sessions/{streamed}").json()["records"][0]
+    reply = record["response"]
+    assert reply["object"] == "chat.completion"
+    assert reply["choices"][0]["message"]["content"] == content
+    assert "routed_experts" in reply["choices"][0]["meta_info"]  # kept in the record
+    assert record["request"]["stream"] is True
+
+    # The same turn without streaming records the same tokens.
+    chat(client, whole, start_messages())
+    other = client.get(f"/sessions/{whole}").json()["records"][0]["response"]
+    assert other["choices"][0]["message"] == reply["choices"][0]["message"]
+    assert (
+        other["choices"][0]["meta_info"]["output_token_logprobs"]
+        == reply["choices"][0]["meta_info"]["output_token_logprobs"]
+    )
+
+
+def test_streamed_and_whole_turns_mix_token_exact(client: httpx.Client) -> None:
+    session_id = new_session(client)
+    messages = start_messages()
+    for turn in range(4):
+        response = chat(client, session_id, messages, stream=turn % 2 == 0)
+        assert response.status_code == 200, response.text
+        if turn % 2 == 0:
+            chunks = [json.loads(e) for e in sse_events(response)[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+        else:
+            message = assistant_of(response)
+        messages = [*messages, message, {"role": "user", "content": f"go on {turn}"}]
+    document = client.get(f"/sessions/{session_id}").json()
+    assert len(document["records"]) == 4
+    assert trajectory_problems(document) == []
+
+
+class _CutStreamEngine(BaseHTTPRequestHandler):
+    """Streams two content chunks, then ends without the final chunk."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("connection", "close")
+        self.end_headers()
+        for text in ("Hel", "lo"):
+            chunk = {"object": "chat.completion.chunk", "choices": [{"delta": {"content": text}}]}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_stream_without_final_chunk_ends_with_an_error_event_unrecorded() -> None:
+    broken = ThreadingHTTPServer(("127.0.0.1", 0), _CutStreamEngine)
+    thread = threading.Thread(target=broken.serve_forever, daemon=True)
+    thread.start()
+    port = free_port()
+    try:
+        backend = f"http://127.0.0.1:{broken.server_address[1]}"
+        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
+            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+            response = httpx.post(
+                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+                json={"messages": start_messages(), "stream": True},
+            )
+            assert response.status_code == 200
+            events = sse_events(response)
+            assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [
+                "Hel",
+                "lo",
+            ]
+            assert "without a final chunk" in json.loads(events[-1])["error"]
+            assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
+    finally:
+        broken.shutdown()
+
+
+def test_client_gone_mid_stream_leaves_the_session_unrecorded_and_usable() -> None:
+    port = free_port()
+    slow = "--token-delay-ms 20 --completion-tokens 40"
+    with ServerProcess(["serve", "--port", str(port), "--mock-args", slow], port) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        url = f"{gw.url}/sessions/{session_id}/v1/chat/completions"
+        body = {"messages": start_messages(), "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=30) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # the first event arrived; now hang up
+        deadline = time.monotonic() + 10
+        while httpx.get(gw.url + "/health").json()["workers"][0]["inflight"]:
+            assert time.monotonic() < deadline, "the abandoned turn never ended"
+            time.sleep(0.05)
+        assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
+        again = httpx.post(url, json={"messages": start_messages()}, timeout=30)
+        assert again.status_code == 200
+        assert len(httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]) == 1
 
 
 def test_header_identified_session_and_stateless_proxy(client: httpx.Client) -> None:

@@ -14,6 +14,7 @@ import logging
 import time
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -36,13 +37,25 @@ from sessiongate.session.protocol import (
     json_reply,
     parse_json_object,
 )
-from sessiongate.session.reply import finish_reason_text, parse_reply
+from sessiongate.session.reply import ParsedReply, finish_reason_text, parse_reply
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
+from sessiongate.session.stream import (
+    DONE,
+    EMPTY_DELTA,
+    MessageAssembler,
+    SseEvents,
+    error_event,
+    final_event_for_client,
+    message_bytes,
+    reply_from_final_chunk,
+    sse,
+)
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.trajectory import build_trajectory
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
+from sessiongate.upstream.client import UpstreamReply, UpstreamStream
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -337,6 +350,18 @@ class SessionCore:
             session.turn_started()
             session.last_active = time.monotonic()
 
+        turn = _Turn(
+            session=session,
+            session_id=session_id,
+            version=version,
+            checkpoint_count=plan.checkpoint_count,
+            messages=messages,
+            tools=tools,
+            prompt_ids=prompt_ids,
+            base_ids=base_ids,
+            final_turn=final_turn,
+        )
+        handed_off = False  # a relayed stream ends the turn itself
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
@@ -345,7 +370,7 @@ class SessionCore:
                 "logprobs": True,
                 "return_meta_info": True,
                 "no_stop_trim": False,
-                "stream": False,
+                "stream": wants_stream,
             }
             if self.settings.r3:
                 fields["return_routed_experts"] = True
@@ -368,59 +393,146 @@ class SessionCore:
                     stamped = json.dumps(
                         upstream_body, ensure_ascii=False, separators=(",", ":")
                     ).encode()
-                request_bytes = stamped
+                turn.request_bytes = stamped
             else:
                 # No body rewrite: the client's bytes plus the TITO fields, never re-serialised.
-                request_bytes = await _off_loop(rewrite_request, request.body, fields)
-            reply = await self.upstream.post_json(
-                session.root_id, self.settings.chat_path, request_bytes, routing_headers
-            )
+                turn.request_bytes = await _off_loop(rewrite_request, request.body, fields)
+            if wants_stream:
+                upstream = await self.upstream.open_stream(
+                    session.root_id,
+                    "POST",
+                    self.settings.chat_path,
+                    headers=[("content-type", "application/json"), *routing_headers],
+                    body=turn.request_bytes,
+                )
+                if upstream.status == 200 and upstream.is_event_stream():
+                    handed_off = True
+                    return CoreReply(200, SSE_HEADERS, stream=self._relay_turn(turn, upstream))
+                # An error status passes through; a 200 that is not a stream is a whole reply.
+                reply = UpstreamReply(upstream.status, upstream.headers, await upstream.read_all())
+            else:
+                reply = await self.upstream.post_json(
+                    session.root_id, self.settings.chat_path, turn.request_bytes, routing_headers
+                )
             if reply.status != 200:
                 # Upstream errors pass through unrecorded.
                 return CoreReply(reply.status, reply.headers, reply.body)
             parsed = await _off_loop(parse_reply, reply.body)
-
-            # Phase 3, under the lock again: commit unless the session moved on meanwhile.
-            async with session.lock:
-                recorded = not session.closing and session.version == version
-                if recorded:
-                    new_ids = prompt_ids + parsed.completion_ids
-                    if base_ids:
-                        self.tito.check_extends(base_ids, new_ids, session_id)
-                    kept = plan.checkpoint_count
-                    session.messages = [*messages, parsed.assistant_message]
-                    session.checkpoints = [*session.checkpoints[:kept], new_ids]
-                    session.records = [
-                        *session.records[:kept],
-                        TurnRecord(
-                            timestamp=time.time(),
-                            method="POST",
-                            path=self.settings.chat_path,
-                            status_code=200,
-                            request=request_bytes,
-                            response=reply.body,
-                            prompt_len=len(prompt_ids),
-                            completion_ids=array("i", parsed.completion_ids),
-                            logprobs=array("f", parsed.logprobs),
-                            finish_reason=finish_reason_text(parsed.finish_reason),
-                            routed_experts=parsed.routed_experts,
-                        ),
-                    ]
-                    session.tools = tools
-                    session.version += 1
-                    self.turns_recorded += 1
+            recorded = await self._commit(turn, reply.body, parsed)
             succeeded = True
         finally:
-            async with session.lock:
-                if self.stamper is not None:
-                    self.stamper.finish_turn(session_id, final=final_turn, succeeded=succeeded)
-                session.turn_finished()
-                session.last_active = time.monotonic()
+            if not handed_off:
+                await self._end_turn(turn, succeeded)
 
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if wants_stream:
             return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.client_body))
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
+
+    async def _commit(self, turn: _Turn, reply_body: bytes, parsed: ParsedReply) -> bool:
+        """Phase 3, under the lock again: record the turn unless the session moved on."""
+        session = turn.session
+        async with session.lock:
+            if session.closing or session.version != turn.version:
+                return False
+            new_ids = turn.prompt_ids + parsed.completion_ids
+            if turn.base_ids:
+                self.tito.check_extends(turn.base_ids, new_ids, turn.session_id)
+            kept = turn.checkpoint_count
+            session.messages = [*turn.messages, parsed.assistant_message]
+            session.checkpoints = [*session.checkpoints[:kept], new_ids]
+            session.records = [
+                *session.records[:kept],
+                TurnRecord(
+                    timestamp=time.time(),
+                    method="POST",
+                    path=self.settings.chat_path,
+                    status_code=200,
+                    request=turn.request_bytes,
+                    response=reply_body,
+                    prompt_len=len(turn.prompt_ids),
+                    completion_ids=array("i", parsed.completion_ids),
+                    logprobs=array("f", parsed.logprobs),
+                    finish_reason=finish_reason_text(parsed.finish_reason),
+                    routed_experts=parsed.routed_experts,
+                ),
+            ]
+            session.tools = turn.tools
+            session.version += 1
+            self.turns_recorded += 1
+            return True
+
+    async def _end_turn(self, turn: _Turn, succeeded: bool) -> None:
+        async with turn.session.lock:
+            if self.stamper is not None:
+                self.stamper.finish_turn(
+                    turn.session_id, final=turn.final_turn, succeeded=succeeded
+                )
+            turn.session.turn_finished()
+            turn.session.last_active = time.monotonic()
+
+    async def _relay_turn(self, turn: _Turn, upstream: UpstreamStream) -> AsyncIterator[bytes]:
+        """The client's SSE stream of a streamed turn; records the turn at its end.
+
+        Content events go out as they arrive; the final chunk (complete meta_info, R3) is
+        held back, the turn's non-stream reply is rebuilt from it and checked like any reply,
+        and the client gets it without R3. A failure after the 200 went out can only be told
+        in the stream: an `{"error": ...}` event, and the turn is not recorded.
+        """
+        succeeded = False
+        try:
+            events = SseEvents()
+            assembler = MessageAssembler()
+            final: bytes | None = None
+            async for piece in upstream.raw_chunks():
+                for data in events.feed(piece):
+                    if data == DONE:
+                        continue
+                    if EMPTY_DELTA in data:
+                        final = data  # the final chunk; nothing may follow but [DONE]
+                        continue
+                    try:
+                        chunk = json.loads(data)
+                        choices = chunk.get("choices") or [{}]
+                        assembler.add(choices[0].get("delta"))
+                    except (ValueError, AttributeError, TypeError, IndexError):
+                        raise UpstreamError(
+                            f"upstream stream broke the contract: bad event {data[:120]!r}"
+                        ) from None
+                    yield sse(data)
+            if final is None:
+                raise UpstreamError(
+                    "upstream stream broke the contract: it ended without a final chunk "
+                    "(empty delta, finish_reason and the complete meta_info)"
+                )
+            message = message_bytes(assembler.message())
+            reply_body = reply_from_final_chunk(final, message)
+            parsed = await _off_loop(parse_reply, reply_body)
+            await self._commit(turn, reply_body, parsed)
+            yield sse(final_event_for_client(parsed.client_body))
+            yield sse(DONE)
+            succeeded = True
+        except GatewayError as exc:
+            yield error_event(str(exc))
+        finally:
+            await upstream.aclose()
+            await self._end_turn(turn, succeeded)
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What phases 2 and 3 of one TITO turn need from phase 1."""
+
+    session: Session
+    session_id: str
+    version: int
+    checkpoint_count: int
+    messages: list[Any]
+    tools: Any
+    prompt_ids: list[int]
+    base_ids: list[int]
+    final_turn: bool
+    request_bytes: bytes = b""
 
 
 async def _session_document_parts(

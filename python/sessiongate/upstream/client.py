@@ -77,9 +77,23 @@ class UpstreamStream:
         finally:
             await self.aclose()
 
+    async def raw_chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; a transport failure or timeout raises UpstreamError
+        (unlike `chunks`, for a caller that must tell a cut stream from a complete one)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                async for chunk in self.response.iter_raw():
+                    yield chunk
+        except (HttpError, OSError, TimeoutError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise UpstreamError(f"upstream transport error while streaming: {detail}") from exc
+
+    def is_event_stream(self) -> bool:
+        return self.response.headers.get("content-type", "").startswith("text/event-stream")
+
     def small_body_length(self, limit: int) -> int | None:
         """The declared length when the body is small and not a live stream, else None."""
-        if self.response.headers.get("content-type", "").startswith("text/event-stream"):
+        if self.is_event_stream():
             return None
         declared = self.response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) <= limit:

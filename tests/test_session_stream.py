@@ -1,0 +1,111 @@
+"""The pieces of a streamed turn (session/stream.py): SSE splitting, message assembly, and
+rebuilding the non-stream reply from the final chunk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessiongate.session.errors import UpstreamError
+from sessiongate.session.reply import parse_reply
+from sessiongate.session.stream import (
+    MessageAssembler,
+    SseEvents,
+    final_event_for_client,
+    message_bytes,
+    reply_from_final_chunk,
+)
+
+payloads = st.lists(
+    st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"").replace(b"\r", b"")),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=payloads, cuts=st.lists(st.integers(0, 400), max_size=10), crlf=st.booleans())
+def test_events_survive_any_split_of_the_byte_stream(
+    events: list[bytes], cuts: list[int], crlf: bool
+) -> None:
+    end = b"\r\n" if crlf else b"\n"
+    wire = b"".join(b": comment" + end + b"data: " + e + end + end for e in events)
+    splitter = SseEvents()
+    got: list[bytes] = []
+    start = 0
+    for cut in [*sorted({min(c, len(wire)) for c in cuts}), len(wire)]:
+        got.extend(splitter.feed(wire[start:cut]))
+        start = cut
+    assert got == events
+    assert splitter.leftover == b""
+
+
+def test_multi_line_data_and_other_fields() -> None:
+    splitter = SseEvents()
+    assert list(splitter.feed(b"event: x\nid: 3\ndata: a\ndata:b\n\n")) == [b"a\nb"]
+    assert list(splitter.feed(b"retry: 5\n\n")) == []  # an event without data
+
+
+def test_tool_call_fragments_are_merged_by_index() -> None:
+    assembler = MessageAssembler()
+    assembler.add({"role": "assistant", "content": ""})
+    assembler.add({"content": "Let me look."})
+    assembler.add(
+        {
+            "tool_calls": [
+                {"index": 0, "id": "call_1", "function": {"name": "look", "arguments": ""}}
+            ]
+        }
+    )
+    assembler.add({"tool_calls": [{"index": 0, "function": {"arguments": '{"q":'}}]})
+    assembler.add({"tool_calls": [{"index": 0, "function": {"arguments": '"x"}'}}]})
+    assembler.add(None)
+    assert assembler.message() == {
+        "role": "assistant",
+        "content": "Let me look.",
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "look", "arguments": '{"q":"x"}'},
+            }
+        ],
+    }
+
+
+def _final_chunk(meta: dict[str, object]) -> bytes:
+    chunk = {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "meta_info": meta}],
+        "usage": {"completion_tokens": 2},
+    }
+    return json.dumps(chunk, separators=(",", ":")).encode()
+
+
+def test_reply_rebuilt_from_the_final_chunk_passes_the_reply_contract() -> None:
+    meta = {
+        "completion_tokens": 2,
+        "output_token_logprobs": [[-0.5, 7, None], [-0.25, 9, None]],
+        "routed_experts": "AAAAAAEAAAA=",
+        "finish_reason": {"type": "stop", "matched": 9},
+    }
+    message = message_bytes({"role": "assistant", "content": 'a "delta":{} b'})
+    reply = reply_from_final_chunk(_final_chunk(meta), message)
+    document = json.loads(reply)
+    assert document["object"] == "chat.completion"
+    assert document["choices"][0]["message"]["content"] == 'a "delta":{} b'
+    parsed = parse_reply(reply)
+    assert parsed.completion_ids == [7, 9]
+    final = json.loads(final_event_for_client(parsed.client_body))
+    assert final["object"] == "chat.completion.chunk"
+    assert final["choices"][0]["delta"] == {}
+    assert "routed_experts" not in final["choices"][0]["meta_info"]
+
+
+def test_final_chunk_without_empty_delta_breaks_the_contract() -> None:
+    with pytest.raises(UpstreamError, match="no empty"):
+        reply_from_final_chunk(b'{"choices":[{"delta":{"content":"x"}}]}', message_bytes({}))
