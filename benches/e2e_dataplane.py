@@ -300,8 +300,9 @@ def process_roles(gw: ServerProcess) -> dict[str, list[int]]:
 
 def scenario_impl(quick: bool) -> dict[str, Any]:
     """Issue 5's end-to-end figure: the r3 load with the Rust core and with the Python twins
-    (same --workers 2), alternating round by round so background noise hits both alike."""
-    rounds = 1 if quick else 3
+    (same --workers 2), alternating round by round so background noise hits both alike.
+    Five rounds: single rounds swing 2x on this VM (first-touch memory, docs/performance.md)."""
+    rounds = 1 if quick else 5
     impls = ("rust", "python")
     per_round: dict[str, list[dict[str, Any]]] = {impl: [] for impl in impls}
     with ExitStack() as stack:
