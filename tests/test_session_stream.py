@@ -109,3 +109,10 @@ def test_reply_rebuilt_from_the_final_chunk_passes_the_reply_contract() -> None:
 def test_final_chunk_without_empty_delta_breaks_the_contract() -> None:
     with pytest.raises(UpstreamError, match="no empty"):
         reply_from_final_chunk(b'{"choices":[{"delta":{"content":"x"}}]}', message_bytes({}))
+
+
+def test_an_event_without_end_is_refused_past_the_limit() -> None:
+    splitter = SseEvents(max_event=1000)
+    assert list(splitter.feed(b"data: " + b"x" * 900)) == []
+    with pytest.raises(UpstreamError, match="over 1000 bytes"):
+        list(splitter.feed(b"x" * 200))

@@ -25,6 +25,9 @@ EMPTY_DELTA = b'"delta":{}'
 _CHUNK_OBJECT = b'"object":"chat.completion.chunk"'
 _REPLY_OBJECT = b'"object":"chat.completion"'
 DONE = b"[DONE]"
+# Largest SSE event accepted (a final chunk carries all of a turn's R3): past it the upstream
+# is broken, and the worker must not buffer without end.
+MAX_EVENT_BYTES = 1 << 30
 
 
 class SseEvents:
@@ -35,7 +38,8 @@ class SseEvents:
     joined with `\\n`, as the SSE format says.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_event: int = MAX_EVENT_BYTES) -> None:
+        self._max_event = max_event
         self._pending = bytearray()
         self._scanned = 0  # bytes of _pending already searched for an event end
 
@@ -44,6 +48,10 @@ class SseEvents:
         while True:
             end, size = self._event_end()
             if end < 0:
+                if len(self._pending) > self._max_event:
+                    raise UpstreamError(
+                        f"upstream stream broke the contract: an event over {self._max_event} bytes"
+                    )
                 self._scanned = max(0, len(self._pending) - 3)
                 return
             event = bytes(self._pending[:end])
