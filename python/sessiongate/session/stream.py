@@ -54,27 +54,48 @@ class SseEvents:
                     )
                 self._scanned = max(0, len(self._pending) - 3)
                 return
-            event = bytes(self._pending[:end])
-            del self._pending[: end + size]
+            if end + size == len(self._pending):
+                # The event ends the buffer (a large final chunk usually does): hand the
+                # buffer itself over instead of copying it out.
+                event: bytes | bytearray = self._pending
+                del event[end:]
+                self._pending = bytearray()
+            else:
+                event = bytes(self._pending[:end])
+                del self._pending[: end + size]
             self._scanned = 0
             data = _data_of(event)
             if data is not None:
                 yield data
 
     def _event_end(self) -> tuple[int, int]:
-        lf = self._pending.find(b"\n\n", self._scanned)
-        crlf = self._pending.find(b"\r\n\r\n", self._scanned)
-        if crlf >= 0 and (lf < 0 or crlf < lf):
-            return crlf, 4
-        return lf, 2
+        """(start, length) of the first blank line, or (-1, 0). Steps from one `\n` to the
+        next: a one-byte find is a memchr, several times faster over MiBs of base64 than
+        searching for `\n\n` and `\r\n\r\n` (measured 33-50 ms vs ~5 ms per 24 MiB)."""
+        pending = self._pending
+        at = self._scanned
+        while (at := pending.find(b"\n", at)) >= 0:
+            if pending[at + 1 : at + 2] == b"\n":
+                return at, 2
+            if pending[at + 1 : at + 3] == b"\r\n" and pending[at - 1 : at] == b"\r":
+                return at - 1, 4
+            if at + 3 > len(pending):
+                break  # the end may still be arriving: look here again with more bytes
+            at += 1
+        return -1, 0
 
     @property
     def leftover(self) -> bytes:
         return bytes(self._pending)
 
 
-def _data_of(event: bytes) -> bytes | None:
-    lines = [line.rstrip(b"\r") for line in event.split(b"\n")]
+def _data_of(event: bytes | bytearray) -> bytes | None:
+    if event.startswith(b"data:") and b"\n" not in event:
+        # One `data:` line, the usual event: one copy, however large the payload.
+        start = 6 if event[5:6] == b" " else 5
+        stop = len(event) - 1 if event.endswith(b"\r") else len(event)
+        return bytes(memoryview(event)[start:stop])
+    lines = [line.rstrip(b"\r") for line in bytes(event).split(b"\n")]
     data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
     return b"\n".join(data) if data else None
 
