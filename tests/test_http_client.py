@@ -221,3 +221,20 @@ def test_truncated_large_body_header_overflow_and_bad_chunk_are_protocol_failure
             await client.aclose()
 
     asyncio.run(main())
+
+
+def test_bodies_over_the_limit_are_refused_before_buffering():
+    huge = b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\nonly this"
+    cases = {0: (huge, True), 1: (_chunked(b"a" * 600, b"b" * 600), False), 2: (_ok(b"ok"), False)}
+
+    async def main() -> None:
+        async with ScriptedServer(lambda n: cases[n]) as server:
+            client = HttpClient(max_body=1000)
+            with pytest.raises(ProtocolFailure, match="10000000000 bytes is over the limit"):
+                await _get(client, server.url)
+            with pytest.raises(ProtocolFailure, match="over the limit of 1000 bytes"):
+                await _get(client, server.url)
+            assert await _get(client, server.url) == (200, b"ok")
+            await client.aclose()
+
+    asyncio.run(main())

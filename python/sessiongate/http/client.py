@@ -210,6 +210,7 @@ class Response:
     _length: int | None
     _chunked: bool
     _keep_alive: bool
+    _max_body: int | None = None  # largest body `read()` buffers (None: no limit)
     _done: bool = False
 
     def __post_init__(self) -> None:
@@ -266,8 +267,21 @@ class Response:
         `bytes` returned (a `BytesSink`): no copy but the kernel's."""
         if self._done:
             return b""
+        limit = self._max_body
         if self._chunked or self._length is None:
-            return b"".join([chunk async for chunk in self.iter_raw()])
+            chunks: list[bytes] = []
+            total = 0
+            async for chunk in self.iter_raw():
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise ProtocolFailure(f"body over the limit of {limit} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        if limit is not None and self._length > limit:
+            # Refused before anything is allocated: a declared length is not proof of a body.
+            raise ProtocolFailure(
+                f"declared body of {self._length} bytes is over the limit of {limit} bytes"
+            )
         body = await self._read_sized(self._length, None)
         self._done = True
         return body
@@ -322,7 +336,15 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
 class HttpClient:
     """Keep-alive HTTP/1.1 requests to any number of origins; `aclose` closes them all."""
 
-    def __init__(self, *, verify_tls: bool = True, connect_timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        verify_tls: bool = True,
+        connect_timeout: float | None = None,
+        max_body: int | None = None,
+    ) -> None:
+        # `Response.read()` refuses bodies over `max_body` bytes (streamed reads are not limited).
+        self._max_body = max_body
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         # A connect that hangs (a blackholed address) fails as ConnectFailed after this long.
         self._connect_timeout = connect_timeout
@@ -433,7 +455,9 @@ class HttpClient:
             length, chunked = 0, False
         connection = response_headers.get("connection", "").lower()
         keep_alive = not http10 and "close" not in connection and (chunked or length is not None)
-        response = Response(status, response_headers, conn, length, chunked, keep_alive)
+        response = Response(
+            status, response_headers, conn, length, chunked, keep_alive, self._max_body
+        )
         try:
             yield response
         except BaseException:

@@ -32,6 +32,11 @@ _DROP_HEADERS = frozenset(
         "accept-encoding",
     }
 )
+# Largest upstream reply a worker buffers, R3 included: ~6x a 128k-token turn of a
+# 61-layer top-8 model (250 MB raw, 333 MB of base64). Past it the reply is a 502: a body is
+# received into memory allocated up front from its declared length, so that length must be
+# believable.
+MAX_UPSTREAM_REPLY = 2 << 30
 # Upstream replies are relayed verbatim, so never ask for compression.
 _IDENTITY = ("accept-encoding", "identity")
 
@@ -122,7 +127,7 @@ class UpstreamClient:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.connect_timeout = min(timeout, connect_timeout)
-        self._http = HttpClient(connect_timeout=self.connect_timeout)
+        self._http = HttpClient(connect_timeout=self.connect_timeout, max_body=MAX_UPSTREAM_REPLY)
 
     def _error(self, method: str, path: str, exc: BaseException) -> UpstreamError:
         kind = type(exc).__name__
