@@ -126,7 +126,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="session worker processes (default: number of cores; with --ray, worker "
-        "actors); sessions are sharded over them by blake2b of the root session id",
+        "actors); sessions are sharded over them by blake2b of the root session id. 0: "
+        "in-process, one process serves HTTP and runs the session core (least added latency, "
+        "one core, no worker isolation)",
     )
     parser.add_argument(
         "--on-worker-exit",
@@ -373,8 +375,10 @@ def run_local(args: argparse.Namespace) -> int:
     frontend = frontend_settings_from(args)
     if args.workers is None:
         args.workers = os.cpu_count() or 1
-    if args.workers < 1:
-        raise SystemExit("--workers must be >= 1")
+    if args.workers < 0:
+        raise SystemExit("--workers must be >= 0")
+    if args.workers == 0 and args.ray:
+        raise SystemExit("--workers 0 (in-process) and --ray exclude each other")
     if args.worker_num_cpus < 0:
         raise SystemExit("--worker-num-cpus must be >= 0")
     if not args.ray and args.ray_address:
@@ -382,6 +386,11 @@ def run_local(args: argparse.Namespace) -> int:
     backend_list(args)  # validate before starting anything
     with backend_urls(args) as (upstreams, mock):
         upstream = ", ".join(upstreams)
+        if args.workers == 0:
+            from sessiongate.server.inprocess import run_in_process
+
+            args.backend = upstreams
+            return run_in_process(args, frontend, upstream)
         worker_args = [
             *[arg for url in upstreams for arg in ("--backend", url)],
             "--health-interval",

@@ -1,0 +1,76 @@
+"""`serve --workers 0`: one process serves HTTP and runs the session core itself.
+
+No router hop and no IPC: a request costs one process's event loop instead of two, which is
+what takes the gateway's added latency to the SGLang router's level (docs/performance.md).
+The price is the data plane's isolation: all sessions share one core, `/health` shares the
+loop with session work (large parses still run in threads with the GIL released), and an
+exit takes every session with it. For a sidecar next to one engine, or any deployment where
+latency matters more than spreading session work over cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router import METRICS_HEADERS
+from sessiongate.dataplane.worker_main import build_core
+from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
+from sessiongate.server.asgi import FrontendSettings, GatewayApp
+from sessiongate.session.core import SessionCore
+from sessiongate.session.protocol import CoreReply, CoreRequest
+
+
+class InProcessGateway:
+    """The front end's dispatch: the session core, plus `/metrics` and request timing."""
+
+    def __init__(self, core: SessionCore) -> None:
+        self.core = core
+        self.metrics = RouterMetrics()
+
+    async def dispatch(self, request: CoreRequest) -> CoreReply:
+        started = time.perf_counter()
+        if request.op == "metrics":
+            reply = CoreReply(200, list(METRICS_HEADERS), self.metrics.render([self.gauge()]))
+        else:
+            reply = await self.core.handle(request)
+        self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
+        return reply
+
+    def gauge(self) -> WorkerGauge:
+        """The core as the one always-up worker 0 of the metrics."""
+        sessions = self.core.sessions.values()
+        return WorkerGauge(
+            index=0,
+            up=True,
+            sessions=len(sessions),
+            inflight=sum(session.inflight for session in sessions),
+            bytes_relayed=0,
+            affinity_hits=self.core.upstream.affinity_hits,
+            repins=self.core.upstream.repins,
+        )
+
+
+def run_in_process(args: argparse.Namespace, frontend: FrontendSettings, upstream: str) -> int:
+    """Serve until signalled; `args.backend` holds the upstream URLs already."""
+    core = build_core(args)
+    gateway = InProcessGateway(core)
+    server = QuietServer(
+        uvicorn_config(GatewayApp(gateway.dispatch, frontend), args.host, args.port, args.log_level)
+    )
+
+    def ready(port: int) -> None:
+        print(
+            f"sessiongate serving on http://{args.host}:{port} (in-process, upstream {upstream})",
+            flush=True,
+        )
+
+    async def main() -> int:
+        try:
+            return await serve_until_exit(server, on_started=ready, default_port=args.port)
+        finally:
+            await core.aclose()
+
+    return asyncio.run(main())
