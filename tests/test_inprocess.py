@@ -104,3 +104,14 @@ def test_in_process_excludes_ray() -> None:
     )
     assert result.returncode != 0
     assert "--workers 0 (in-process) and --ray exclude each other" in result.stderr
+
+
+def test_a_dead_mock_engine_stops_the_gateway() -> None:
+    port = free_port()
+    with ServerProcess(["serve", "--port", str(port), "--workers", "0"], port) as gateway:
+        assert gateway.proc is not None
+        pid = gateway.proc.pid
+        engine = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        os.kill(engine, signal.SIGKILL)
+        assert gateway.proc.wait(timeout=15) == 1
+        assert "exited with code -9" in gateway.output()

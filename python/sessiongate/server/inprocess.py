@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
 
 from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router import METRICS_HEADERS
@@ -21,6 +24,8 @@ from sessiongate.process.http_server import QuietServer, serve_until_exit, uvico
 from sessiongate.server.asgi import FrontendSettings, GatewayApp
 from sessiongate.session.core import SessionCore
 from sessiongate.session.protocol import CoreReply, CoreRequest
+
+WATCH_INTERVAL_S = 0.2
 
 
 class InProcessGateway:
@@ -53,8 +58,14 @@ class InProcessGateway:
         )
 
 
-def run_in_process(args: argparse.Namespace, frontend: FrontendSettings, upstream: str) -> int:
-    """Serve until signalled; `args.backend` holds the upstream URLs already."""
+def run_in_process(
+    args: argparse.Namespace,
+    frontend: FrontendSettings,
+    upstream: str,
+    watched: Sequence[subprocess.Popen[bytes]] = (),
+) -> int:
+    """Serve until signalled, or until a `watched` child (the embedded mock engine) exits,
+    as the supervisor does for the workers layout; `args.backend` holds the upstream URLs."""
     core = build_core(args)
     gateway = InProcessGateway(core)
     server = QuietServer(
@@ -67,10 +78,28 @@ def run_in_process(args: argparse.Namespace, frontend: FrontendSettings, upstrea
             flush=True,
         )
 
+    lost: list[subprocess.Popen[bytes]] = []
+
+    async def watch() -> None:
+        while not lost:
+            lost.extend(child for child in watched if child.poll() is not None)
+            await asyncio.sleep(WATCH_INTERVAL_S)
+        child = lost[0]
+        print(
+            f"sessiongate: child {child.args!r} exited with code {child.returncode}",
+            file=sys.stderr,
+            flush=True,
+        )
+        server.request_exit()
+
     async def main() -> int:
+        watcher = asyncio.create_task(watch()) if watched else None
         try:
-            return await serve_until_exit(server, on_started=ready, default_port=args.port)
+            code = await serve_until_exit(server, on_started=ready, default_port=args.port)
         finally:
+            if watcher is not None:
+                watcher.cancel()
             await core.aclose()
+        return 1 if lost else code
 
     return asyncio.run(main())

@@ -386,11 +386,12 @@ def run_local(args: argparse.Namespace) -> int:
     backend_list(args)  # validate before starting anything
     with backend_urls(args) as (upstreams, mock):
         upstream = ", ".join(upstreams)
+        watched = [mock.proc] if mock is not None and mock.proc is not None else []
         if args.workers == 0:
             from sessiongate.server.inprocess import run_in_process
 
             args.backend = upstreams
-            return run_in_process(args, frontend, upstream)
+            return run_in_process(args, frontend, upstream, watched)
         worker_args = [
             *[arg for url in upstreams for arg in ("--backend", url)],
             "--health-interval",
@@ -413,7 +414,6 @@ def run_local(args: argparse.Namespace) -> int:
             str(args.r3_topk),
         ]
         router_args = router_arguments(args, frontend)
-        watched = [mock.proc] if mock is not None and mock.proc is not None else []
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)
         supervisor = Supervisor(
