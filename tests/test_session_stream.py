@@ -3,6 +3,8 @@ rebuilding the non-stream reply from the final chunk."""
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 
 import pytest
@@ -116,3 +118,61 @@ def test_an_event_without_end_is_refused_past_the_limit() -> None:
     assert list(splitter.feed(b"data: " + b"x" * 900)) == []
     with pytest.raises(UpstreamError, match="over 1000 bytes"):
         list(splitter.feed(b"x" * 200))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    content=st.text(max_size=60),
+    cuts=st.lists(st.integers(0, 60), max_size=6),
+    lps=st.lists(st.tuples(st.floats(-30, 0), st.integers(0, 150_000)), min_size=1, max_size=8),
+    r3=st.one_of(st.none(), st.binary(max_size=64)),
+    tool=st.booleans(),
+    ascii_only=st.booleans(),
+)
+def test_rebuilt_reply_reads_like_the_non_stream_reply(
+    content: str,
+    cuts: list[int],
+    lps: list[tuple[float, int]],
+    r3: bytes | None,
+    tool: bool,
+    ascii_only: bool,
+) -> None:
+    message: dict[str, object] = {"role": "assistant", "content": content}
+    if tool:
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        message["tool_calls"] = [call]
+    meta: dict[str, object] = {
+        "completion_tokens": len(lps),
+        "output_token_logprobs": [[lp, token, None] for lp, token in lps],
+        "finish_reason": {"type": "stop", "matched": lps[-1][1]},
+    }
+    if r3 is not None:
+        meta["routed_experts"] = base64.b64encode(r3).decode()
+    choice = {"index": 0, "message": message, "finish_reason": "stop", "meta_info": meta}
+    whole = {"id": "x", "object": "chat.completion", "model": "m", "choices": [choice]}
+
+    # The stream: content in pieces (a tool call whole, as the mock sends it), then the final
+    # chunk with an empty delta and the complete meta_info.
+    assembler = MessageAssembler()
+    assembler.add({"role": "assistant", "content": ""})
+    bounds = [0, *sorted(min(c, len(content)) for c in cuts), len(content)]
+    for start, end in itertools.pairwise(bounds):
+        assembler.add({"content": content[start:end]})
+    if tool:
+        assembler.add({"tool_calls": [{"index": 0, **message["tool_calls"][0]}]})  # type: ignore[index]
+    final_choice = {k: v for k, v in choice.items() if k != "message"} | {"delta": {}}
+    final = {**whole, "object": "chat.completion.chunk", "choices": [final_choice]}
+    final_bytes = json.dumps(final, ensure_ascii=ascii_only, separators=(",", ":")).encode()
+
+    rebuilt = parse_reply(reply_from_final_chunk(final_bytes, message_bytes(assembler.message())))
+    expected = parse_reply(json.dumps(whole).encode())
+    assert rebuilt.completion_ids == expected.completion_ids
+    assert rebuilt.logprobs == expected.logprobs
+    assert rebuilt.finish_reason == expected.finish_reason
+    assert rebuilt.assistant_message == expected.assistant_message
+    assert (rebuilt.routed_experts is None) == (r3 is None)
+    if r3 is not None:
+        assert base64.b64decode(bytes(rebuilt.routed_experts)) == r3  # type: ignore[arg-type]
+    client_final = json.loads(final_event_for_client(rebuilt.client_body))
+    assert client_final["choices"][0]["delta"] == {}
+    assert "routed_experts" not in client_final["choices"][0]["meta_info"]
