@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,3 +117,41 @@ def test_a_dead_mock_engine_stops_the_gateway() -> None:
         os.kill(engine, signal.SIGKILL)
         assert gateway.proc.wait(timeout=15) == 1
         assert "exited with code -9" in gateway.output()
+
+
+def test_health_answers_while_the_one_loop_receives_large_replies() -> None:
+    port = free_port()
+    # ~16 MiB of R3 (~21 MiB of base64) per reply, received and parsed by the same process
+    # that answers /health: parses and fresh buffers run in threads, so the loop stays free.
+    mock = "--r3-layers 512 --r3-topk 8 --completion-tokens 32"
+    args = ["serve", "--port", str(port), "--workers", "0", "--r3", "--mock-args", mock]
+    with ServerProcess(args, port) as gateway:
+        prompt = [{"role": "user", "content": " ".join(["word"] * 1000)}]
+
+        async def scenario() -> list[float]:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:
+                sids = [(await client.post("/sessions")).json()["session_id"] for _ in range(6)]
+
+                async def turn(sid: str) -> None:
+                    url = f"/sessions/{sid}/v1/chat/completions"
+                    messages = list(prompt)
+                    for step in range(4):
+                        reply = await client.post(url, json={"messages": messages})
+                        assert reply.status_code == 200, reply.text
+                        messages += [
+                            reply.json()["choices"][0]["message"],
+                            {"role": "user", "content": f"next {step}"},
+                        ]
+
+                load = asyncio.gather(*(turn(sid) for sid in sids))
+                latencies: list[float] = []
+                while not load.done():
+                    started = time.monotonic()
+                    assert (await client.get("/health")).status_code == 200
+                    latencies.append(time.monotonic() - started)
+                    await asyncio.sleep(0.05)
+                await load
+                return latencies
+
+        latencies = asyncio.run(scenario())
+        assert latencies and max(latencies) < 2.0, max(latencies)
