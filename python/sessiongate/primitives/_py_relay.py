@@ -81,6 +81,7 @@ class ExtractedReply:
     """What :func:`extract_reply` returns (read-only attributes, like the Rust class)."""
 
     __slots__ = (
+        "_r3_view",
         "client_body",
         "completion_ids",
         "completion_tokens",
@@ -98,6 +99,7 @@ class ExtractedReply:
     client_body: bytes
     routed_experts: bytes | None
     prompt_tokens: int | None
+    _r3_view: memoryview | None
 
     def __init__(
         self,
@@ -110,8 +112,10 @@ class ExtractedReply:
         client_body: bytes,
         routed_experts: bytes | None,
         prompt_tokens: int | None,
+        r3_view: memoryview | None = None,
     ) -> None:
         setter = object.__setattr__
+        setter(self, "_r3_view", r3_view)
         setter(self, "completion_ids", completion_ids)
         setter(self, "logprobs", logprobs)
         setter(self, "completion_tokens", completion_tokens)
@@ -125,6 +129,8 @@ class ExtractedReply:
     def routed_experts_view(self) -> memoryview | None:
         """``routed_experts`` as a read-only memoryview (the Rust core's is a zero-copy slice
         of the reply when the reply is ``bytes``)."""
+        if self._r3_view is not None:
+            return self._r3_view
         return None if self.routed_experts is None else memoryview(self.routed_experts)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -220,6 +226,7 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
     prompt_tokens = meta.get("prompt_tokens")
     if not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool):
         prompt_tokens = None
+    encoded = None if r3 is None else r3.encode("utf-8", "surrogatepass")
     return ExtractedReply(
         completion_ids=ids,
         logprobs=logprobs,
@@ -227,9 +234,19 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
         finish_reason=meta.get("finish_reason", choice.get("finish_reason")),
         message=assistant,
         client_body=_client_body(document),
-        routed_experts=None if r3 is None else r3.encode("utf-8", "surrogatepass"),
+        routed_experts=encoded,
         prompt_tokens=prompt_tokens,
+        r3_view=_slice_of(body, encoded),
     )
+
+
+def _slice_of(body: _BytesLike, text: bytes | None) -> memoryview | None:
+    """`text` as a zero-copy slice of an immutable `body` that spells it unescaped (as the
+    Rust core's view is), so a record keeping the view holds no second copy of R3."""
+    if not text or type(body) is not bytes:
+        return None
+    start = body.find(text)
+    return None if start < 0 else memoryview(body)[start : start + len(text)]
 
 
 # ---------------------------------------------------------------------------------------
