@@ -1,15 +1,11 @@
 """Pure-Python twin of ``rust/bytes_sink.rs``: a bytes object filled in place, then handed out.
 
-The twin fills an anonymous memory map and copies it into ``bytes`` at ``finish``: same
-results and errors as the Rust sink, one copy more (Python code cannot write into a
-``bytes``). A map rather than a ``bytearray``: closing it gives the pages back at once, where
-a freed heap block, one size too small for the next (growing) reply, would stay behind as a
-hole (measured: worker RSS 2.0x the records held with a ``bytearray``).
+The twin fills a ``bytearray`` and copies it into ``bytes`` at ``finish``: same results and
+errors as the Rust sink, one copy more (Python code cannot write into a ``bytes``).
 """
 
 from __future__ import annotations
 
-import mmap
 import operator
 
 _SPENT = "BytesSink.finish() was already called: the sink is spent"
@@ -26,8 +22,7 @@ class BytesSink:
         if size < 0:
             raise ValueError(f"BytesSink size must be >= 0, not {size}")
         self._size = size
-        # Anonymous maps are zero-filled; a map cannot be empty.
-        self._data: mmap.mmap | bytearray | None = mmap.mmap(-1, size) if size else bytearray()
+        self._data: bytearray | None = bytearray(size)
 
     def view(self) -> memoryview:
         """A writable memoryview of the whole sink (release it before ``finish``)."""
@@ -41,11 +36,7 @@ class BytesSink:
             raise BufferError(_SPENT)
         data = bytes(self._data)
         try:
-            # Both fail while any view is exported: a map's close, a bytearray's resize.
-            if isinstance(self._data, mmap.mmap):
-                self._data.close()
-            else:
-                self._data.clear()
+            self._data.clear()  # a resize: it fails while any view is exported
         except BufferError:
             raise BufferError(_OPEN_VIEWS) from None
         self._data = None
