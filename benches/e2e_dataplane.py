@@ -7,8 +7,8 @@
 Scenarios (figures go to docs/performance.md):
   r3       8 concurrent sessions x 20 turns with 16 MiB of R3 per turn: --workers 1 vs 2.
   get      small-chat p99 alone vs while 4 clients GET 512 MiB sessions; router peak RSS.
-  latency  1 KiB chat straight to the mock engine vs through sessiongate (stateless proxy
-           and session turn), at concurrency 1 and 64.
+  latency  1 KiB chat straight to the mock engine vs through sessiongate with 2 workers and
+           in-process (--workers 0), stateless and as a session turn, at concurrency 1 and 64.
   cpu      gateway CPU (router + workers) per small turn, per ~20 MiB-R3 turn (a fresh
            gateway's first session, then a second one on warm memory) and per records GET,
            Rust core vs SESSIONGATE_IMPL=python, rounds in both orders.
@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from procs import ServerProcess, free_port
+from sessiongate.http.client import HttpClient
 
 # 512 layers x 8 experts x 4 bytes = 16 KiB of R3 per token; ~1000-token turns carry 16 MiB.
 R3_MOCK = "--r3-layers 512 --r3-topk 8 --completion-tokens 24 --completion-tokens-jitter 0"
@@ -226,56 +227,78 @@ def scenario_get(quick: bool) -> dict[str, Any]:
     }
 
 
-async def hammer(
-    send: Callable[[httpx.AsyncClient, int], Awaitable[httpx.Response]],
-    url: str,
-    concurrency: int,
-    total: int,
-) -> list[float]:
+async def hammer(url: str, concurrency: int, total: int, session: bool) -> list[float]:
+    """`total` 1 KiB chats at `concurrency`, on the gateway's own lean client (httpx costs
+    ~1-2 ms of CPU per request, which would swamp what is measured); a session turn when
+    `session` (a new X-Session-ID each time: a first TITO turn, recorded)."""
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "x" * 900}], "max_tokens": 4}
+    ).encode()
     latencies: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        counter = iter(range(total))
+    client = HttpClient()
+    counter = iter(range(total))
 
-        async def loop() -> None:
-            for n in counter:
-                started = time.perf_counter()
-                reply = await send(client, n)
-                latencies.append(time.perf_counter() - started)
-                reply.raise_for_status()
+    async def loop() -> None:
+        for n in counter:
+            headers = {"content-type": "application/json"}
+            if session:
+                headers["X-Session-ID"] = f"lat-{os.getpid()}-{time.monotonic_ns()}-{n}"
+            started = time.perf_counter()
+            async with client.request(
+                "POST", url + "/v1/chat/completions", headers=headers, body=body
+            ) as reply:
+                await reply.read()
+            latencies.append(time.perf_counter() - started)
+            if reply.status != 200:
+                raise RuntimeError(f"{url}: status {reply.status}")
 
+    try:
         await asyncio.gather(*(loop() for _ in range(concurrency)))
+    finally:
+        await client.aclose()
     return latencies
 
 
 def scenario_latency(quick: bool) -> dict[str, Any]:
-    total = 200 if quick else 2000
-    body = {"messages": [{"role": "user", "content": "x" * 900}], "max_tokens": 4}
-    results: dict[str, Any] = {}
-    with gateway("--workers", "2") as gw:
-        engine = gw.output().split("mock-engine listening on ")[1].split()[0]
-
-        async def stateless(client: httpx.AsyncClient, n: int) -> httpx.Response:
-            return await client.post("/v1/chat/completions", json=body)
-
-        async def session_turn(client: httpx.AsyncClient, n: int) -> httpx.Response:
-            return await client.post(
-                "/v1/chat/completions", json=body, headers={"X-Session-ID": f"lat-{n}"}
-            )
-
-        for concurrency in (1, 64):
-            direct = asyncio.run(hammer(stateless, engine, concurrency, total))
-            proxied = asyncio.run(hammer(stateless, gw.url, concurrency, total))
-            turns = asyncio.run(hammer(session_turn, gw.url, concurrency, total))
-            results[f"c={concurrency}"] = {
-                "direct_p50_ms": round(pct(direct, 0.5) * 1000, 2),
-                "proxy_p50_ms": round(pct(proxied, 0.5) * 1000, 2),
-                "session_turn_p50_ms": round(pct(turns, 0.5) * 1000, 2),
-                "proxy_added_p50_ms": round((pct(proxied, 0.5) - pct(direct, 0.5)) * 1000, 2),
-                "direct_p99_ms": round(pct(direct, 0.99) * 1000, 2),
-                "proxy_p99_ms": round(pct(proxied, 0.99) * 1000, 2),
-            }
-    return results
+    """Added latency of a 1 KiB chat: direct to the mock engine vs through the gateway with
+    2 workers and in-process (`--workers 0`), stateless and as a session turn. All targets
+    take turns in each of 3 rounds (1 in --quick); medians of the per-round figures."""
+    total = 200 if quick else 1000
+    rounds = 1 if quick else 3
+    per_round: dict[str, list[dict[str, float]]] = {}
+    engine_port = free_port()
+    mock = ["mock-engine", "--port", str(engine_port)]
+    with ExitStack() as stack:
+        engine = stack.enter_context(ServerProcess(mock, engine_port))
+        gateways = {
+            layout: stack.enter_context(gateway("--workers", workers, "--backend", engine.url)).url
+            for layout, workers in (("workers2", "2"), ("inproc", "0"))
+        }
+        targets = {"direct": (engine.url, False)}
+        for layout, url in gateways.items():
+            targets[f"{layout}_stateless"] = (url, False)
+            targets[f"{layout}_session"] = (url, True)
+        for url, session in targets.values():  # warm-up: connections, first-use imports
+            asyncio.run(hammer(url, 1, 50, session))
+        for _ in range(rounds):
+            for concurrency in (1, 64):
+                figures: dict[str, float] = {}
+                for name, (url, session) in targets.items():
+                    latencies = asyncio.run(hammer(url, concurrency, total, session))
+                    figures[f"{name}_p50_ms"] = pct(latencies, 0.5) * 1000
+                    figures[f"{name}_p99_ms"] = pct(latencies, 0.99) * 1000
+                for name in targets:
+                    if name != "direct":
+                        figures[f"{name}_added_p50_ms"] = (
+                            figures[f"{name}_p50_ms"] - figures["direct_p50_ms"]
+                        )
+                per_round.setdefault(f"c={concurrency}", []).append(figures)
+    return {
+        level: {
+            key: round(statistics.median(figures[key] for figures in runs), 3) for key in runs[0]
+        }
+        for level, runs in per_round.items()
+    }
 
 
 def cpu_seconds(pid: int) -> float:
