@@ -3,9 +3,11 @@ rebuilding the non-stream reply from the final chunk."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import itertools
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from sessiongate.session.errors import UpstreamError
 from sessiongate.session.reply import parse_reply
 from sessiongate.session.stream import (
+    ClosingStream,
     MessageAssembler,
     SseEvents,
     final_event_for_client,
@@ -176,3 +179,30 @@ def test_rebuilt_reply_reads_like_the_non_stream_reply(
     client_final = json.loads(final_event_for_client(rebuilt.client_body))
     assert client_final["choices"][0]["delta"] == {}
     assert "routed_experts" not in client_final["choices"][0]["meta_info"]
+
+
+def test_closing_stream_cleans_up_once_even_if_never_iterated() -> None:
+    calls: list[str] = []
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            yield b"a"
+            yield b"b"
+        finally:
+            calls.append("generator finally")
+
+    async def cleanup() -> None:
+        calls.append("cleanup")
+
+    async def main() -> None:
+        never = ClosingStream(chunks(), cleanup)
+        await never.aclose()
+        await never.aclose()
+        assert calls == ["cleanup"]  # the generator never started: only the cleanup runs
+        calls.clear()
+        whole = ClosingStream(chunks(), cleanup)
+        assert [chunk async for chunk in whole] == [b"a", b"b"]
+        await whole.aclose()
+        assert calls == ["generator finally", "cleanup"]
+
+    asyncio.run(main())

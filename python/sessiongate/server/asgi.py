@@ -55,11 +55,14 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers]
     if reply.stream is None:
         headers.append((b"content-length", str(len(reply.body)).encode()))
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     if reply.stream is None:
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": b"" if head_only else reply.body})
         return
     try:
+        # Inside the try: a stream must be closed even when the client is gone before the
+        # status line goes out (its cleanup ends an upstream exchange or a session turn).
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         async for chunk in reply.stream:
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

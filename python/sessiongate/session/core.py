@@ -43,6 +43,7 @@ from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.stream import (
     DONE,
     EMPTY_DELTA,
+    ClosingStream,
     MessageAssembler,
     SseEvents,
     error_event,
@@ -407,7 +408,10 @@ class SessionCore:
                 )
                 if upstream.status == 200 and upstream.is_event_stream():
                     handed_off = True
-                    return CoreReply(200, SSE_HEADERS, stream=self._relay_turn(turn, upstream))
+                    relay = ClosingStream(
+                        self._relay_turn(turn, upstream), lambda: self._end_relay(turn, upstream)
+                    )
+                    return CoreReply(200, SSE_HEADERS, stream=relay)
                 # An error status passes through; a 200 that is not a stream is a whole reply.
                 reply = UpstreamReply(upstream.status, upstream.headers, await upstream.read_all())
             else:
@@ -479,7 +483,6 @@ class SessionCore:
         and the client gets it without R3. A failure after the 200 went out can only be told
         in the stream: an `{"error": ...}` event, and the turn is not recorded.
         """
-        succeeded = False
         try:
             events = SseEvents()
             assembler = MessageAssembler()
@@ -511,12 +514,20 @@ class SessionCore:
             await self._commit(turn, reply_body, parsed)
             yield sse(final_event_for_client(parsed.client_body))
             yield sse(DONE)
-            succeeded = True
+            turn.succeeded = True
         except GatewayError as exc:
             yield error_event(str(exc))
         finally:
-            await upstream.aclose()
-            await self._end_turn(turn, succeeded)
+            await self._end_relay(turn, upstream)
+
+    async def _end_relay(self, turn: _Turn, upstream: UpstreamStream) -> None:
+        """Ends a relayed turn once, from the relay's own end or from its reply stream's
+        `aclose` when the relay never started."""
+        if turn.ended:
+            return
+        turn.ended = True
+        await upstream.aclose()
+        await self._end_turn(turn, turn.succeeded)
 
 
 @dataclass(slots=True)
@@ -533,6 +544,8 @@ class _Turn:
     base_ids: list[int]
     final_turn: bool
     request_bytes: bytes = b""
+    succeeded: bool = False  # a relayed turn: recorded and answered in full
+    ended: bool = False  # a relayed turn: _end_relay ran
 
 
 async def _session_document_parts(

@@ -15,7 +15,7 @@ small) turned back into a chunk.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,3 +184,34 @@ def sse(data: bytes) -> bytes:
 def error_event(message: str) -> bytes:
     """What a client gets when a stream fails after its 200 status line went out."""
     return sse(json.dumps({"error": message}).encode())
+
+
+class ClosingStream:
+    """An async iterator over `chunks` whose `aclose()` always runs `cleanup` (once), even
+    when nobody ever iterated: an async generator's `finally` does not run if it was never
+    started, and a reply stream can be dropped before its first chunk (the client or the
+    router went away while the status line was being sent)."""
+
+    def __init__(
+        self, chunks: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._chunks = chunks
+        self._cleanup = cleanup
+        self._closed = False
+
+    def __aiter__(self) -> ClosingStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            aclose = getattr(self._chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            await self._cleanup()
