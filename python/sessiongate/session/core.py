@@ -512,9 +512,9 @@ class SessionCore:
             reply_body = reply_from_final_chunk(final, message)
             parsed = await _off_loop(parse_reply, reply_body)
             await self._commit(turn, reply_body, parsed)
+            turn.succeeded = True  # recorded (or raced): a client gone now changes nothing
             yield sse(final_event_for_client(parsed.client_body))
             yield sse(DONE)
-            turn.succeeded = True
         except GatewayError as exc:
             yield error_event(str(exc))
         finally:
