@@ -530,3 +530,48 @@ def test_api_key_required_except_health() -> None:
         assert wrong.status_code == 401
         ok = httpx.post(gw.url + "/sessions", headers={"authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+class _WholeReplyEngine(BaseHTTPRequestHandler):
+    """Ignores `stream: true` and answers every chat with one whole JSON reply."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        meta = {
+            "completion_tokens": 2,
+            "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None]],
+        }
+        message = {"role": "assistant", "content": "ok"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop", "meta_info": meta}
+        body = json.dumps({"id": "w", "object": "chat.completion", "choices": [choice]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_stream_request_answered_whole_is_one_chunk_and_recorded() -> None:
+    engine = ThreadingHTTPServer(("127.0.0.1", 0), _WholeReplyEngine)
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    port = free_port()
+    try:
+        backend = f"http://127.0.0.1:{engine.server_address[1]}"
+        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
+            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+            response = httpx.post(
+                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+                json={"messages": start_messages(), "stream": True},
+            )
+            assert response.status_code == 200
+            assert response.headers["x-sessiongate-recorded"] == "true"
+            events = sse_events(response)
+            assert events[-1] == "[DONE]" and len(events) == 2
+            assert json.loads(events[0])["choices"][0]["delta"]["content"] == "ok"
+            records = httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]
+            assert len(records) == 1 and records[0]["request"]["stream"] is True
+    finally:
+        engine.shutdown()
