@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import quote
@@ -301,6 +302,20 @@ def test_streamed_and_whole_turns_mix_token_exact(client: httpx.Client) -> None:
     assert trajectory_problems(document) == []
 
 
+@contextmanager
+def gateway_over(engine: type[BaseHTTPRequestHandler]) -> Iterator[ServerProcess]:
+    """`serve` over a scripted in-test engine (a handler class on a loopback thread)."""
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), engine)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    try:
+        backend = f"http://127.0.0.1:{upstream.server_address[1]}"
+        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
+            yield gw
+    finally:
+        upstream.shutdown()
+
+
 class _CutStreamEngine(BaseHTTPRequestHandler):
     """Streams two content chunks, then ends without the final chunk."""
 
@@ -320,28 +335,20 @@ class _CutStreamEngine(BaseHTTPRequestHandler):
 
 
 def test_stream_without_final_chunk_ends_with_an_error_event_unrecorded() -> None:
-    broken = ThreadingHTTPServer(("127.0.0.1", 0), _CutStreamEngine)
-    thread = threading.Thread(target=broken.serve_forever, daemon=True)
-    thread.start()
-    port = free_port()
-    try:
-        backend = f"http://127.0.0.1:{broken.server_address[1]}"
-        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
-            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-            response = httpx.post(
-                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-                json={"messages": start_messages(), "stream": True},
-            )
-            assert response.status_code == 200
-            events = sse_events(response)
-            assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [
-                "Hel",
-                "lo",
-            ]
-            assert "without a final chunk" in json.loads(events[-1])["error"]
-            assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
-    finally:
-        broken.shutdown()
+    with gateway_over(_CutStreamEngine) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        response = httpx.post(
+            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": start_messages(), "stream": True},
+        )
+        assert response.status_code == 200
+        events = sse_events(response)
+        assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [
+            "Hel",
+            "lo",
+        ]
+        assert "without a final chunk" in json.loads(events[-1])["error"]
+        assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
 
 
 def test_client_gone_mid_stream_leaves_the_session_unrecorded_and_usable() -> None:
@@ -502,22 +509,14 @@ class _BrokenEngine(BaseHTTPRequestHandler):
 
 
 def test_contract_breaking_200_is_502() -> None:
-    broken = ThreadingHTTPServer(("127.0.0.1", 0), _BrokenEngine)
-    thread = threading.Thread(target=broken.serve_forever, daemon=True)
-    thread.start()
-    port = free_port()
-    try:
-        backend = f"http://127.0.0.1:{broken.server_address[1]}"
-        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
-            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-            response = httpx.post(
-                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-                json={"messages": start_messages()},
-            )
-            assert response.status_code == 502
-            assert "content is null" in response.json()["error"]
-    finally:
-        broken.shutdown()
+    with gateway_over(_BrokenEngine) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        response = httpx.post(
+            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": start_messages()},
+        )
+        assert response.status_code == 502
+        assert "content is null" in response.json()["error"]
 
 
 def test_api_key_required_except_health() -> None:
@@ -555,23 +554,16 @@ class _WholeReplyEngine(BaseHTTPRequestHandler):
 
 
 def test_stream_request_answered_whole_is_one_chunk_and_recorded() -> None:
-    engine = ThreadingHTTPServer(("127.0.0.1", 0), _WholeReplyEngine)
-    threading.Thread(target=engine.serve_forever, daemon=True).start()
-    port = free_port()
-    try:
-        backend = f"http://127.0.0.1:{engine.server_address[1]}"
-        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
-            session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-            response = httpx.post(
-                f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-                json={"messages": start_messages(), "stream": True},
-            )
-            assert response.status_code == 200
-            assert response.headers["x-sessiongate-recorded"] == "true"
-            events = sse_events(response)
-            assert events[-1] == "[DONE]" and len(events) == 2
-            assert json.loads(events[0])["choices"][0]["delta"]["content"] == "ok"
-            records = httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]
-            assert len(records) == 1 and records[0]["request"]["stream"] is True
-    finally:
-        engine.shutdown()
+    with gateway_over(_WholeReplyEngine) as gw:
+        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
+        response = httpx.post(
+            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+            json={"messages": start_messages(), "stream": True},
+        )
+        assert response.status_code == 200
+        assert response.headers["x-sessiongate-recorded"] == "true"
+        events = sse_events(response)
+        assert events[-1] == "[DONE]" and len(events) == 2
+        assert json.loads(events[0])["choices"][0]["delta"]["content"] == "ok"
+        records = httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]
+        assert len(records) == 1 and records[0]["request"]["stream"] is True
