@@ -78,9 +78,16 @@ def gateway(*args: str) -> Iterator[ServerProcess]:
 
 
 async def session_turns(
-    client: httpx.AsyncClient, turns: int, prompt: str, latencies: list[float]
-) -> None:
-    sid = (await client.post("/sessions")).json()["session_id"]
+    client: httpx.AsyncClient,
+    turns: int,
+    prompt: str,
+    latencies: list[float],
+    *,
+    delete: bool = True,
+) -> str:
+    """One session of `turns` tool-loop turns; its id (deleted at the end unless not
+    `delete`, for a records GET afterwards)."""
+    sid: str = (await client.post("/sessions")).json()["session_id"]
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     for turn in range(turns):
         started = time.perf_counter()
@@ -91,8 +98,10 @@ async def session_turns(
         reply.raise_for_status()
         messages.append(reply.json()["choices"][0]["message"])
         messages.append({"role": "tool", "content": f"observation {turn}"})
-    # Free the records (GiBs with R3): gateways outlive one load in the transport scenario.
-    await client.delete(f"/sessions/{sid}")
+    if delete:
+        # Free the records (GiBs with R3): gateways outlive one load in some scenarios.
+        await client.delete(f"/sessions/{sid}")
+    return sid
 
 
 def r3_load(url: str, quick: bool) -> dict[str, Any]:
@@ -429,18 +438,8 @@ def _cpu_round(impl: str, quick: bool) -> dict[str, Any]:
 
         async def big(latencies: list[float]) -> tuple[str, float]:
             async with httpx.AsyncClient(base_url=gw.url, timeout=600) as client:
-                sid = (await client.post("/sessions")).json()["session_id"]
-                messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
                 started = time.perf_counter()
-                for turn in range(r3_turns):
-                    t0 = time.perf_counter()
-                    reply = await client.post(
-                        f"/sessions/{sid}/v1/chat/completions", json={"messages": messages}
-                    )
-                    latencies.append(time.perf_counter() - t0)
-                    reply.raise_for_status()
-                    messages.append(reply.json()["choices"][0]["message"])
-                    messages.append({"role": "tool", "content": f"ok {turn}"})
+                sid = await session_turns(client, r3_turns, prompt, latencies, delete=False)
                 return sid, time.perf_counter() - started
 
         worker = httpx.get(gw.url + "/health").json()["workers"][0]["pid"]
