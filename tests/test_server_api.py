@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import httpx
@@ -246,6 +246,16 @@ def test_body_over_limit_is_413(client: httpx.Client) -> None:
     assert "limit of 200000 bytes" in response.json()["error"]
 
 
+def first_turn(gw: ServerProcess, **extra: Any) -> tuple[str, httpx.Response]:
+    """A new session and its first chat turn (`extra` joins the body) through `gw`."""
+    session_id: str = httpx.post(gw.url + "/sessions").json()["session_id"]
+    response = httpx.post(
+        f"{gw.url}/sessions/{session_id}/v1/chat/completions",
+        json={"messages": start_messages(), **extra},
+    )
+    return session_id, response
+
+
 def sse_events(response: httpx.Response) -> list[str]:
     return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
 
@@ -302,6 +312,28 @@ def test_streamed_and_whole_turns_mix_token_exact(client: httpx.Client) -> None:
     assert trajectory_problems(document) == []
 
 
+class _QuietEngine(BaseHTTPRequestHandler):
+    """A scripted upstream for one test; no request log on stderr."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _JsonEngine(_QuietEngine):
+    """Answers every POST with 200 and `reply` as JSON."""
+
+    reply: ClassVar[dict[str, Any]] = {}
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        body = json.dumps(self.reply).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 @contextmanager
 def gateway_over(engine: type[BaseHTTPRequestHandler]) -> Iterator[ServerProcess]:
     """`serve` over a scripted in-test engine (a handler class on a loopback thread)."""
@@ -316,7 +348,7 @@ def gateway_over(engine: type[BaseHTTPRequestHandler]) -> Iterator[ServerProcess
         upstream.shutdown()
 
 
-class _CutStreamEngine(BaseHTTPRequestHandler):
+class _CutStreamEngine(_QuietEngine):
     """Streams two content chunks, then ends without the final chunk."""
 
     def do_POST(self) -> None:
@@ -330,17 +362,10 @@ class _CutStreamEngine(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
 
 def test_stream_without_final_chunk_ends_with_an_error_event_unrecorded() -> None:
     with gateway_over(_CutStreamEngine) as gw:
-        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-        response = httpx.post(
-            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-            json={"messages": start_messages(), "stream": True},
-        )
+        session_id, response = first_turn(gw, stream=True)
         assert response.status_code == 200
         events = sse_events(response)
         assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [
@@ -467,11 +492,7 @@ def test_upstream_down_is_502() -> None:
     port = free_port()
     dead = f"http://127.0.0.1:{free_port()}"
     with ServerProcess(["serve", "--port", str(port), "--backend", dead], port) as gw:
-        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-        response = httpx.post(
-            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-            json={"messages": start_messages()},
-        )
+        session_id, response = first_turn(gw)
         assert response.status_code == 502
         assert "upstream transport error" in response.json()["error"]
         assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
@@ -482,39 +503,21 @@ def test_upstream_non_200_passes_through_unrecorded() -> None:
     with ServerProcess(
         ["serve", "--port", str(port), "--mock-args", "--fail-rate 1 --fail-status 429"], port
     ) as gw:
-        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-        response = httpx.post(
-            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-            json={"messages": start_messages()},
-        )
+        session_id, response = first_turn(gw)
         assert response.status_code == 429
         assert response.json() == {"error": "injected failure"}
         assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
 
 
-class _BrokenEngine(BaseHTTPRequestHandler):
+class _BrokenEngine(_JsonEngine):
     """Answers 200 with a reply whose content is null: a contract violation."""
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        body = json.dumps({"choices": [{"message": {"content": None}}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    reply: ClassVar[dict[str, Any]] = {"choices": [{"message": {"content": None}}]}
 
 
 def test_contract_breaking_200_is_502() -> None:
     with gateway_over(_BrokenEngine) as gw:
-        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-        response = httpx.post(
-            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-            json={"messages": start_messages()},
-        )
+        _, response = first_turn(gw)
         assert response.status_code == 502
         assert "content is null" in response.json()["error"]
 
@@ -531,35 +534,29 @@ def test_api_key_required_except_health() -> None:
         assert ok.status_code == 200
 
 
-class _WholeReplyEngine(BaseHTTPRequestHandler):
+class _WholeReplyEngine(_JsonEngine):
     """Ignores `stream: true` and answers every chat with one whole JSON reply."""
 
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        meta = {
-            "completion_tokens": 2,
-            "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None]],
-        }
-        message = {"role": "assistant", "content": "ok"}
-        choice = {"index": 0, "message": message, "finish_reason": "stop", "meta_info": meta}
-        body = json.dumps({"id": "w", "object": "chat.completion", "choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+    reply: ClassVar[dict[str, Any]] = {
+        "id": "w",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok"},
+                "finish_reason": "stop",
+                "meta_info": {
+                    "completion_tokens": 2,
+                    "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None]],
+                },
+            }
+        ],
+    }
 
 
 def test_stream_request_answered_whole_is_one_chunk_and_recorded() -> None:
     with gateway_over(_WholeReplyEngine) as gw:
-        session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
-        response = httpx.post(
-            f"{gw.url}/sessions/{session_id}/v1/chat/completions",
-            json={"messages": start_messages(), "stream": True},
-        )
+        session_id, response = first_turn(gw, stream=True)
         assert response.status_code == 200
         assert response.headers["x-sessiongate-recorded"] == "true"
         events = sse_events(response)
