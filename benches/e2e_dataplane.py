@@ -58,16 +58,22 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def router_pid(gateway: ServerProcess) -> int:
-    """The router is the supervisor's child that is not a worker or the mock engine."""
-    assert gateway.proc is not None
-    workers = {w["pid"] for w in httpx.get(gateway.url + "/health").json()["workers"]}
-    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
-    for pid in map(int, children.split()):
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if pid not in workers and b"_router" in cmdline:
-            return pid
-    raise RuntimeError("router process not found")
+def process_roles(gw: ServerProcess) -> dict[str, list[int]]:
+    """PIDs of the gateway's router, its workers and its embedded mock engine: the
+    supervisor's children; the router is the one running `_router`."""
+    assert gw.proc is not None
+    workers = [w["pid"] for w in httpx.get(gw.url + "/health").json()["workers"]]
+    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
+    others = [pid for pid in map(int, children) if pid not in workers]
+    router = [pid for pid in others if b"_router" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    if not router:
+        raise RuntimeError("router process not found")
+    engine = [pid for pid in others if pid not in router]
+    return {"router": router, "workers": workers, "mock_engine": engine}
+
+
+def router_pid(gw: ServerProcess) -> int:
+    return process_roles(gw)["router"][0]
 
 
 @contextmanager
@@ -317,18 +323,8 @@ def cpu_seconds(pid: int) -> float:
 
 def gateway_cpu(gw: ServerProcess) -> float:
     """CPU seconds used so far by the router and the workers (not the mock engine)."""
-    workers = [w["pid"] for w in httpx.get(gw.url + "/health").json()["workers"]]
-    return sum(cpu_seconds(pid) for pid in [router_pid(gw), *workers])
-
-
-def process_roles(gw: ServerProcess) -> dict[str, list[int]]:
-    """PIDs of the gateway's router, its workers and its embedded mock engine."""
-    assert gw.proc is not None
-    workers = [w["pid"] for w in httpx.get(gw.url + "/health").json()["workers"]]
-    router = router_pid(gw)
-    children = Path(f"/proc/{gw.proc.pid}/task/{gw.proc.pid}/children").read_text().split()
-    engine = [pid for pid in map(int, children) if pid not in workers and pid != router]
-    return {"router": [router], "workers": workers, "mock_engine": engine}
+    roles = process_roles(gw)
+    return sum(cpu_seconds(pid) for pid in [*roles["router"], *roles["workers"]])
 
 
 def scenario_impl(quick: bool) -> dict[str, Any]:
