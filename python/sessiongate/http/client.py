@@ -67,7 +67,6 @@ class _Connection(asyncio.BufferedProtocol):
         self._sink: memoryview | None = None  # a read_into target still being filled
         self._sink_filled = 0
         self._eof = False
-        self._lost: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None  # set while writing is paused
 
@@ -98,8 +97,8 @@ class _Connection(asyncio.BufferedProtocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        # Why it was lost does not matter to a reader: a cut body is reported by its length.
         self._eof = True
-        self._lost = exc
         self._wake()
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
@@ -184,9 +183,6 @@ class _Connection(asyncio.BufferedProtocol):
             await self._writable
             if self._eof:
                 raise ConnectionResetError("connection closed while sending")
-
-    def at_eof(self) -> bool:
-        return self._eof and not self._buffered
 
     def usable(self) -> bool:
         # Bytes nobody asked for mean the peer broke the exchange: never reuse such a line.
