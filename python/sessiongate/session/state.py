@@ -33,6 +33,29 @@ class TurnRecord:
     finish_reason: str = ""
     # choices[0].meta_info.routed_experts (base64) as a view into `response`, or None.
     routed_experts: memoryview | None = None
+    # First R3 row the turn asked for (`routed_experts_start_len`, addition R3): the
+    # turn's routed_experts hold rows [r3_start_row, prompt_len + completion - 1).
+    r3_start_row: int = 0
+    # choices[0].meta_info.indexer_topk (base64 int32) as a view into `response`, or None.
+    indexer_topk: memoryview | None = None
+    # The engine's weight version that sampled the turn (meta_info or response metadata).
+    weight_version: str | None = None
+    # Prompt tokens the engine served from its prefix cache (meta_info.cached_tokens).
+    cached_tokens: int | None = None
+
+    @property
+    def aborted(self) -> bool:
+        """The engine aborted the turn (finish reason "abort"): recorded, but marked."""
+        return self.finish_reason == "abort"
+
+    @property
+    def status(self) -> str:
+        """The turn's sample status, as the rollout framework names them."""
+        if self.finish_reason == "abort":
+            return "aborted"
+        if self.finish_reason == "length":
+            return "truncated"
+        return "completed"
 
     @property
     def size(self) -> int:
