@@ -2,8 +2,9 @@
 //!
 //! - `extract_reply(body)`: validate an upstream reply against the chat contract (DESIGN.md
 //!   "Upstream chat contract"), return the completion ids, logprobs, finish reason, assistant
-//!   message and the raw `routed_experts` text, and the client body: the original bytes with
-//!   every `routed_experts` / `indexer_topk` member of every `choices[i].meta_info` cut out.
+//!   message, the raw `routed_experts` / `indexer_topk` texts, the weight version and cached
+//!   tokens, and the client body: the original bytes with every `routed_experts` /
+//!   `indexer_topk` member of every `choices[i].meta_info` cut out.
 //!   One pass over the bytes with the GIL released; nothing but the small members is turned
 //!   into Python objects.
 //! - `rewrite_request(body, fields)`: the client request with top-level members set, by
@@ -239,6 +240,9 @@ const K_COMPLETION: &[u8] = b"completion_tokens";
 const K_PROMPT: &[u8] = b"prompt_tokens";
 const K_R3: &[u8] = b"routed_experts";
 const K_TOPK: &[u8] = b"indexer_topk";
+const K_CACHED: &[u8] = b"cached_tokens";
+const K_WEIGHT: &[u8] = b"weight_version";
+const K_METADATA: &[u8] = b"metadata";
 
 /// An int-valued member: a JSON integer that fits i64, or anything else.
 #[derive(Debug, Clone, Copy)]
@@ -247,6 +251,14 @@ enum IntField {
     Other,
 }
 
+/// A str-valued member: a JSON string, or anything else.
+#[derive(Debug, Clone, Copy)]
+enum StrField {
+    Str(Str),
+    Other,
+}
+
+/// A base64 member (`routed_experts`, `indexer_topk`): null, a string, or a contract error.
 #[derive(Debug, Clone, Copy)]
 enum R3Field {
     Null,
@@ -272,6 +284,9 @@ struct Meta {
     prompt_tokens: Option<IntField>,
     finish_reason: Option<(usize, usize)>,
     routed_experts: Option<R3Field>,
+    indexer_topk: Option<R3Field>,
+    cached_tokens: Option<IntField>,
+    weight_version: Option<StrField>,
 }
 
 /// A message object's span, and whether its `content` is absent (None) or null (Some(true)).
@@ -301,6 +316,9 @@ struct ReplyScan {
     top: Option<Kind>,
     /// The last top-level `choices` member.
     choices: Option<Choices>,
+    /// `weight_version` of the last top-level `metadata` member (None: that member is
+    /// absent, not an object, or has no `weight_version`).
+    metadata_weight_version: Option<StrField>,
     /// Ranges of the record-only members to cut, sorted and disjoint.
     cuts: Vec<(usize, usize)>,
     /// Some value the fast path cannot represent (an integer beyond i64): use the twin.
@@ -368,6 +386,8 @@ impl<'a> ReplyScanner<'a> {
                 if self.sc.key_is(&key, K_CHOICES) {
                     let choices = self.choices()?;
                     self.out.choices = Some(choices);
+                } else if self.sc.key_is(&key, K_METADATA) {
+                    self.out.metadata_weight_version = self.metadata()?;
                 } else {
                     self.sc.value()?;
                 }
@@ -377,6 +397,29 @@ impl<'a> ReplyScanner<'a> {
             }
         }
         self.sc.finish()
+    }
+
+    /// The top-level `metadata` member: its (last) `weight_version`, if it is an object.
+    fn metadata(&mut self) -> Scan<Option<StrField>> {
+        let mut weight_version = None;
+        if self.sc.kind()? != Kind::Object {
+            self.sc.value()?;
+            return Ok(weight_version);
+        }
+        if self.sc.object_start()? {
+            return Ok(weight_version);
+        }
+        loop {
+            let key = self.sc.key()?;
+            if self.sc.key_is(&key, K_WEIGHT) {
+                weight_version = Some(self.str_field()?);
+            } else {
+                self.sc.value()?;
+            }
+            if !self.sc.object_next()? {
+                return Ok(weight_version);
+            }
+        }
     }
 
     fn choices(&mut self) -> Scan<Choices> {
@@ -473,29 +516,26 @@ impl<'a> ReplyScanner<'a> {
             let mut remove = false;
             if self.sc.key_is(&key, K_R3) {
                 remove = true;
-                let field = match self.sc.kind()? {
-                    Kind::String => R3Field::Str(self.sc.string()?),
-                    Kind::Null => {
-                        self.sc.value()?;
-                        R3Field::Null
-                    }
-                    other => {
-                        self.sc.value()?;
-                        R3Field::Other(other)
-                    }
-                };
+                let field = self.b64_field()?;
                 if collect {
                     meta.routed_experts = Some(field);
                 }
             } else if self.sc.key_is(&key, K_TOPK) {
                 remove = true;
-                self.sc.value()?;
+                let field = self.b64_field()?;
+                if collect {
+                    meta.indexer_topk = Some(field);
+                }
             } else if collect && self.sc.key_is(&key, K_LOGPROBS) {
                 meta.entries = Some(self.entries()?);
             } else if collect && self.sc.key_is(&key, K_COMPLETION) {
                 meta.completion_tokens = Some(self.int_field()?);
             } else if collect && self.sc.key_is(&key, K_PROMPT) {
                 meta.prompt_tokens = Some(self.int_field()?);
+            } else if collect && self.sc.key_is(&key, K_CACHED) {
+                meta.cached_tokens = Some(self.int_field()?);
+            } else if collect && self.sc.key_is(&key, K_WEIGHT) {
+                meta.weight_version = Some(self.str_field()?);
             } else if collect && self.sc.key_is(&key, K_FINISH) {
                 let start = self.sc.pos;
                 self.sc.value()?;
@@ -517,6 +557,29 @@ impl<'a> ReplyScanner<'a> {
             member_cuts(&members, &mut self.out.cuts);
         }
         Ok(meta)
+    }
+
+    /// A base64 member: its text when it is a string (read without copying).
+    fn b64_field(&mut self) -> Scan<R3Field> {
+        Ok(match self.sc.kind()? {
+            Kind::String => R3Field::Str(self.sc.string()?),
+            Kind::Null => {
+                self.sc.value()?;
+                R3Field::Null
+            }
+            other => {
+                self.sc.value()?;
+                R3Field::Other(other)
+            }
+        })
+    }
+
+    fn str_field(&mut self) -> Scan<StrField> {
+        if self.sc.kind()? == Kind::String {
+            return Ok(StrField::Str(self.sc.string()?));
+        }
+        self.sc.value()?;
+        Ok(StrField::Other)
     }
 
     fn int_field(&mut self) -> Scan<IntField> {
@@ -641,7 +704,10 @@ struct Good {
     finish_reason: Option<(usize, usize)>,
     message: (usize, usize),
     routed_experts: Option<Str>,
+    indexer_topk: Option<Str>,
     prompt_tokens: Option<i64>,
+    cached_tokens: Option<i64>,
+    weight_version: Option<Str>,
     cuts: Vec<(usize, usize)>,
 }
 
@@ -692,18 +758,28 @@ fn judge(scan: ReplyScan) -> Verdict {
     if let Some((index, start, end)) = entries.first_bad {
         return Verdict::BadEntry(index, (start, end));
     }
-    let routed_experts = match meta.routed_experts {
-        None | Some(R3Field::Null) => None,
-        Some(R3Field::Str(text)) => Some(text),
-        Some(R3Field::Other(kind)) => {
-            return Broken(format!(
-                "choices[0].meta_info.routed_experts is not a base64 string (got {})",
-                kind.name()
-            ))
-        }
+    let b64 = |field: Option<R3Field>, name: &str| match field {
+        None | Some(R3Field::Null) => Ok(None),
+        Some(R3Field::Str(text)) => Ok(Some(text)),
+        Some(R3Field::Other(kind)) => Err(Broken(format!(
+            "choices[0].meta_info.{name} is not a base64 string (got {})",
+            kind.name()
+        ))),
     };
-    let prompt_tokens = match meta.prompt_tokens {
+    let routed_experts = match b64(meta.routed_experts, "routed_experts") {
+        Ok(text) => text,
+        Err(verdict) => return verdict,
+    };
+    let indexer_topk = match b64(meta.indexer_topk, "indexer_topk") {
+        Ok(text) => text,
+        Err(verdict) => return verdict,
+    };
+    let int = |field: Option<IntField>| match field {
         Some(IntField::Int(v)) => Some(v),
+        _ => None,
+    };
+    let weight_version = match (meta.weight_version, scan.metadata_weight_version) {
+        (Some(StrField::Str(text)), _) | (_, Some(StrField::Str(text))) => Some(text),
         _ => None,
     };
     Verdict::Good(Box::new(Good {
@@ -713,7 +789,10 @@ fn judge(scan: ReplyScan) -> Verdict {
         finish_reason: meta.finish_reason.or(choice.finish_reason),
         message,
         routed_experts,
-        prompt_tokens,
+        indexer_topk,
+        prompt_tokens: int(meta.prompt_tokens),
+        cached_tokens: int(meta.cached_tokens),
+        weight_version,
         cuts: scan.cuts,
     }))
 }
@@ -743,7 +822,8 @@ pub struct ExtractedReply {
     /// `meta_info.finish_reason` if present, else `choices[0].finish_reason` (or None).
     #[pyo3(get)]
     finish_reason: Py<PyAny>,
-    /// `{"role": "assistant", "content": ..., "tool_calls"?: ...}` from `choices[0].message`.
+    /// `{"role": "assistant", "content": ..., "reasoning_content"?: ..., "tool_calls"?: ...}`
+    /// from `choices[0].message`.
     #[pyo3(get)]
     message: Py<PyAny>,
     /// The reply for the client: the original bytes without the record-only members.
@@ -752,16 +832,24 @@ pub struct ExtractedReply {
     /// `choices[0].meta_info.prompt_tokens` when it is an int, else None.
     #[pyo3(get)]
     prompt_tokens: Py<PyAny>,
-    r3: R3,
+    /// `choices[0].meta_info.cached_tokens` when it is an int, else None.
+    #[pyo3(get)]
+    cached_tokens: Py<PyAny>,
+    /// `choices[0].meta_info.weight_version` if a string, else the top-level
+    /// `metadata.weight_version` if a string, else None.
+    #[pyo3(get)]
+    weight_version: Py<PyAny>,
+    r3: B64Text,
+    topk: B64Text,
 }
 
-/// Where `routed_experts` comes from.
-enum R3 {
+/// Where a base64 member (`routed_experts`, `indexer_topk`) comes from.
+enum B64Text {
     Absent,
     /// A bytes object already (escaped text, an input that is not `bytes`, the twin's result).
     Bytes(Py<PyAny>),
     /// A span of the (immutable) reply bytes: viewed without a copy, copied on first access
-    /// of `routed_experts`.
+    /// of the bytes attribute.
     Span {
         body: Py<PyBytes>,
         start: usize,
@@ -770,16 +858,56 @@ enum R3 {
     },
 }
 
-#[pymethods]
-impl ExtractedReply {
-    /// The base64 text of `choices[0].meta_info.routed_experts` as bytes (None if absent
-    /// or null). Copied from the reply on first access; `routed_experts_view` avoids that.
-    #[getter]
-    fn routed_experts(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match &self.r3 {
-            R3::Absent => Ok(py.None()),
-            R3::Bytes(bytes) => Ok(bytes.clone_ref(py)),
-            R3::Span {
+impl B64Text {
+    /// The text of `text` in `data` (the bytes of `body`): a span of `body` when it is
+    /// `bytes` and the text has no escapes, else a new bytes object; one still to be filled
+    /// is pushed to `fills` with its source.
+    fn new<'a>(
+        body: &Bound<'_, PyAny>,
+        data: &'a [u8],
+        text: Option<Str>,
+        fills: &mut Vec<(&'a [u8], Filler)>,
+    ) -> PyResult<Self> {
+        let py = body.py();
+        let Some(text) = text else {
+            return Ok(Self::Absent);
+        };
+        if text.escaped {
+            let raw = unescape(&data[text.start..text.end]);
+            return Ok(Self::Bytes(PyBytes::new(py, &raw).into_any().unbind()));
+        }
+        match body.downcast_exact::<PyBytes>() {
+            // Immutable: keep a reference and copy only if asked.
+            Ok(bytes) => Ok(Self::Span {
+                body: bytes.clone().unbind(),
+                start: text.start,
+                end: text.end,
+                copy: GILOnceCell::new(),
+            }),
+            Err(_) => {
+                let raw = &data[text.start..text.end];
+                let (bytes, fill) = new_bytes(py, raw.len())?;
+                fills.push((raw, fill));
+                Ok(Self::Bytes(bytes.into_any().unbind()))
+            }
+        }
+    }
+
+    /// From the twin's bytes (or None).
+    fn from_twin(value: Bound<'_, PyAny>) -> Self {
+        if value.is_none() {
+            Self::Absent
+        } else {
+            Self::Bytes(value.unbind())
+        }
+    }
+
+    /// The text as bytes (None if absent), copied from a span on first access.
+    fn bytes(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match self {
+            Self::Absent => Ok(py.None()),
+            Self::Bytes(bytes) => Ok(bytes.clone_ref(py)),
+            Self::Span {
                 body,
                 start,
                 end,
@@ -796,14 +924,12 @@ impl ExtractedReply {
         }
     }
 
-    /// The same text as a read-only memoryview, without a copy when the reply was `bytes`
-    /// (a slice of it, which keeps the reply alive); None if absent or null.
-    #[getter]
-    fn routed_experts_view(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match &self.r3 {
-            R3::Absent => Ok(py.None()),
-            R3::Bytes(bytes) => Ok(PyMemoryView::from(bytes.bind(py))?.into_any().unbind()),
-            R3::Span {
+    /// The text as a read-only memoryview (None if absent): a slice of a span's reply.
+    fn view(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match self {
+            Self::Absent => Ok(py.None()),
+            Self::Bytes(bytes) => Ok(PyMemoryView::from(bytes.bind(py))?.into_any().unbind()),
+            Self::Span {
                 body, start, end, ..
             } => {
                 let view = PyMemoryView::from(body.bind(py).as_any())?;
@@ -813,19 +939,53 @@ impl ExtractedReply {
         }
     }
 
+    fn repr(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(match self {
+            Self::Absent => "None".to_owned(),
+            Self::Bytes(bytes) => format!("<{} bytes>", bytes.bind(py).len()?),
+            Self::Span { start, end, .. } => format!("<{} bytes>", end - start),
+        })
+    }
+}
+
+#[pymethods]
+impl ExtractedReply {
+    /// The base64 text of `choices[0].meta_info.routed_experts` as bytes (None if absent
+    /// or null). Copied from the reply on first access; `routed_experts_view` avoids that.
+    #[getter]
+    fn routed_experts(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.r3.bytes(py)
+    }
+
+    /// The same text as a read-only memoryview, without a copy when the reply was `bytes`
+    /// (a slice of it, which keeps the reply alive); None if absent or null.
+    #[getter]
+    fn routed_experts_view(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.r3.view(py)
+    }
+
+    /// The base64 text of `choices[0].meta_info.indexer_topk` as bytes (None if absent or
+    /// null). Copied from the reply on first access; `indexer_topk_view` avoids that.
+    #[getter]
+    fn indexer_topk(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.topk.bytes(py)
+    }
+
+    /// The same text as a read-only memoryview, without a copy when the reply was `bytes`
+    /// (a slice of it, which keeps the reply alive); None if absent or null.
+    #[getter]
+    fn indexer_topk_view(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.topk.view(py)
+    }
+
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        let r3 = match &self.r3 {
-            R3::Absent => "None".to_owned(),
-            R3::Bytes(bytes) => format!("<{} bytes>", bytes.bind(py).len()?),
-            R3::Span { start, end, .. } => format!("<{} bytes>", end - start),
-        };
         Ok(format!(
             "ExtractedReply(completion_tokens={}, finish_reason={}, prompt_tokens={}, \
              routed_experts={})",
             self.completion_tokens.bind(py).repr()?,
             self.finish_reason.bind(py).repr()?,
             self.prompt_tokens.bind(py).repr()?,
-            r3,
+            self.r3.repr(py)?,
         ))
     }
 }
@@ -842,12 +1002,24 @@ impl ExtractedReply {
             message: get("message")?,
             client_body: get("client_body")?,
             prompt_tokens: get("prompt_tokens")?,
-            r3: match reply.getattr("routed_experts")? {
-                r3 if r3.is_none() => R3::Absent,
-                r3 => R3::Bytes(r3.unbind()),
-            },
+            cached_tokens: get("cached_tokens")?,
+            weight_version: get("weight_version")?,
+            r3: B64Text::from_twin(reply.getattr("routed_experts")?),
+            topk: B64Text::from_twin(reply.getattr("indexer_topk")?),
         })
     }
+}
+
+/// A JSON string of a document the scanner accepted, as the `str` `json.loads` makes of it.
+fn py_str<'py>(py: Python<'py>, data: &[u8], text: Str) -> PyResult<Bound<'py, PyAny>> {
+    if !text.escaped {
+        if let Ok(plain) = std::str::from_utf8(&data[text.start..text.end]) {
+            return Ok(PyString::new(py, plain).into_any());
+        }
+    }
+    // With its quotes (`start` is one past the opening quote, `end` at the closing one):
+    // escapes, lone surrogates included, as json.loads reads them.
+    json_loads(py, &data[text.start - 1..text.end + 1])
 }
 
 /// Validate an upstream chat reply and extract what the session core needs (docs/relay.md).
@@ -881,6 +1053,11 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
     if let Some(content) = message.get_item(intern!(py, "content"))? {
         assistant.set_item(intern!(py, "content"), content)?;
     }
+    if let Some(reasoning) = message.get_item(intern!(py, "reasoning_content"))? {
+        if reasoning.is_instance_of::<PyString>() {
+            assistant.set_item(intern!(py, "reasoning_content"), reasoning)?;
+        }
+    }
     if let Some(calls) = message.get_item(intern!(py, "tool_calls"))? {
         if calls.is_truthy()? {
             assistant.set_item(intern!(py, "tool_calls"), calls)?;
@@ -890,38 +1067,21 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
         Some((start, end)) => json_loads(py, &data[start..end])?,
         None => py.None().into_bound(py),
     };
+    let weight_version = match good.weight_version {
+        Some(text) => py_str(py, data, text)?,
+        None => py.None().into_bound(py),
+    };
 
     let (client_body, mut client_fill) = new_bytes(py, spliced_len(data.len(), &good.cuts))?;
-    let mut r3_raw: Option<(&[u8], Filler)> = None;
-    let r3 = match good.routed_experts {
-        None => R3::Absent,
-        Some(text) if text.escaped => R3::Bytes(
-            PyBytes::new(py, &unescape(&data[text.start..text.end]))
-                .into_any()
-                .unbind(),
-        ),
-        Some(text) => match body.downcast_exact::<PyBytes>() {
-            // Immutable: keep a reference and copy only if asked.
-            Ok(bytes) => R3::Span {
-                body: bytes.clone().unbind(),
-                start: text.start,
-                end: text.end,
-                copy: GILOnceCell::new(),
-            },
-            Err(_) => {
-                let raw = &data[text.start..text.end];
-                let (bytes, fill) = new_bytes(py, raw.len())?;
-                r3_raw = Some((raw, fill));
-                R3::Bytes(bytes.into_any().unbind())
-            }
-        },
-    };
+    let mut fills: Vec<(&[u8], Filler)> = Vec::new();
+    let r3 = B64Text::new(body, data, good.routed_experts, &mut fills)?;
+    let topk = B64Text::new(body, data, good.indexer_topk, &mut fills)?;
     let cuts = &good.cuts;
     let copied = data.len() - good.cuts.iter().map(|(a, b)| b - a).sum::<usize>()
-        + r3_raw.as_ref().map_or(0, |(raw, _)| raw.len());
+        + fills.iter().map(|(raw, _)| raw.len()).sum::<usize>();
     maybe_unlocked(py, copied, || {
         for_each_kept(data, cuts, |piece| client_fill.put(piece));
-        if let Some((raw, fill)) = r3_raw.as_mut() {
+        for (raw, fill) in fills.iter_mut() {
             fill.put(raw);
         }
     });
@@ -939,7 +1099,10 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
         message: assistant.into_any().unbind(),
         client_body: client_body.into_any().unbind(),
         prompt_tokens: good.prompt_tokens.into_pyobject(py)?.into_any().unbind(),
+        cached_tokens: good.cached_tokens.into_pyobject(py)?.into_any().unbind(),
+        weight_version: weight_version.unbind(),
         r3,
+        topk,
     })
 }
 
@@ -1316,7 +1479,7 @@ mod tests {
                 base.to_owned(),
             ),
             (
-                format!(r#"{base}, "routed_experts" : "QUJD" , "indexer_topk":[1]"#),
+                format!(r#"{base}, "routed_experts" : "QUJD" , "indexer_topk":"QQ==""#),
                 base.to_owned(),
             ),
         ] {
@@ -1324,6 +1487,54 @@ mod tests {
                 client(&format!("{head}{meta}{tail}")),
                 format!("{head}{want}{tail}")
             );
+        }
+    }
+
+    fn good(body: &str) -> Box<Good> {
+        match scan_reply(body.as_bytes()) {
+            Verdict::Good(good) => good,
+            _ => panic!("not a good reply: {body}"),
+        }
+    }
+
+    fn text(body: &str, span: Option<Str>) -> Option<&str> {
+        span.map(|s| &body[s.start..s.end])
+    }
+
+    #[test]
+    fn meta_extras() {
+        let reply = |meta: &str, top: &str| {
+            format!(
+                r#"{{{top}"choices":[{{"message":{{"content":"x"}},"meta_info":{{"output_token_logprobs":[[-0.5,7,"a"]],"completion_tokens":1{meta}}}}}]}}"#
+            )
+        };
+        let body = reply(
+            r#","weight_version":"w1","cached_tokens":3,"indexer_topk":"QUJD""#,
+            r#""metadata":{"weight_version":"top"},"#,
+        );
+        let g = good(&body);
+        assert_eq!(text(&body, g.weight_version), Some("w1"));
+        assert_eq!(text(&body, g.indexer_topk), Some("QUJD"));
+        assert_eq!(g.cached_tokens, Some(3));
+        // Not a string in meta_info: the top-level metadata's; last members win.
+        let body = reply(
+            r#","weight_version":null,"cached_tokens":true"#,
+            r#""metadata":{"weight_version":"a","weight_version":"top"},"#,
+        );
+        let g = good(&body);
+        assert_eq!(text(&body, g.weight_version), Some("top"));
+        assert_eq!(g.cached_tokens, None);
+        let body = reply(
+            r#","weight_version":"w","weight_version":7"#,
+            r#""metadata":{"weight_version":"top"},"metadata":[],"#,
+        );
+        assert!(good(&body).weight_version.is_none());
+        match scan_reply(reply(r#","indexer_topk":[1]"#, "").as_bytes()) {
+            Verdict::Broken(detail) => assert_eq!(
+                detail,
+                "choices[0].meta_info.indexer_topk is not a base64 string (got array)"
+            ),
+            _ => panic!("indexer_topk [1] must break the contract"),
         }
     }
 }

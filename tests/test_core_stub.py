@@ -87,6 +87,21 @@ def test_class_members_match(cls_name: str) -> None:
     assert _params(init) == _runtime_params(cls)
 
 
+def test_extracted_reply_members_match() -> None:
+    """ExtractedReply (no constructor): the stub's properties are those of the Rust class and
+    of the twin, and all of them are properties."""
+    from sessiongate.primitives import python
+
+    members = _defined(_stub_class("ExtractedReply").body)
+    names = _public(members)
+    assert names == _public(dir(core.ExtractedReply)) == _public(dir(python.ExtractedReply))
+    for name in names:
+        member = members[name]
+        assert isinstance(member, ast.FunctionDef), name
+        assert any(isinstance(d, ast.Name) and d.id == "property" for d in member.decorator_list)
+        assert not callable(inspect.getattr_static(core.ExtractedReply, name)), name
+
+
 def test_python_twins_share_the_signatures() -> None:
     from sessiongate.primitives import python
 

@@ -39,6 +39,9 @@ FIELDS = (
     "message",
     "routed_experts",
     "prompt_tokens",
+    "indexer_topk",
+    "cached_tokens",
+    "weight_version",
 )
 R3_KEYS = ("routed_experts", "indexer_topk")
 PREFIX = "upstream reply breaks the chat contract: "
@@ -63,10 +66,11 @@ def assert_same_reply(body: Any) -> Any:
     assert json.loads(r.client_body) == json.loads(p.client_body)
     assert repr(r) == repr(p)
     for reply_ in (r, p):
-        view = reply_.routed_experts_view
-        assert (view is None) == (reply_.routed_experts is None)
-        if view is not None:
-            assert view.readonly and view.format == "B" and view.tobytes() == p.routed_experts
+        for name in ("routed_experts", "indexer_topk"):
+            view, text = getattr(reply_, name + "_view"), getattr(p, name)
+            assert (view is None) == (text is None)
+            if view is not None:
+                assert view.readonly and view.format == "B" and view.tobytes() == text
     return r
 
 
@@ -119,7 +123,8 @@ def entries(draw: st.DrawFn) -> list[Any]:
             | st.sampled_from([True, False, -0.0, float("-inf")])
         )
         token = draw(st.integers(0, 2**63 - 1) | st.integers(0, 200_000))
-        tail = draw(st.sampled_from([[], [None], [None, "x"], ["tok"]]))
+        # SGLang writes [logprob, token_id, text]; text may be null.
+        tail = draw(st.sampled_from([[], [None], [None, "x"], ["tok"], ["", 1]]))
         out.append([lp, token, *tail])
     return out
 
@@ -139,7 +144,11 @@ def metas(draw: st.DrawFn) -> Obj:
     if draw(st.booleans()):
         pairs.append(("routed_experts", draw(b64 | st.none())))
     if draw(st.booleans()):
-        pairs.append(("indexer_topk", draw(b64 | values)))
+        pairs.append(("indexer_topk", draw(b64 | st.none())))
+    if draw(st.booleans()):
+        pairs.append(("cached_tokens", draw(st.integers(0, 10**6) | st.none() | st.booleans())))
+    if draw(st.booleans()):
+        pairs.append(("weight_version", draw(texts | st.none() | values)))
     if draw(st.booleans()):
         # A nested object with the same names: not a member of meta_info, so it stays.
         inner = Obj([("routed_experts", "keep"), ("meta_info", Obj([("indexer_topk", 1)]))])
@@ -148,7 +157,17 @@ def metas(draw: st.DrawFn) -> Obj:
     draw(st.randoms(use_true_random=False)).shuffle(pairs)
     if draw(st.integers(0, 4)) == 0:
         # Duplicates: a decoy first (the last one wins), or R3 twice.
-        name = draw(st.sampled_from(["completion_tokens", "routed_experts", "indexer_topk"]))
+        name = draw(
+            st.sampled_from(
+                [
+                    "completion_tokens",
+                    "routed_experts",
+                    "indexer_topk",
+                    "cached_tokens",
+                    "weight_version",
+                ]
+            )
+        )
         pairs.insert(0, (name, draw(values)))
     return Obj(pairs)
 
@@ -156,6 +175,8 @@ def metas(draw: st.DrawFn) -> Obj:
 @st.composite
 def choices(draw: st.DrawFn, index: int) -> Obj:
     message: list[tuple[str, Any]] = [("role", "assistant"), ("content", draw(texts))]
+    if draw(st.booleans()):
+        message.append(("reasoning_content", draw(texts | st.none() | values)))
     if draw(st.booleans()):
         message.append(("tool_calls", draw(st.sampled_from([[], None]) | st.lists(values))))
     pairs: list[tuple[str, Any]] = [
@@ -180,6 +201,10 @@ def reply_models(draw: st.DrawFn) -> Obj:
         ("choices", [draw(choices(i)) for i in range(n)]),
         ("usage", Obj([("prompt_tokens", 3), ("completion_tokens", 2)])),
     ]
+    if draw(st.booleans()):
+        # SGLang also reports the weight version at the top level.
+        version = draw(texts | st.none() | values)
+        pairs.append(("metadata", draw(st.just(Obj([("weight_version", version)])) | values)))
     pairs += draw(st.lists(st.tuples(texts, values), max_size=3))
     draw(st.randoms(use_true_random=False)).shuffle(pairs)
     if draw(st.integers(0, 5)) == 0:
@@ -218,6 +243,30 @@ def test_generated_replies_agree(case: tuple[bytes, Obj]) -> None:
     assert r.completion_ids == [e[1] for e in meta["output_token_logprobs"]]
     r3 = meta.get("routed_experts")
     assert r.routed_experts == (None if r3 is None else r3.encode())
+    topk = meta.get("indexer_topk")
+    assert r.indexer_topk == (None if topk is None else topk.encode())
+    assert r.cached_tokens == oracle_int(meta.get("cached_tokens"))
+    assert r.weight_version == oracle_weight_version(expected)
+    reasoning = expected["choices"][0]["message"].get("reasoning_content")
+    if isinstance(reasoning, str):
+        assert r.message["reasoning_content"] == reasoning
+        assert list(r.message)[:3] == ["role", "content", "reasoning_content"]
+    else:
+        assert "reasoning_content" not in r.message
+
+
+def oracle_int(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def oracle_weight_version(doc: dict[str, Any]) -> str | None:
+    """meta_info's weight_version if a string, else the top-level metadata's, else None."""
+    version = doc["choices"][0]["meta_info"].get("weight_version")
+    if isinstance(version, str):
+        return version
+    metadata = doc.get("metadata")
+    version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def mutate(body: bytes, rnd: random.Random) -> bytes:
@@ -283,6 +332,7 @@ BREAKS = [
     "ct_off",
     "entry_bad",
     "r3_array",
+    "topk_object",
 ]
 BAD_ENTRIES: list[Any] = [
     "x",
@@ -346,6 +396,7 @@ def _break_reply(model: Obj, how: str, rnd: random.Random) -> Any:
         "ct_float": (meta, "completion_tokens", 1.0),
         "ct_string": (meta, "completion_tokens", "3"),
         "r3_array": (meta, "routed_experts", [1, 2]),
+        "topk_object": (meta, "indexer_topk", Obj([("a", 1)])),
     }
     if how == "choice_not_object":
         choices_[0] = "choice"
@@ -370,7 +421,7 @@ def test_broken_replies_same_error(model: Obj, how: str, rnd: random.Random) -> 
     body = Writer(rnd, pretty=rnd.random() < 0.5).document(broken)
     err = assert_same_error(body)
     assert err[1] is ReplyContractError and err[2].startswith(PREFIX)
-    if how != "r3_array":
+    if how not in ("r3_array", "topk_object"):
         with pytest.raises(UpstreamError) as info:
             parse_reply(body)
         assert err[2] == str(info.value), "the twin must keep reply.py's 502 messages"
@@ -466,6 +517,16 @@ CONTRACT_CASES = {
     reply(',"routed_experts":7'): (
         "choices[0].meta_info.routed_experts is not a base64 string (got number)"
     ),
+    reply(',"indexer_topk":[1,2]'): (
+        "choices[0].meta_info.indexer_topk is not a base64 string (got array)"
+    ),
+    reply(',"indexer_topk":false'): (
+        "choices[0].meta_info.indexer_topk is not a base64 string (got boolean)"
+    ),
+    # routed_experts is checked first.
+    reply(',"indexer_topk":1,"routed_experts":{}'): (
+        "choices[0].meta_info.routed_experts is not a base64 string (got object)"
+    ),
 }
 
 
@@ -476,7 +537,7 @@ def test_contract_errors(body: bytes) -> None:
     assert err[2] == PREFIX + CONTRACT_CASES[body]
     assert issubclass(ReplyContractError, ValueError)
     assert RUST.ReplyContractError is errors.ReplyContractError is PY.ReplyContractError
-    if b"routed_experts" not in body:
+    if b"routed_experts" not in body and b"indexer_topk" not in body:
         with pytest.raises(UpstreamError) as info:
             parse_reply(body)
         assert str(info.value) == err[2]
@@ -517,15 +578,151 @@ def test_logprob_forms() -> None:
         assert lp != lp
 
 
+def test_logprob_entry_text() -> None:
+    """SGLang's entries are [logprob, token_id, text]: a string or a null text is fine."""
+    items = '[-0.5,7,"Hello"],[-1,8,null],[-0.25,9,"\\u00e9\\n"],[0,10,""]'
+    r = assert_same_reply(reply(f'"output_token_logprobs":[{items}],"completion_tokens":4'))
+    assert r.completion_ids == [7, 8, 9, 10] and r.logprobs == [-0.5, -1.0, -0.25, 0.0]
+
+
+def with_top(body: bytes, member: str, *, first: bool = True) -> bytes:
+    """`body` with a top-level member added before (or after) all the others."""
+    if first:
+        return body.replace(b'{"id":"r",', b"{" + member.encode() + b',"id":"r",', 1)
+    return body[:-1] + b"," + member.encode() + b"}"
+
+
+@pytest.mark.parametrize(
+    ("extra", "want"),
+    [
+        ("", None),
+        (',"reasoning_content":null', None),
+        (',"reasoning_content":"think"', "think"),
+        (',"reasoning_content":""', ""),
+        (',"reasoning_content":"caf\\u00e9 \\ud800"', "café \ud800"),
+        (',"reasoning_content":7', None),
+        (',"reasoning_content":["a"]', None),
+        (',"reasoning_content":{"a":1}', None),
+        (',"reasoning_content":"a","reasoning_content":null', None),
+        (',"reasoning_content":null,"reasoning_content":"b"', "b"),
+    ],
+)
+def test_reasoning_content(extra: str, want: str | None) -> None:
+    message = assert_same_reply(reply(content='"x"' + extra)).message
+    if want is None:
+        assert message == {"role": "assistant", "content": "x"}
+    else:
+        assert message == {"role": "assistant", "content": "x", "reasoning_content": want}
+        assert type(message["reasoning_content"]) is str
+
+
+def test_reasoning_content_key_order() -> None:
+    # tool_calls before reasoning_content in the reply: role, content, reasoning, tool_calls.
+    body = reply(content='"x","tool_calls":[{"id":"c"}],"reasoning_content":"r"')
+    for impl in (RUST, PY):
+        message = impl.extract_reply(body).message
+        assert list(message) == ["role", "content", "reasoning_content", "tool_calls"]
+        assert message["reasoning_content"] == "r" and message["tool_calls"] == [{"id": "c"}]
+
+
+@pytest.mark.parametrize(
+    ("meta", "top", "want"),
+    [
+        ("", "", None),
+        (',"weight_version":"w1"', "", "w1"),
+        (',"weight_version":"w1"', '"metadata":{"weight_version":"top"}', "w1"),
+        ("", '"metadata":{"weight_version":"top"}', "top"),
+        (',"weight_version":null', '"metadata":{"weight_version":"top"}', "top"),
+        (',"weight_version":3', '"metadata":{"a":1,"weight_version":"top","b":[]}', "top"),
+        (',"weight_version":{"v":"x"}', "", None),
+        (',"weight_version":""', '"metadata":{"weight_version":"top"}', ""),
+        ("", '"metadata":{"weight_version":null}', None),
+        ("", '"metadata":{"weight_version":7}', None),
+        ("", '"metadata":{}', None),
+        ("", '"metadata":["weight_version"]', None),
+        ("", '"metadata":"top"', None),
+        ("", '"metadata":{"x":{"weight_version":"deep"}}', None),
+        ("", '"weight_version":"top-level, not in metadata"', None),
+        (',"weight_version":"\\u0077\\/\\ud800"', "", "w/\ud800"),
+        ("", '"metadata":{"weight_version":"caf\\u00e9"}', "café"),
+        # Duplicates: the last member wins, at every level.
+        (',"weight_version":"a","weight_version":null', "", None),
+        (',"weight_version":1,"weight_version":"b"', "", "b"),
+        ("", '"metadata":{"weight_version":"a"},"metadata":{}', None),
+        ("", '"metadata":{"weight_version":"a","weight_version":"b"}', "b"),
+    ],
+)
+def test_weight_version(meta: str, top: str, want: str | None) -> None:
+    body = reply(meta)
+    for first in (True, False):
+        r = assert_same_reply(with_top(body, top, first=first) if top else body)
+        assert r.weight_version == want
+        assert want is None or type(r.weight_version) is str
+
+
+def test_weight_version_only_from_choice_zero() -> None:
+    other = ',{"index":1,"message":{"content":"b"},"meta_info":{"weight_version":"other"}}'
+    assert assert_same_reply(reply(extra_choices=other)).weight_version is None
+    # metadata inside a choice is not the top-level one.
+    body = reply().replace(b'"index":0,', b'"index":0,"metadata":{"weight_version":"c"},')
+    assert assert_same_reply(body).weight_version is None
+
+
+@pytest.mark.parametrize(
+    ("meta", "want"),
+    [
+        ("", None),
+        (',"cached_tokens":0', 0),
+        (',"cached_tokens":17', 17),
+        (',"cached_tokens":-1', -1),
+        (',"cached_tokens":9223372036854775807', 2**63 - 1),
+        (',"cached_tokens":null', None),
+        (',"cached_tokens":true', None),
+        (',"cached_tokens":false', None),
+        (',"cached_tokens":1.0', None),
+        (',"cached_tokens":1e2', None),
+        (',"cached_tokens":"3"', None),
+        (',"cached_tokens":[3]', None),
+        (',"cached_tokens":3,"cached_tokens":null', None),
+        (',"cached_tokens":"3","cached_tokens":4', 4),
+    ],
+)
+def test_cached_tokens(meta: str, want: int | None) -> None:
+    r = assert_same_reply(reply(meta))
+    assert r.cached_tokens == want
+    assert want is None or type(r.cached_tokens) is int
+
+
+@pytest.mark.parametrize(
+    ("meta", "want"),
+    [
+        ("", None),
+        (',"indexer_topk":null', None),
+        (',"indexer_topk":"QUJD"', b"QUJD"),
+        (',"indexer_topk":""', b""),
+        (',"indexer_topk":"QU\\/D\\u0041"', b"QU/DA"),
+        ('"indexer_topk":"QUJD","routed_experts":"AAAA",BASE', b"QUJD"),
+        (',"indexer_topk":[1],"indexer_topk":"QUJD"', b"QUJD"),
+        (',"indexer_topk":"QUJD","indexer_topk":null', None),
+    ],
+)
+def test_indexer_topk(meta: str, want: bytes | None) -> None:
+    body = reply(meta)
+    r = assert_same_reply(body)
+    assert r.indexer_topk == want and (want is None or type(r.indexer_topk) is bytes)
+    assert b"indexer_topk" not in r.client_body
+    assert json.loads(r.client_body) == stripped(json.loads(body))
+
+
 @pytest.mark.parametrize(
     ("meta", "client_meta"),
     [
         ('"routed_experts":"QUJD",BASE', "BASE"),
         ('BASE,"routed_experts":"QUJD"', "BASE"),
         ('"routed_experts":"QUJD","indexer_topk":"QQ==",BASE', "BASE"),
-        ('BASE,"routed_experts":"QUJD","indexer_topk":[1,2]', "BASE"),
-        ('"indexer_topk":[1],"routed_experts":"QUJD",BASE', "BASE"),
-        ('"a":1,"routed_experts":"QUJD","b":2,"indexer_topk":3,BASE', '"a":1,"b":2,BASE'),
+        ('BASE,"routed_experts":"QUJD","indexer_topk":"AAAA"', "BASE"),
+        ('"indexer_topk":null,"routed_experts":"QUJD",BASE', "BASE"),
+        ('"a":1,"routed_experts":"QUJD","b":2,"indexer_topk":"QQ==",BASE', '"a":1,"b":2,BASE'),
         (
             ' "routed_experts" : "QUJD" ,\n "x":{"routed_experts":1} , BASE ',
             ' "x":{"routed_experts":1} , BASE ',
@@ -594,6 +791,7 @@ def test_inputs_the_twin_decides() -> None:
         reply('"output_token_logprobs":[[-0.5,99999999999999999999]],"completion_tokens":1'),
         reply('"output_token_logprobs":[[10000000000000000000000,1]],"completion_tokens":1'),
         reply(',"prompt_tokens":123456789012345678901234567890'),
+        reply(',"cached_tokens":-123456789012345678901234567890,"indexer_topk":"QUJD"'),
         reply(',"deep":' + "[" * 300 + "]" * 300),
     ]
     for body in cases:
@@ -606,7 +804,7 @@ def test_inputs_the_twin_decides() -> None:
 
 
 def test_bytes_like_inputs() -> None:
-    body = reply(',"routed_experts":"QUJD"')
+    body = reply(',"routed_experts":"QUJD","indexer_topk":"QQ=="')
     want = fields_of(PY.extract_reply(body))
     for data in (bytearray(body), memoryview(body), memoryview(bytearray(body))[0:]):
         for impl in (RUST, PY):
@@ -628,6 +826,25 @@ def test_routed_experts_view_is_zero_copy() -> None:
     r = RUST.extract_reply(data)
     data[data.index(b"QUJD")] = ord("X")
     assert r.routed_experts == b"QUJD" and r.routed_experts_view.tobytes() == b"QUJD"
+
+
+def test_indexer_topk_view_is_zero_copy() -> None:
+    body = reply(',"routed_experts":"QUJD","indexer_topk":"QQ=="')
+    r = RUST.extract_reply(body)
+    view = r.indexer_topk_view
+    assert view.obj is body and view.readonly and view.tobytes() == b"QQ=="
+    assert view.tobytes() != r.routed_experts_view.tobytes()
+    assert r.indexer_topk is r.indexer_topk  # copied once, on first access
+    p = PY.extract_reply(body)
+    assert p.indexer_topk_view.obj is body and p.indexer_topk_view.tobytes() == b"QQ=="
+    data = bytearray(body)
+    r = RUST.extract_reply(data)
+    data[data.index(b"QQ==")] = ord("X")
+    assert r.indexer_topk == b"QQ==" and r.indexer_topk_view.tobytes() == b"QQ=="
+    assert r.routed_experts == b"QUJD"
+    # Escaped text: a decoded copy (view of that copy).
+    r = RUST.extract_reply(reply(',"indexer_topk":"QQ\\u003d="'))
+    assert r.indexer_topk == b"QQ==" and r.indexer_topk_view.tobytes() == b"QQ=="
 
 
 def test_result_is_read_only() -> None:
@@ -676,6 +893,8 @@ def test_mock_engine_reply(engine_reply: tuple[bytes, Any]) -> None:
     r = assert_same_reply(body)
     assert r.completion_ids == completion.ids and r.logprobs == completion.logprobs
     assert r.prompt_tokens == completion.prompt_tokens
+    assert r.cached_tokens == 0 and r.weight_version == "default"
+    assert r.indexer_topk is None and r.indexer_topk_view is None
     doc = json.loads(body)
     assert json.loads(r.client_body) == stripped(doc)
     assert r.routed_experts == doc["choices"][0]["meta_info"]["routed_experts"].encode()

@@ -98,7 +98,8 @@ class ExtractedReply:
         """``meta_info.finish_reason`` if present, else ``choices[0].finish_reason`` (or None)."""
     @property
     def message(self) -> dict[str, Any]:
-        """``{"role": "assistant", "content": ..., "tool_calls"?: ...}`` (tool_calls if truthy)."""
+        """``{"role": "assistant", "content": ..., "reasoning_content"?: ..., "tool_calls"?: ...}``
+        (reasoning_content if a string, tool_calls if truthy)."""
     @property
     def client_body(self) -> bytes:
         """The reply without ``routed_experts`` / ``indexer_topk`` in any choice's meta_info."""
@@ -111,8 +112,23 @@ class ExtractedReply:
     def routed_experts_view(self) -> memoryview | None:
         """The same text as a read-only memoryview: a zero-copy slice of a ``bytes`` reply."""
     @property
+    def indexer_topk(self) -> bytes | None:
+        """The base64 text of ``choices[0].meta_info.indexer_topk``; None if absent or null.
+
+        Copied from the reply on first access (use ``indexer_topk_view`` to avoid it)."""
+    @property
+    def indexer_topk_view(self) -> memoryview | None:
+        """The same text as a read-only memoryview: a zero-copy slice of a ``bytes`` reply."""
+    @property
     def prompt_tokens(self) -> int | None:
         """``choices[0].meta_info.prompt_tokens`` when it is an int."""
+    @property
+    def cached_tokens(self) -> int | None:
+        """``choices[0].meta_info.cached_tokens`` when it is an int (not a bool)."""
+    @property
+    def weight_version(self) -> str | None:
+        """``choices[0].meta_info.weight_version`` if a string, else the top-level
+        ``metadata.weight_version`` if a string, else None."""
 
 def extract_reply(body: Buffer) -> ExtractedReply:
     """Validate an upstream reply (ReplyContractError with the 502 message) and extract it."""

@@ -82,14 +82,18 @@ class ExtractedReply:
 
     __slots__ = (
         "_r3_view",
+        "_topk_view",
+        "cached_tokens",
         "client_body",
         "completion_ids",
         "completion_tokens",
         "finish_reason",
+        "indexer_topk",
         "logprobs",
         "message",
         "prompt_tokens",
         "routed_experts",
+        "weight_version",
     )
     completion_ids: list[int]
     logprobs: list[float]
@@ -98,8 +102,12 @@ class ExtractedReply:
     message: dict[str, Any]
     client_body: bytes
     routed_experts: bytes | None
+    indexer_topk: bytes | None
     prompt_tokens: int | None
+    cached_tokens: int | None
+    weight_version: str | None
     _r3_view: memoryview | None
+    _topk_view: memoryview | None
 
     def __init__(
         self,
@@ -112,10 +120,15 @@ class ExtractedReply:
         client_body: bytes,
         routed_experts: bytes | None,
         prompt_tokens: int | None,
+        indexer_topk: bytes | None = None,
+        cached_tokens: int | None = None,
+        weight_version: str | None = None,
         r3_view: memoryview | None = None,
+        topk_view: memoryview | None = None,
     ) -> None:
         setter = object.__setattr__
         setter(self, "_r3_view", r3_view)
+        setter(self, "_topk_view", topk_view)
         setter(self, "completion_ids", completion_ids)
         setter(self, "logprobs", logprobs)
         setter(self, "completion_tokens", completion_tokens)
@@ -124,6 +137,9 @@ class ExtractedReply:
         setter(self, "client_body", client_body)
         setter(self, "routed_experts", routed_experts)
         setter(self, "prompt_tokens", prompt_tokens)
+        setter(self, "indexer_topk", indexer_topk)
+        setter(self, "cached_tokens", cached_tokens)
+        setter(self, "weight_version", weight_version)
 
     @property
     def routed_experts_view(self) -> memoryview | None:
@@ -132,6 +148,13 @@ class ExtractedReply:
         if self._r3_view is not None:
             return self._r3_view
         return None if self.routed_experts is None else memoryview(self.routed_experts)
+
+    @property
+    def indexer_topk_view(self) -> memoryview | None:
+        """``indexer_topk`` as a read-only memoryview (zero-copy like ``routed_experts_view``)."""
+        if self._topk_view is not None:
+            return self._topk_view
+        return None if self.indexer_topk is None else memoryview(self.indexer_topk)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"attribute '{name}' of 'ExtractedReply' objects is not writable")
@@ -167,8 +190,9 @@ def _client_body(document: dict[str, Any]) -> bytes:
 def extract_reply(body: _BytesLike) -> ExtractedReply:
     """Validate an upstream chat reply and extract what the session core needs.
 
-    Checks and messages are those of ``sessiongate.session.reply.parse_reply`` (plus one:
-    a ``routed_experts`` that is neither a string nor null), raised as ReplyContractError.
+    Checks and messages are those of ``sessiongate.session.reply.parse_reply`` (plus two:
+    a ``routed_experts`` or an ``indexer_topk`` that is neither a string nor null), raised
+    as ReplyContractError.
     """
     data = _loadable(body, _view(body, "extract_reply", "body"))
     try:
@@ -215,18 +239,22 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
             )
         logprobs.append(float(entry[0]))
         ids.append(entry[1])
-    r3 = meta.get("routed_experts")
-    if r3 is not None and not isinstance(r3, str):
-        raise _broken(
-            f"choices[0].meta_info.routed_experts is not a base64 string (got {_kind(r3)})"
-        )
+    r3 = _b64_member(meta, "routed_experts")
+    topk = _b64_member(meta, "indexer_topk")
     assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    reasoning = message.get("reasoning_content")
+    if isinstance(reasoning, str):
+        assistant["reasoning_content"] = reasoning
     if message.get("tool_calls"):
         assistant["tool_calls"] = message["tool_calls"]
-    prompt_tokens = meta.get("prompt_tokens")
-    if not isinstance(prompt_tokens, int) or isinstance(prompt_tokens, bool):
-        prompt_tokens = None
+    weight_version = meta.get("weight_version")
+    if not isinstance(weight_version, str):
+        metadata = document.get("metadata")
+        weight_version = metadata.get("weight_version") if isinstance(metadata, dict) else None
+        if not isinstance(weight_version, str):
+            weight_version = None
     encoded = None if r3 is None else r3.encode("utf-8", "surrogatepass")
+    encoded_topk = None if topk is None else topk.encode("utf-8", "surrogatepass")
     return ExtractedReply(
         completion_ids=ids,
         logprobs=logprobs,
@@ -235,9 +263,25 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
         message=assistant,
         client_body=_client_body(document),
         routed_experts=encoded,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=_int_or_none(meta.get("prompt_tokens")),
+        indexer_topk=encoded_topk,
+        cached_tokens=_int_or_none(meta.get("cached_tokens")),
+        weight_version=weight_version,
         r3_view=_slice_of(body, encoded),
+        topk_view=_slice_of(body, encoded_topk),
     )
+
+
+def _b64_member(meta: dict[str, Any], name: str) -> str | None:
+    """``meta[name]`` when it is a string, None when absent or null, else a contract error."""
+    value = meta.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _broken(f"choices[0].meta_info.{name} is not a base64 string (got {_kind(value)})")
+    return value
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _slice_of(body: _BytesLike, text: bytes | None) -> memoryview | None:
