@@ -56,6 +56,8 @@ PAD_TOKEN = "<|endoftext|>"
 # ChatML-style template. Written so that rendering is append-only: each message renders
 # independently of later ones, the tools block lives inside the first system turn (or a turn of
 # its own when there is no leading system message), and the generation prompt is a pure suffix.
+# Like Qwen3's, `enable_thinking=false` (a chat_template_kwargs switch) closes an empty think
+# block right after the generation prompt, so the model answers without reasoning.
 CHAT_TEMPLATE = """\
 {%- macro render_content(content) -%}
 {%- if content is none -%}
@@ -105,6 +107,9 @@ CHAT_TEMPLATE = """\
 {%- endfor -%}
 {%- if add_generation_prompt -%}
 {{- '<|im_start|>assistant\\n' -}}
+{%- if enable_thinking is defined and enable_thinking is false -%}
+{{- '<think>\\n\\n</think>\\n\\n' -}}
+{%- endif -%}
 {%- endif -%}
 """
 

@@ -8,9 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate.session.errors import TitoMismatch
-from sessiongate.session.tito import TitoEngine, compare_token_sequences
-from sessiongate.tokenizer import load_tokenizer
+from sessiongate.session.errors import BadRequest, TitoMismatch
+from sessiongate.session.tito import (
+    TitoEngine,
+    compare_token_sequences,
+    merge_chat_template_kwargs,
+    parse_chat_template_kwargs,
+)
+from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 
 TOKENIZER = load_tokenizer(None)
 ENGINE = TitoEngine(TOKENIZER)
@@ -105,3 +110,92 @@ def test_mismatch_classification() -> None:
     assert [m["type"] for m in found] == ["assistant_text"]
     found = compare_token_sequences(TOKENIZER, exact, exact[:-2], ENGINE.end_of_turn_id)
     assert found[0]["type"] == "special_token_count"
+
+
+# --- chat_template_kwargs --------------------------------------------------------------------
+
+NO_THINK = TOKENIZER.encode("<think>\n\n</think>\n\n")
+USER = [{"role": "user", "content": "hello"}]
+
+
+def test_enable_thinking_changes_the_generation_prompt() -> None:
+    plain = ENGINE.first_turn_ids(USER, None)
+    assert ENGINE.first_turn_ids(USER, None, {"enable_thinking": True}) == plain
+    assert ENGINE.first_turn_ids(USER, None, {"enable_thinking": False}) == [*plain, *NO_THINK]
+    stub = {"role": "assistant", "content": "hi"}
+    appended = [{"role": "user", "content": "more"}]
+    later = ENGINE.appended_ids(stub, appended, None)
+    off = ENGINE.appended_ids(stub, appended, None, {"enable_thinking": False})
+    assert off == [*later, *NO_THINK]
+
+
+def test_request_kwargs_override_the_server_default() -> None:
+    engine = TitoEngine(TOKENIZER, chat_template_kwargs={"enable_thinking": False, "k": 1})
+    assert engine.resolve_chat_template_kwargs(None) == {"enable_thinking": False, "k": 1}
+    assert engine.resolve_chat_template_kwargs({}) == {"enable_thinking": False, "k": 1}
+    on = engine.resolve_chat_template_kwargs({"enable_thinking": True})
+    assert on == {"enable_thinking": True, "k": 1}
+    plain = ENGINE.first_turn_ids(USER, None)
+    # No kwargs given: the server's defaults apply.
+    assert engine.first_turn_ids(USER, None) == [*plain, *NO_THINK]
+    assert engine.first_turn_ids(USER, None, on) == plain
+    assert merge_chat_template_kwargs({"a": 1, "b": 2}, {"b": 3}) == {"a": 1, "b": 3}
+
+
+@pytest.mark.parametrize("bad", [[], ["enable_thinking"], "enable_thinking=false", 0, True])
+def test_non_object_chat_template_kwargs_is_a_bad_request(bad: object) -> None:
+    with pytest.raises(BadRequest, match="chat_template_kwargs must be an object"):
+        ENGINE.resolve_chat_template_kwargs(bad)
+    with pytest.raises(BadRequest, match="chat_template_kwargs must be an object"):
+        parse_chat_template_kwargs(bad)
+
+
+@pytest.mark.parametrize("key", ["messages", "tools", "add_generation_prompt"])
+def test_kwargs_may_not_replace_the_request(key: str) -> None:
+    with pytest.raises(BadRequest, match=f"may not set '{key}'"):
+        ENGINE.resolve_chat_template_kwargs({key: []})
+    with pytest.raises(ValueError, match=f"may not set '{key}'"):
+        TitoEngine(TOKENIZER, chat_template_kwargs={key: []})
+
+
+# Turn separator chosen by a template variable: the junction must follow it.
+SEPARATOR_TEMPLATE = (
+    "{%- for m in messages -%}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>' -}}"
+    "{{- sep if sep is defined else '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_turn_suffix_is_cached_per_kwargs() -> None:
+    tok = ChatTokenizer(
+        TOKENIZER.backend,
+        chat_template=SEPARATOR_TEMPLATE,
+        eos_token="<|im_end|>",
+        name_or_path="separator-test",
+    )
+    engine = TitoEngine(tok)
+    stop = [*tok.encode("answer"), engine.end_of_turn_id]
+    assert engine.junction_ids(stop) == tok.encode("\n")
+    wide = {"sep": "\n\n"}
+    assert engine.junction_ids(stop, wide) == tok.encode("\n\n")
+    assert engine.junction_ids(stop[:-1], wide) == [engine.end_of_turn_id, *tok.encode("\n\n")]
+    assert engine.junction_ids(stop) == tok.encode("\n")  # the default is not overwritten
+    # Incremental prompt == full render under the same kwargs.
+    messages = [{"role": "user", "content": "q"}]
+    first = engine.first_turn_ids(messages, None, wide)
+    reply = {"role": "assistant", "content": "answer"}
+    appended = [{"role": "user", "content": "again"}]
+    checkpoint = [*first, *stop]
+    prompt = [
+        *checkpoint,
+        *engine.junction_ids(checkpoint, wide),
+        *engine.appended_ids(reply, appended, None, wide),
+    ]
+    full = [*messages, reply, *appended]
+    assert prompt == tok.apply_chat_template(
+        full, add_generation_prompt=True, chat_template_kwargs=wide
+    )
+    assert engine.mismatches([*messages, reply], None, checkpoint, wide) == []
+    assert engine.mismatches([*messages, reply], None, checkpoint) != []

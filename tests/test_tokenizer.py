@@ -459,3 +459,74 @@ def test_non_append_only_generation_prompt_is_reported(tmp_path: Path):
     )
     with pytest.raises(TokenizerError, match="append-only"):
         _ = tok.generation_prompt_ids
+
+
+# --- chat_template_kwargs --------------------------------------------------------------------
+
+
+def test_builtin_template_honours_enable_thinking():
+    conv = [{"role": "user", "content": "hi"}]
+    base = TOK.render(conv, add_generation_prompt=True)
+    assert base.endswith(GEN_PROMPT)
+    for off in ({"enable_thinking": False},):
+        assert (
+            TOK.render(conv, add_generation_prompt=True, chat_template_kwargs=off)
+            == base + "<think>\n\n</think>\n\n"
+        )
+        assert TOK.render(conv, add_generation_prompt=True, **off) == base + (
+            "<think>\n\n</think>\n\n"
+        )
+        # Only the generation prompt changes: history renders the same, so it stays a suffix.
+        assert TOK.render(conv, add_generation_prompt=False, chat_template_kwargs=off) == (
+            TOK.render(conv, add_generation_prompt=False)
+        )
+    # Like Qwen3: only a real false switches thinking off.
+    for on in ({"enable_thinking": True}, {"enable_thinking": 0}, {}):
+        assert TOK.render(conv, add_generation_prompt=True, chat_template_kwargs=on) == base
+    ids = TOK.apply_chat_template(
+        conv, add_generation_prompt=True, chat_template_kwargs={"enable_thinking": False}
+    )
+    assert ids[-6:] == [
+        TOK.token_to_id("<think>"),
+        NL,
+        NL,
+        TOK.token_to_id("</think>"),
+        NL,
+        NL,
+    ]
+
+
+def test_chat_template_kwargs_are_template_variables(tmp_path: Path):
+    tok = load_tokenizer(
+        make_hf_dir(
+            tmp_path / "k",
+            {"chat_template": "{{ greeting }}|{{ eos_token }}", "eos_token": "<|im_end|>"},
+        )
+    )
+    kw = {"greeting": "hej", "eos_token": "E"}  # kwargs may override special-token variables
+    assert tok.render([], add_generation_prompt=False, chat_template_kwargs=kw) == "hej|E"
+    # Python keyword arguments win over the mapping.
+    assert (
+        tok.render([], add_generation_prompt=False, chat_template_kwargs=kw, greeting="hi")
+        == "hi|E"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ([("a", 1)], "must be an object, got list"),
+        ("enable_thinking", "must be an object, got str"),
+        ({"tools": []}, "may not set 'tools'"),
+        ({"messages": []}, "may not set 'messages'"),
+        ({"add_generation_prompt": False}, "may not set 'add_generation_prompt'"),
+        ({1: True}, "keys must be strings"),
+    ],
+)
+def test_bad_chat_template_kwargs(kwargs: Any, match: str):
+    with pytest.raises(TokenizerError, match=match):
+        TOK.render(
+            [{"role": "user", "content": "hi"}],
+            add_generation_prompt=True,
+            chat_template_kwargs=kwargs,
+        )

@@ -1,15 +1,39 @@
-"""Chat message validation and history matching (append-only check, one-step rollback)."""
+"""Chat message validation and history matching (append-only check, one-step rollback).
+
+History matching decides whether a replayed message is "the same turn" as the stored one. The
+rollout framework (radixark/miles, ``miles/utils/chat_template_utils/message_matcher_hub``)
+offers three policies, selected by name with ``--session-message-matcher``; they are rebuilt
+here under the same names and rules (see docs/tokenizer.md):
+
+- ``strict`` (the framework's default): role, content, reasoning_content and tool_calls, each
+  with None / "" / [] treated as equal, tool calls compared whole except their wire-only
+  ``index``.
+- ``loose_tool_call``: ``strict``, or the same fields with tool-call ``arguments`` compared as
+  JSON objects (a JSON string and the object it denotes are equal; types, values and array
+  order still count). Call ids, types, names and reasoning_content are still compared.
+- ``role_content_only``: role and content only (the stored history wins for everything else).
+
+``canonical`` is sessiongate's own older rule (``messages_match``), kept so callers that pass
+no matcher behave as before.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import inspect
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sessiongate.session.errors import BadRequest
+from sessiongate.session.errors import BadRequest, GatewayError
 
 Message = dict[str, Any]
+# (stored, replayed) -> whether the replayed message continues the stored history.
+MessageMatcher = Callable[[Message, Message], bool]
 
 
 def validate_messages(messages: object) -> list[Message]:
@@ -85,22 +109,322 @@ def canonical_message(message: Message) -> tuple[object, ...]:
 
 
 def messages_match(stored: Message, requested: Message) -> bool:
+    """The ``canonical`` matcher: equal `canonical_message` projections."""
     return canonical_message(stored) == canonical_message(requested)
+
+
+# --- the rollout framework's matchers ------------------------------------------------------
+
+# What the framework's strict matcher compares: the fields chat templates read. Other keys
+# (litellm's provider_specific_fields, refusal, ...) never change the rendering.
+_TEMPLATE_KEYS = ("role", "content", "reasoning_content", "tool_calls")
+# SGLang numbers non-streamed tool calls; clients that accumulate a stream drop or renumber it,
+# and no template reads it.
+_WIRE_ONLY_CALL_KEYS = frozenset({"index"})
+# Fields named in a divergence error (what a reader needs to see which echo went wrong).
+_REPORTED_KEYS = (*_TEMPLATE_KEYS, "name", "tool_call_id")
+
+
+def _empty_as_none(value: object) -> object:
+    # None, "" and [] are all falsy in jinja and render alike; clients swap them freely
+    # (content null vs "" on a tool-call-only reply, tool_calls null vs []). Anything
+    # non-empty, whitespace included, must match exactly: it is tokenized.
+    if value is None or value == "" or value == []:
+        return None
+    return value
+
+
+def _without_wire_keys(calls: object) -> object:
+    if not isinstance(calls, list):
+        return calls
+    return [
+        {k: v for k, v in call.items() if k not in _WIRE_ONLY_CALL_KEYS}
+        if isinstance(call, dict)
+        else call
+        for call in calls
+    ]
+
+
+def strict_match(stored: Message, replayed: Message) -> bool:
+    """The framework's ``strict`` matcher (its default).
+
+    role, content, reasoning_content and tool_calls must be equal (Python ``==``) after
+    None / "" / [] are made equal; tool calls lose only their ``index``. So a client that
+    drops or edits the reasoning_content we returned, renames a call id, or sends arguments
+    as an object instead of our JSON string diverges.
+    """
+    for key in _TEMPLATE_KEYS:
+        left, right = _empty_as_none(stored.get(key)), _empty_as_none(replayed.get(key))
+        if key == "tool_calls":
+            left, right = _without_wire_keys(left), _without_wire_keys(right)
+        if left != right:
+            return False
+    return True
+
+
+# Marks tool-call arguments that are not a (JSON text of a) JSON object.
+_NOT_AN_OBJECT = object()
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A duplicated key makes the text ambiguous: do not call it equal to anything parsed.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate JSON object key {key!r}")
+        result[key] = value
+    return result
+
+
+def _finite_decimal(text: str) -> Decimal:
+    try:
+        number = Decimal(text)
+    except InvalidOperation as exc:
+        raise ValueError(f"invalid JSON number {text!r}") from exc
+    if not number.is_finite():
+        raise ValueError(f"non-finite JSON number {text!r}")
+    return number
+
+
+def _no_constant(text: str) -> object:
+    raise ValueError(f"non-standard JSON constant {text!r}")
+
+
+def _tagged(value: Any, *, decimals_allowed: bool) -> tuple[Any, ...]:
+    """A JSON value as a type-tagged, key-sorted tuple.
+
+    Tags keep JSON types apart where Python equality would merge them (true vs 1, "1" vs 1);
+    numbers compare exactly as decimals (1 == 1.0 == 1e0); arrays keep their order.
+    """
+    kind = type(value)
+    if value is None:
+        return ("null",)
+    if kind is bool:
+        return ("boolean", value)
+    if kind is str:
+        return ("string", value)
+    if kind is int:
+        return ("number", Decimal(value))
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError("non-finite number")
+        return ("number", Decimal(str(value)))
+    if kind is Decimal:
+        # Decimals only come from our own parse of JSON text, never from a client's dict.
+        if not decimals_allowed or not value.is_finite():
+            raise ValueError("not a JSON number")
+        return ("number", value)
+    if kind is list:
+        return (
+            "array",
+            tuple(_tagged(item, decimals_allowed=decimals_allowed) for item in value),
+        )
+    if kind is dict:
+        items = value.items()
+        if any(type(key) is not str for key, _ in items):
+            raise ValueError("JSON object keys must be strings")
+        return (
+            "object",
+            tuple(sorted((k, _tagged(v, decimals_allowed=decimals_allowed)) for k, v in items)),
+        )
+    raise ValueError(f"{kind.__name__} is not a JSON value")
+
+
+def _json_object_form(arguments: Any) -> object:
+    """`arguments` as a comparable JSON object, or _NOT_AN_OBJECT.
+
+    None, "" and any spelling of {} are the empty object; a string must parse as one JSON
+    object (no duplicate keys, NaN or Infinity); a dict must hold only JSON values.
+    """
+    if arguments is None or arguments == "":
+        return ("object", ())
+    from_text = type(arguments) is str
+    parsed = arguments
+    if from_text:
+        try:
+            parsed = json.loads(
+                arguments,
+                object_pairs_hook=_unique_keys,
+                parse_int=Decimal,
+                parse_float=_finite_decimal,
+                parse_constant=_no_constant,
+            )
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return _NOT_AN_OBJECT
+    if type(parsed) is not dict:
+        return _NOT_AN_OBJECT
+    try:
+        return _tagged(parsed, decimals_allowed=from_text)
+    except (ValueError, TypeError, RecursionError):
+        return _NOT_AN_OBJECT
+
+
+def _raw_equal(left: Any, right: Any) -> bool:
+    """Structural equality that also requires equal types (so 1 != 1.0 != True)."""
+    try:
+        if type(left) is not type(right):
+            return False
+        if isinstance(left, list):
+            return len(left) == len(right) and all(
+                _raw_equal(a, b) for a, b in zip(left, right, strict=True)
+            )
+        if isinstance(left, dict):
+            return left.keys() == right.keys() and all(_raw_equal(left[k], right[k]) for k in left)
+        return left == right
+    except RecursionError:
+        return False
+
+
+def _arguments_match(stored: object, replayed: object) -> bool:
+    left, right = _json_object_form(stored), _json_object_form(replayed)
+    if left is _NOT_AN_OBJECT or right is _NOT_AN_OBJECT:
+        return _raw_equal(stored, replayed)
+    return left == right
+
+
+def _function_matches(stored: object, replayed: object) -> bool:
+    if not isinstance(stored, dict) or not isinstance(replayed, dict):
+        return _raw_equal(stored, replayed)
+    if stored.keys() != replayed.keys():
+        return False
+    return all(
+        _arguments_match(stored[k], replayed[k]) if k == "arguments" else stored[k] == replayed[k]
+        for k in stored
+    )
+
+
+def _call_matches(stored: object, replayed: object) -> bool:
+    if not isinstance(stored, dict) or not isinstance(replayed, dict):
+        return _raw_equal(stored, replayed)
+    left = {k: v for k, v in stored.items() if k not in _WIRE_ONLY_CALL_KEYS}
+    right = {k: v for k, v in replayed.items() if k not in _WIRE_ONLY_CALL_KEYS}
+    if left.keys() != right.keys():
+        return False
+    return all(
+        _function_matches(left[k], right[k]) if k == "function" else left[k] == right[k]
+        for k in left
+    )
+
+
+def loose_tool_call_match(stored: Message, replayed: Message) -> bool:
+    """The framework's ``loose_tool_call`` matcher: ``strict`` plus JSON-equal arguments.
+
+    Everything ``strict`` accepts is accepted. Beyond that, only
+    ``tool_calls[].function.arguments`` is relaxed: a JSON string and an object (or two
+    spellings of the same object) are equal when they denote the same JSON object. Call
+    count, order, ids, types, names, unknown keys and reasoning_content are still compared.
+    """
+    try:
+        if strict_match(stored, replayed):
+            return True
+    except RecursionError:
+        pass  # deeply nested arguments: fall through to the comparisons that guard depth
+    for key in ("role", "content", "reasoning_content"):
+        if _empty_as_none(stored.get(key)) != _empty_as_none(replayed.get(key)):
+            return False
+    left = _empty_as_none(stored.get("tool_calls"))
+    right = _empty_as_none(replayed.get("tool_calls"))
+    if not isinstance(left, list) or not isinstance(right, list):
+        return _raw_equal(left, right)
+    return len(left) == len(right) and all(
+        _call_matches(a, b) for a, b in zip(left, right, strict=True)
+    )
+
+
+def role_content_only_match(stored: Message, replayed: Message) -> bool:
+    """The framework's ``role_content_only`` matcher: role and content, empty values equal.
+
+    Everything else (tool_calls, reasoning_content, names) is ignored, so the stored
+    history wins for it; different tool-call lineages can collapse into one. High risk.
+    """
+    return all(
+        _empty_as_none(stored.get(key)) == _empty_as_none(replayed.get(key))
+        for key in ("role", "content")
+    )
+
+
+# The framework's selector names (``--session-message-matcher``), plus sessiongate's own.
+MATCHERS: dict[str, MessageMatcher] = {
+    "strict": strict_match,
+    "loose_tool_call": loose_tool_call_match,
+    "role_content_only": role_content_only_match,
+    "canonical": messages_match,
+}
+# The framework's default selector.
+DEFAULT_MATCHER = "strict"
+
+
+class MatcherError(GatewayError):
+    """A matcher loaded by import path raised or returned a non-bool: a configuration error
+    (500), never a match or a mismatch."""
+
+    status = 500
+
+
+def _checked(matcher: Callable[..., object], name: str) -> MessageMatcher:
+    # A third-party matcher decides session identity; a broken one must fail loudly rather
+    # than let a truthy non-bool or an exception be read as an answer.
+    @functools.wraps(matcher)
+    def checked(stored: Message, replayed: Message) -> bool:
+        try:
+            result = matcher(stored, replayed)
+        except Exception as exc:
+            raise MatcherError(f"message matcher {name} raised {type(exc).__name__}") from exc
+        if type(result) is not bool:
+            raise MatcherError(
+                f"message matcher {name} must return bool, got {type(result).__name__}"
+            )
+        return result
+
+    return checked
+
+
+def resolve_matcher(name: str) -> MessageMatcher:
+    """The matcher selected by `name`: a key of MATCHERS or a dotted import path.
+
+    Raises ValueError naming the valid choices. An imported matcher is wrapped so that an
+    exception or a non-bool result raises MatcherError (HTTP 500), as the framework does.
+    """
+    if isinstance(name, str) and name in MATCHERS:
+        return MATCHERS[name]
+    choices = ", ".join(MATCHERS)
+    hint = f"use one of {choices}, or a dotted import path such as package.module.function"
+    if not isinstance(name, str) or "." not in name.strip(".") or not all(name.split(".")):
+        raise ValueError(f"unknown message matcher {name!r}; {hint}")
+    module_name, _, attribute = name.rpartition(".")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"message matcher {name!r} could not be loaded ({exc}); {hint}") from exc
+    if not callable(target) or _is_async(target):
+        raise ValueError(f"message matcher {name!r} must be a synchronous callable; {hint}")
+    return _checked(target, name)
+
+
+def _is_async(target: object) -> bool:
+    # The matcher runs under the session lock, synchronously: a coroutine would be truthy.
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
+
+
+# --- history planning ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class HistoryPlan:
     """How a request's messages relate to the stored history.
 
-    `base_messages` is the stored history the new turn extends (after an optional rollback),
-    `checkpoint_count` how many assistant checkpoints of the session it keeps, and
-    `appended` the new messages after it.
+    The first `base_len` stored messages are kept (after an optional rollback),
+    `checkpoint_count` is how many checkpoints of the session they hold, and `appended` are
+    the request's messages after them. `messages` is the history this turn renders and
+    should store: the stored spelling of the kept prefix (a looser matcher may have accepted
+    a reserialised echo of it) followed by `appended`.
     """
 
     base_len: int
     checkpoint_count: int
     appended: list[Message]
     rolled_back: bool
+    messages: list[Message] = field(default_factory=list)
 
 
 def plan_history(
@@ -109,40 +433,51 @@ def plan_history(
     *,
     session_id: str,
     allowed_roles: frozenset[str],
+    matcher: MessageMatcher | str | None = None,
+    checkpoint_ends: Sequence[int] | None = None,
 ) -> HistoryPlan:
-    """Check that `requested` extends `stored`, allowing a rollback of one assistant step.
+    """Check that `requested` extends `stored`, allowing a rollback of one checkpoint.
+
+    `matcher` decides when a requested message equals a stored one: a callable, a name from
+    MATCHERS, or None for ``canonical`` (sessiongate's rule before matchers were selectable).
+    `checkpoint_ends[i]` is the number of stored messages after generated turn i; None
+    assumes every stored assistant message is a generated turn, which is wrong when a first
+    turn brought assistant messages of its own (those are history, not checkpoints).
 
     Raises BadRequest (and changes nothing) for any other divergence.
     """
-    assistant_total = sum(1 for m in stored if m.get("role") == "assistant")
+    if matcher is None:
+        matcher = messages_match
+    elif isinstance(matcher, str):
+        matcher = resolve_matcher(matcher)
+    if checkpoint_ends is None:
+        ends = [i + 1 for i, m in enumerate(stored) if m.get("role") == "assistant"]
+    else:
+        ends = list(checkpoint_ends)
+    total = len(ends)
+
     match_len = 0
     for stored_msg, requested_msg in zip(stored, requested, strict=False):
-        if not messages_match(stored_msg, requested_msg):
+        if not matcher(stored_msg, requested_msg):
             break
         match_len += 1
 
     if match_len >= len(stored):
-        base_len, checkpoints, rolled_back = len(stored), assistant_total, False
+        base_len, checkpoints, rolled_back = len(stored), total, False
     else:
-        assistants_in_match = sum(1 for m in stored[:match_len] if m.get("role") == "assistant")
-        if assistants_in_match < assistant_total - 1:
+        # Roll back to the last checkpoint that lies inside the matching prefix.
+        checkpoints = sum(1 for end in ends if end <= match_len)
+        if checkpoints < total - 1:
             raise BadRequest(
                 f"session {session_id}: messages[{match_len}] diverges from the stored history "
                 f"(role {_role_at(requested, match_len)!r}, stored role "
-                f"{stored[match_len].get('role')!r}); that would roll back "
-                f"{assistant_total - assistants_in_match} assistant steps, only 1 is allowed"
+                f"{stored[match_len].get('role')!r}"
+                f"{_differing_fields(stored, requested, match_len)}); that would roll back "
+                f"{total - checkpoints} assistant steps, only 1 is allowed"
             )
-        # Roll back to just after the last assistant message that still matches.
-        base_len = 0
-        seen = 0
-        for index, message in enumerate(stored[:match_len]):
-            if message.get("role") == "assistant":
-                seen += 1
-                base_len = index + 1
-        checkpoints, rolled_back = seen, True
-        if checkpoints == 0:
-            # Rolled back before the first assistant turn: the next turn is a first turn.
-            base_len = 0
+        # No checkpoint left: the next turn is a first turn, rendered from scratch.
+        base_len = ends[checkpoints - 1] if checkpoints else 0
+        rolled_back = True
 
     appended = list(requested[base_len:])
     if checkpoints > 0:
@@ -163,8 +498,17 @@ def plan_history(
         checkpoint_count=checkpoints,
         appended=appended,
         rolled_back=rolled_back,
+        messages=[*stored[:base_len], *appended],
     )
 
 
 def _role_at(messages: Sequence[Message], index: int) -> object:
     return messages[index].get("role") if index < len(messages) else None
+
+
+def _differing_fields(stored: Sequence[Message], requested: Sequence[Message], index: int) -> str:
+    if index >= len(requested):
+        return ""
+    left, right = stored[index], requested[index]
+    keys = [k for k in _REPORTED_KEYS if left.get(k) != right.get(k)]
+    return f"; differing fields {keys}" if keys else ""

@@ -7,59 +7,165 @@ rendered under a small synthetic prefix so the cost does not grow with the histo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import threading
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sessiongate.session.errors import BadRequest, TitoMismatch
 from sessiongate.session.messages import Message
-from sessiongate.tokenizer import ChatTokenizer
+from sessiongate.tokenizer import ChatTokenizer, TokenizerError, check_template_kwargs
 
 # Renders the appended messages after an assistant turn without re-rendering the history.
 _SYNTHETIC_SYSTEM: Message = {"role": "system", "content": "sessiongate synthetic prefix"}
+# Distinct kwargs sets whose turn suffix is remembered; clients choose kwargs freely, so the
+# cache must not grow with them.
+_SUFFIX_CACHE_SIZE = 64
+
+TemplateKwargs = Mapping[str, Any]
+
+
+def parse_chat_template_kwargs(value: object) -> dict[str, Any]:
+    """A request's `chat_template_kwargs` field as a dict; absent (None) is empty.
+
+    Raises BadRequest for anything but an object (as the framework does) and for keys the
+    template cannot take (`messages`, `tools`, `add_generation_prompt`).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+    try:
+        check_template_kwargs(value)
+    except TokenizerError as exc:
+        raise BadRequest(str(exc)) from exc
+    return dict(value)
+
+
+def merge_chat_template_kwargs(defaults: TemplateKwargs, request: object) -> dict[str, Any]:
+    """Server defaults overlaid by a request's `chat_template_kwargs` (request keys win,
+    one level deep, like the framework's merge). Validates the request value."""
+    return {**defaults, **parse_chat_template_kwargs(request)}
+
+
+def _kwargs_key(kwargs: TemplateKwargs) -> str:
+    # Values may be lists or objects (unhashable); their JSON text is a stable key. repr is the
+    # fallback for Python callers passing non-JSON values.
+    return json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 class TitoEngine:
-    """Builds prompt ids for a turn and checks checkpoints, for one chat template."""
+    """Builds prompt ids for a turn and checks checkpoints, for one chat template.
 
-    def __init__(self, tokenizer: ChatTokenizer, *, max_trim_tokens: int = 0) -> None:
+    `chat_template_kwargs` are the server-level template variables (`--chat-template-kwargs`).
+    Every method that renders takes the turn's effective kwargs as `template_kwargs` (from
+    `resolve_chat_template_kwargs`: defaults overlaid by the request's); None there means the
+    server-level ones.
+    """
+
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        *,
+        max_trim_tokens: int = 0,
+        chat_template_kwargs: TemplateKwargs | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_trim_tokens = max_trim_tokens
+        try:
+            defaults = check_template_kwargs(dict(chat_template_kwargs or {}))
+        except TokenizerError as exc:
+            raise ValueError(f"server chat_template_kwargs: {exc}") from exc
+        self.chat_template_kwargs: dict[str, Any] = dict(defaults)
+        # Derived with default template variables: the stop token does not depend on switches
+        # such as enable_thinking in any template we know of.
         self.end_of_turn_id = tokenizer.end_of_turn_token_id
-        self.turn_suffix_ids = self._find_turn_suffix_ids()
+        self._suffix_lock = threading.Lock()
+        self._suffix_cache: dict[str, tuple[int, ...]] = {}
+        try:
+            self.turn_suffix_ids = self.turn_suffix_for(None)
+        except BadRequest as exc:  # a bad server setting is a startup error, not a 400
+            raise ValueError(f"server chat_template_kwargs: {exc}") from exc
 
-    def _find_turn_suffix_ids(self) -> list[int]:
+    def resolve_chat_template_kwargs(self, request_value: object) -> dict[str, Any]:
+        """The kwargs a turn renders with: server defaults overlaid by the request's
+        `chat_template_kwargs` (request wins). BadRequest if the request value is not an
+        object."""
+        return merge_chat_template_kwargs(self.chat_template_kwargs, request_value)
+
+    def _effective(self, kwargs: TemplateKwargs | None) -> TemplateKwargs:
+        return self.chat_template_kwargs if kwargs is None else kwargs
+
+    def turn_suffix_for(self, template_kwargs: TemplateKwargs | None) -> list[int]:
         """Ids the template renders after an assistant's end-of-turn token (ChatML: "\\n").
 
         The model stops at the end-of-turn token, so these never appear in sampled ids; they
         are inserted at the junction so the prompt matches what the template would render.
+        A template may lay out turns differently under some kwargs, so the answer is cached
+        per kwargs set.
         """
-        rendered = self.tokenizer.apply_chat_template(
-            [_SYNTHETIC_SYSTEM, {"role": "assistant", "content": "ok"}],
-            add_generation_prompt=False,
-        )
+        kwargs = self._effective(template_kwargs)
+        key = _kwargs_key(kwargs)
+        cached = self._suffix_cache.get(key)
+        if cached is None:
+            # Computed outside the lock: rendering is pure, so a race only computes it twice.
+            cached = tuple(self._find_turn_suffix_ids(kwargs))
+            with self._suffix_lock:
+                if len(self._suffix_cache) >= _SUFFIX_CACHE_SIZE:
+                    self._suffix_cache.pop(next(iter(self._suffix_cache)))
+                self._suffix_cache[key] = cached
+        return list(cached)
+
+    def _find_turn_suffix_ids(self, kwargs: TemplateKwargs) -> list[int]:
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                [_SYNTHETIC_SYSTEM, {"role": "assistant", "content": "ok"}],
+                add_generation_prompt=False,
+                chat_template_kwargs=kwargs,
+            )
+        except ValueError as exc:
+            raise BadRequest(f"chat template could not render a turn: {exc}") from exc
         if self.end_of_turn_id not in rendered:
             return []
         last = len(rendered) - 1 - rendered[::-1].index(self.end_of_turn_id)
         return rendered[last + 1 :]
 
-    def first_turn_ids(self, messages: Sequence[Message], tools: object) -> list[int]:
+    def first_turn_ids(
+        self,
+        messages: Sequence[Message],
+        tools: object,
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> list[int]:
         try:
             return self.tokenizer.apply_chat_template(
-                list(messages), add_generation_prompt=True, tools=_tools_or_none(tools)
+                list(messages),
+                add_generation_prompt=True,
+                tools=_tools_or_none(tools),
+                chat_template_kwargs=self._effective(template_kwargs),
             )
         except ValueError as exc:
             raise BadRequest(f"chat template could not render the messages: {exc}") from exc
 
     def appended_ids(
-        self, last_assistant: Message, appended: Sequence[Message], tools: object
+        self,
+        last_assistant: Message,
+        appended: Sequence[Message],
+        tools: object,
+        template_kwargs: TemplateKwargs | None = None,
     ) -> list[int]:
         """Ids of `appended` plus the generation prompt, as rendered after `last_assistant`."""
         prefix = [_SYNTHETIC_SYSTEM, _assistant_stub(last_assistant)]
         tool_list = _tools_or_none(tools)
+        kwargs = self._effective(template_kwargs)
         try:
-            without = self.tokenizer.render(prefix, add_generation_prompt=False, tools=tool_list)
+            without = self.tokenizer.render(
+                prefix, add_generation_prompt=False, tools=tool_list, chat_template_kwargs=kwargs
+            )
             with_new = self.tokenizer.render(
-                [*prefix, *appended], add_generation_prompt=True, tools=tool_list
+                [*prefix, *appended],
+                add_generation_prompt=True,
+                tools=tool_list,
+                chat_template_kwargs=kwargs,
             )
         except ValueError as exc:
             raise BadRequest(f"chat template could not render the new messages: {exc}") from exc
@@ -71,15 +177,18 @@ class TitoEngine:
             )
         return self.tokenizer.encode(with_new[len(without) :])
 
-    def junction_ids(self, checkpoint: Sequence[int]) -> list[int]:
+    def junction_ids(
+        self, checkpoint: Sequence[int], template_kwargs: TemplateKwargs | None = None
+    ) -> list[int]:
         """Tokens the template puts between the last sampled token and the next message.
 
         After a natural stop that is the turn suffix; after a length cut-off the turn was
         never closed, so the end-of-turn token is inserted too (it was not sampled).
         """
+        suffix = self.turn_suffix_for(template_kwargs)
         if checkpoint and checkpoint[-1] == self.end_of_turn_id:
-            return list(self.turn_suffix_ids)
-        return [self.end_of_turn_id, *self.turn_suffix_ids]
+            return suffix
+        return [self.end_of_turn_id, *suffix]
 
     def check_extends(self, previous: Sequence[int], new: Sequence[int], session_id: str) -> None:
         """The previous checkpoint must be a prefix of the new one (up to max_trim_tokens)."""
@@ -102,16 +211,24 @@ class TitoEngine:
         )
 
     def mismatches(
-        self, messages: Sequence[Message], tools: object, accumulated: Sequence[int]
+        self,
+        messages: Sequence[Message],
+        tools: object,
+        accumulated: Sequence[int],
+        template_kwargs: TemplateKwargs | None = None,
     ) -> list[dict[str, Any]]:
         """Compare the accumulated ids with a fresh render of the whole history."""
+        kwargs = self._effective(template_kwargs)
         expected = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=False, tools=_tools_or_none(tools)
+            list(messages),
+            add_generation_prompt=False,
+            tools=_tools_or_none(tools),
+            chat_template_kwargs=kwargs,
         )
         # The last turn ends where sampling stopped: the template's suffix after the
         # end-of-turn token was never sampled, and after a length cut-off neither was the
         # end-of-turn token itself.
-        tail = list(self.turn_suffix_ids)
+        tail = self.turn_suffix_for(kwargs)
         if accumulated and accumulated[-1] != self.end_of_turn_id:
             tail = [self.end_of_turn_id, *tail]
         if tail and expected[-len(tail) :] == tail and list(accumulated[-len(tail) :]) != tail:

@@ -7,7 +7,9 @@
 from sessiongate.tokenizer.chat_tokenizer import (
     BUILTIN_TOKENIZER_DIR,
     BUILTIN_TOKENIZER_NAME,
+    RESERVED_TEMPLATE_VARIABLES,
     ChatTokenizer,
+    check_template_kwargs,
     load_tokenizer,
 )
 from sessiongate.tokenizer.template import TokenizerError
@@ -15,7 +17,9 @@ from sessiongate.tokenizer.template import TokenizerError
 __all__ = [
     "BUILTIN_TOKENIZER_DIR",
     "BUILTIN_TOKENIZER_NAME",
+    "RESERVED_TEMPLATE_VARIABLES",
     "ChatTokenizer",
     "TokenizerError",
+    "check_template_kwargs",
     "load_tokenizer",
 ]

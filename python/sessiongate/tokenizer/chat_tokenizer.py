@@ -23,8 +23,10 @@ from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, com
 __all__ = [
     "BUILTIN_TOKENIZER_DIR",
     "BUILTIN_TOKENIZER_NAME",
+    "RESERVED_TEMPLATE_VARIABLES",
     "ChatTokenizer",
     "TokenizerError",
+    "check_template_kwargs",
     "load_tokenizer",
 ]
 
@@ -107,21 +109,29 @@ class ChatTokenizer:
         *,
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> str:
-        """Render ``messages`` with the chat template (no tokenization)."""
+        """Render ``messages`` with the chat template (no tokenization).
+
+        ``chat_template_kwargs`` (a request's ``chat_template_kwargs`` object, e.g.
+        ``{"enable_thinking": false}``) and ``template_kwargs`` become template variables, as
+        in transformers; they may override special-token variables, ``template_kwargs`` win
+        over ``chat_template_kwargs``, and neither may set ``messages``, ``tools`` or
+        ``add_generation_prompt``.
+        """
         _check_messages(messages)
         if tools is not None and (
             not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
         ):
             raise TokenizerError("tools must be a list of objects or None")
-        variables = {
-            **self._special_vars,
-            **template_kwargs,
-            "messages": messages,
-            "tools": tools,
-            "add_generation_prompt": add_generation_prompt,
-        }
+        variables = {**self._special_vars}
+        if chat_template_kwargs:
+            variables.update(check_template_kwargs(chat_template_kwargs))
+        variables.update(template_kwargs)
+        variables["messages"] = messages
+        variables["tools"] = tools
+        variables["add_generation_prompt"] = add_generation_prompt
         return self._template.render(variables)
 
     def apply_chat_template(
@@ -130,11 +140,16 @@ class ChatTokenizer:
         *,
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **template_kwargs: Any,
     ) -> list[int]:
         """``encode(render(...))``."""
         text = self.render(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+            **template_kwargs,
         )
         return self.encode(text)
 
@@ -214,6 +229,25 @@ class ChatTokenizer:
 
     def __repr__(self) -> str:
         return f"ChatTokenizer({self._name_or_path!r}, vocab_size={self.vocab_size})"
+
+
+# Template variables the renderer sets itself; a kwarg of the same name would silently replace
+# the conversation (transformers fails with a TypeError there instead).
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+def check_template_kwargs(kwargs: object) -> Mapping[str, Any]:
+    """``kwargs`` if it can be passed to the template as variables, else TokenizerError."""
+    if not isinstance(kwargs, Mapping):
+        raise TokenizerError(f"chat_template_kwargs must be an object, got {type(kwargs).__name__}")
+    for key in kwargs:
+        if not isinstance(key, str):
+            raise TokenizerError(f"chat_template_kwargs keys must be strings, got {key!r}")
+        if key in RESERVED_TEMPLATE_VARIABLES:
+            raise TokenizerError(
+                f"chat_template_kwargs may not set {key!r}: it is set from the request itself"
+            )
+    return kwargs
 
 
 def _check_messages(messages: object) -> None:
