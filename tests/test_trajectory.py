@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 import struct
 from array import array
 from collections.abc import Iterator
@@ -24,6 +25,8 @@ from sessiongate.formats.safetensors import (
     encode_bytes,
     typed,
 )
+from sessiongate.session.state import TurnRecord
+from sessiongate.session.trajectory import build_trajectory
 
 
 @given(
@@ -132,3 +135,112 @@ def test_trajectory_of_unknown_or_empty_session(gateway: ServerProcess) -> None:
     tensors, metadata = decode(httpx.get(f"{gateway.url}/sessions/{sid}/trajectory").content)
     assert tensors["token_ids"].shape == (0,) and "routed_experts" not in tensors
     assert metadata["routed_experts"] == "absent"
+
+
+# -- addition R3: the file does not depend on how the session asked for R3 --------------------
+
+_LAYERS, _TOPK = 2, 3
+_WIDTH = _LAYERS * _TOPK
+
+
+def _r3_record(
+    prompt_len: int, completion: list[int], table: array[int], start: int, *, final: bool
+) -> TurnRecord:
+    """A recorded turn whose reply carries R3 rows [start, prompt_len + completion - 1)."""
+    end = prompt_len + len(completion) - 1
+    b64 = base64.b64encode(table[start * _WIDTH : end * _WIDTH].tobytes()).decode()
+    body = json.dumps({"choices": [{"meta_info": {"routed_experts": b64}}]}).encode()
+    at = body.index(b64.encode())
+    return TurnRecord(
+        timestamp=1.0,
+        method="POST",
+        path="/v1/chat/completions",
+        status_code=200,
+        request=b"{}",
+        response=body,
+        prompt_len=prompt_len,
+        completion_ids=array("i", completion),
+        logprobs=array("f", [-0.5] * len(completion)),
+        finish_reason="stop" if final else "length",
+        routed_experts=memoryview(body)[at : at + len(b64)],
+        r3_start_row=start,
+    )
+
+
+def _r3_session(
+    turns: list[tuple[int, int]], seed: int, *, addition: bool
+) -> tuple[list[TurnRecord], list[int], array[int]]:
+    """`turns` = (environment tokens before the turn, sampled tokens) per turn."""
+    rng = random.Random(seed)
+    table = array("i", [rng.randrange(128) for _ in range(4096 * _WIDTH)])
+    records: list[TurnRecord] = []
+    ids: list[int] = []
+    for env, sampled in turns:
+        start = max(0, len(ids) - 1) if addition else 0
+        ids += [rng.randrange(1000) for _ in range(env)]
+        completion = [rng.randrange(1000) for _ in range(sampled)]
+        records.append(_r3_record(len(ids), completion, table, start, final=True))
+        ids += completion
+    return records, ids, table
+
+
+@given(
+    turns=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=6),
+    seed=st.integers(0, 1000),
+)
+def test_trajectory_is_the_same_with_full_or_addition_r3(
+    turns: list[tuple[int, int]], seed: int
+) -> None:
+    full, ids, table = _r3_session(turns, seed, addition=False)
+    addition, ids_again, _ = _r3_session(turns, seed, addition=True)
+    assert ids == ids_again
+    files = [
+        b"".join(build_trajectory("s", records, ids, {}, r3_topk=_TOPK))
+        for records in (full, addition)
+    ]
+    assert files[0] == files[1]
+    tensors, metadata = decode(files[0])
+    assert metadata["routed_experts"] == "present"
+    r3 = tensors["routed_experts"]
+    assert r3.shape == (len(ids) - 1, _LAYERS, _TOPK)
+    assert bytes(r3.data) == table[: (len(ids) - 1) * _WIDTH].tobytes()
+
+
+def test_trajectory_notes_a_gap_between_addition_patches() -> None:
+    records, ids, table = _r3_session([(5, 4), (3, 4), (2, 2)], 7, addition=True)
+    second = records[1]
+    records[1] = _r3_record(
+        second.prompt_len,
+        list(second.completion_ids),
+        table,
+        second.r3_start_row + 1,
+        final=True,
+    )
+    tensors, metadata = decode(b"".join(build_trajectory("s", records, ids, {}, r3_topk=_TOPK)))
+    assert "routed_experts" not in tensors
+    assert metadata["routed_experts"].startswith("invalid: additional R3: record 1 starts at row")
+    assert list(typed(tensors["token_ids"])) == ids
+
+
+def test_safetensors_layout_matches_the_reference_writer() -> None:
+    np = pytest.importorskip("numpy", reason="numpy (the `test` extra) is not installed")
+    st_numpy = pytest.importorskip(
+        "safetensors.numpy", reason="safetensors (the `test` extra) is not installed"
+    )
+    tensors = [
+        Tensor("mask", "U8", (3,), b"\x01\x00\x01"),
+        Tensor("ids", "I64", (2,), array("q", [5, -6])),
+        Tensor("rows", "I32", (1, 3), array("i", [1, 2, 3])),
+        Tensor("lp", "F64", (2,), array("d", [-0.5, 0.25])),
+        Tensor("f", "F32", (1,), array("f", [1.5])),
+    ]
+    reference = st_numpy.save(
+        {
+            "mask": np.array([1, 0, 1], dtype=np.uint8),
+            "ids": np.array([5, -6], dtype=np.int64),
+            "rows": np.array([[1, 2, 3]], dtype=np.int32),
+            "lp": np.array([-0.5, 0.25]),
+            "f": np.array([1.5], dtype=np.float32),
+        }
+    )
+    assert encode_bytes(tensors) == reference

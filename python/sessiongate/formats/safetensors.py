@@ -5,6 +5,11 @@ header `{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
 padded with spaces to a multiple of 8, then the tensors' little-endian bytes back to back.
 Written by hand because it is this small, and so a trainer needs nothing but the file: any
 safetensors reader (`safetensors.numpy.load`, `safetensors.torch.load`) opens it.
+
+Tensors are laid out the way the reference writer (`safetensors.numpy.save`) lays them out:
+by dtype, widest first (its `Dtype` enum order, descending), then by name. With the header
+padded to 8 bytes that keeps every tensor aligned to its item size (zero-copy readers need
+it), and the same tensors give the same bytes as the reference writer.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 ITEM_SIZE = {"I32": 4, "F32": 4, "U8": 1, "I64": 8, "F64": 8}
+# Rank of each dtype in the reference implementation's `Dtype` enum; data goes out highest first.
+_DTYPE_RANK = {"U8": 0, "I32": 1, "F32": 2, "F64": 3, "I64": 4}
 _HEADER_LEN = struct.Struct("<Q")
 # Refuse absurd headers before allocating them (a corrupt or hostile file).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -40,11 +47,19 @@ def encode(
     """The file as parts (header, then each tensor's bytes uncopied), to join or stream."""
     if sys.byteorder != "little":
         raise SafetensorsError("writing safetensors needs a little-endian machine")
-    header: dict[str, object] = {}
-    offset = 0
     for tensor in tensors:
         if tensor.dtype not in ITEM_SIZE:
             raise SafetensorsError(f"unsupported dtype {tensor.dtype!r} for {tensor.name!r}")
+    if len({t.name for t in tensors}) != len(tensors):
+        raise SafetensorsError("tensor names must be unique")
+    # Python's str order is code point order, which is the byte order of UTF-8 (Rust's).
+    ordered = sorted(tensors, key=lambda t: (-_DTYPE_RANK[t.dtype], t.name))
+    header: dict[str, object] = {}
+    if metadata:
+        # First, as the reference writer puts it (its own key order is a hash map's).
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for tensor in ordered:
         expected = math.prod(tensor.shape) * ITEM_SIZE[tensor.dtype]
         size = memoryview(tensor.data).nbytes
         if size != expected:
@@ -58,12 +73,10 @@ def encode(
             "data_offsets": [offset, offset + size],
         }
         offset += size
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    text = json.dumps(header, separators=(",", ":")).encode()
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     parts: list[bytes | memoryview] = [_HEADER_LEN.pack(len(text)) + text]
-    parts += [memoryview(t.data).cast("B") for t in tensors]
+    parts += [memoryview(t.data).cast("B") for t in ordered]
     return parts
 
 

@@ -45,5 +45,12 @@ class UpstreamError(GatewayError):
     status = 502
 
 
+class SamplesError(GatewayError):
+    """A session's records cannot be assembled into training samples (the rollout
+    framework answers these with 422 and the assertion text)."""
+
+    status = 422
+
+
 class Unavailable(GatewayError):
     status = 503

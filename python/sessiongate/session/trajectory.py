@@ -2,35 +2,25 @@
 
 Tensors: `token_ids` int32 [T] (the accumulated ids), `logprobs` float32 [T] (the sampled
 logprob on sampled tokens, 0 elsewhere), `loss_mask` uint8 [T] (1 on sampled tokens) and,
-when the last turn carried R3, `routed_experts` int32 [T-1, L*K] (or [T-1, L, K] when the
-gateway knows top-k). Each turn's prompt contains the whole trajectory so far, so the last
-turn's routed experts cover every token. Turn offsets, finish reasons and the TITO metadata
-go into the header's `__metadata__`.
+when the session carried R3, `routed_experts` int32 [T-1, L*K] (or [T-1, L, K] when the
+gateway knows top-k). Full R3: each turn's prompt contains the whole trajectory so far, so the
+last turn's routed experts cover every token; addition R3: the turns' patches back to back
+(`r3_rows`), so the file is the same bytes in both modes. Turn offsets, finish reasons and the
+TITO metadata go into the header's `__metadata__`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from array import array
 from collections.abc import Sequence
 from typing import Any
 
 from sessiongate.formats.safetensors import Tensor, encode
+from sessiongate.session.r3_rows import ReplayError, session_routed_rows
 from sessiongate.session.state import TurnRecord
 
 FORMAT_VERSION = "1"
-
-
-def _routed_experts(record: TurnRecord) -> bytes | None:
-    """The raw int32 bytes of the turn's routed experts, if present and valid base64."""
-    if record.routed_experts is None:
-        return None
-    try:
-        return base64.b64decode(record.routed_experts, validate=True)
-    except (binascii.Error, ValueError):
-        return None
 
 
 def build_trajectory(
@@ -57,12 +47,15 @@ def build_trajectory(
                 "completion_start": start,
                 "completion_end": end,
                 "finish_reason": record.finish_reason,
+                "status": record.status,
+                "weight_version": record.weight_version,
+                "cached_tokens": record.cached_tokens,
                 "timestamp": record.timestamp,
             }
         )
         # Earlier turns' sampled tokens stay inside later prompts at the same offsets.
         if end <= total:
-            logprobs[start:end] = record.logprobs
+            logprobs[start:end] = array("f", record.logprobs)
             loss_mask[start:end] = b"\x01" * (end - start)
     tensors = [
         Tensor("token_ids", "I32", (total,), token_ids),
@@ -71,17 +64,18 @@ def build_trajectory(
     ]
     r3_note = "absent"
     if records and total > 1:
-        raw = _routed_experts(records[-1])
-        if raw is not None:
-            per_token, rest = divmod(len(raw), 4 * (total - 1))
-            if rest == 0 and per_token > 0:
-                shape: tuple[int, ...] = (total - 1, per_token)
-                if r3_topk > 0 and per_token % r3_topk == 0:
-                    shape = (total - 1, per_token // r3_topk, r3_topk)
-                tensors.append(Tensor("routed_experts", "I32", shape, raw))
-                r3_note = "present"
-            else:
-                r3_note = f"size mismatch: {len(raw)} bytes for {total - 1} tokens"
+        # A broken payload costs the file its R3 (noted in the header), not the export.
+        try:
+            replay = session_routed_rows(records, total - 1)
+        except ReplayError as exc:
+            replay, r3_note = None, f"invalid: {exc}"
+        if replay is not None:
+            per_token = replay.width
+            shape: tuple[int, ...] = (total - 1, per_token)
+            if r3_topk > 0 and per_token % r3_topk == 0:
+                shape = (total - 1, per_token // r3_topk, r3_topk)
+            tensors.append(Tensor("routed_experts", "I32", shape, replay.data))
+            r3_note = "present"
     header = {
         "format": "sessiongate.trajectory",
         "format_version": FORMAT_VERSION,
