@@ -52,7 +52,7 @@ def reply_body(size: int) -> bytes:
         tools=None,
         stream=False,
         want_meta=True,
-        want_logprobs=False,
+        want_logprobs=True,  # SGLang puts output_token_logprobs in meta_info only then
         want_r3=True,
         model="mock",
     )

@@ -71,13 +71,19 @@ def engine() -> Iterator[ServerProcess]:
         yield proc
 
 
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
 def chat(engine: ServerProcess, body: Any, **kw: Any) -> httpx.Response:
+    if isinstance(body, dict) and "input_ids" in body and "messages" not in body:
+        body = {"messages": MESSAGES, **body}  # SGLang requires messages even with input_ids
     return httpx.post(engine.url + "/v1/chat/completions", json=body, timeout=30, **kw)
 
 
 def sse_events(engine: ServerProcess, body: dict[str, Any]) -> list[Any]:
     """The `data:` payloads of a streamed reply (JSON decoded, `[DONE]` kept as a string)."""
     events: list[Any] = []
+    body = {"messages": MESSAGES, **body}
     with httpx.stream("POST", engine.url + "/v1/chat/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -263,7 +269,7 @@ def test_health_models_stats(engine: ServerProcess) -> None:
 
 
 def test_http_determinism_and_input_ids(engine: ServerProcess) -> None:
-    body = {"input_ids": PROMPT, "seed": 7, "return_meta_info": True}
+    body = {"input_ids": PROMPT, "seed": 7, "return_meta_info": True, "logprobs": True}
     a, b = chat(engine, body).json(), chat(engine, body).json()
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
     assert (
@@ -275,7 +281,8 @@ def test_http_determinism_and_input_ids(engine: ServerProcess) -> None:
     assert (
         a["usage"]["prompt_tokens"] == len(PROMPT) == a["choices"][0]["meta_info"]["prompt_tokens"]
     )
-    assert a["object"] == "chat.completion" and a["id"].startswith("chatcmpl-")
+    # SGLang's id is the request's rid: a bare uuid4 hex unless the request names one.
+    assert a["object"] == "chat.completion" and len(a["id"]) == 32
 
 
 def test_http_engine_seed_changes_reply(engine: ServerProcess) -> None:
@@ -287,17 +294,20 @@ def test_http_engine_seed_changes_reply(engine: ServerProcess) -> None:
 
 
 def test_http_meta_info_and_retokenization(engine: ServerProcess, tok: Any) -> None:
-    reply = chat(engine, {"input_ids": PROMPT, "logprobs": True}).json()
+    body = {"input_ids": PROMPT, "logprobs": True, "return_meta_info": True}
+    reply = chat(engine, body).json()
     choice = reply["choices"][0]
     meta = choice["meta_info"]
     ids = [entry[1] for entry in meta["output_token_logprobs"]]
     assert len(ids) == meta["completion_tokens"] == reply["usage"]["completion_tokens"]
-    assert all(entry[0] <= 0 and entry[2] is None for entry in meta["output_token_logprobs"])
+    assert all(entry[0] <= 0 for entry in meta["output_token_logprobs"])
+    assert [entry[2] for entry in meta["output_token_logprobs"]] == [tok.decode([i]) for i in ids]
     assert choice["finish_reason"] == "stop"
     assert meta["finish_reason"] == {"type": "stop", "matched": tok.end_of_turn_token_id}
     assert [*tok.encode(choice["message"]["content"]), tok.end_of_turn_token_id] == ids
-    assert meta["cached_tokens"] == 0 and "routed_experts" not in meta
+    assert "routed_experts" not in meta
     assert len(choice["logprobs"]["content"]) == len(ids)  # OpenAI-style logprobs as well
+    assert "meta_info" not in chat(engine, {"input_ids": PROMPT, "logprobs": True}).json()
     plain = chat(engine, {"input_ids": PROMPT}).json()["choices"][0]
     assert "meta_info" not in plain and plain["message"] == choice["message"]
 
@@ -313,7 +323,8 @@ def test_http_openai_mode_uses_chat_template(engine: ServerProcess, tok: Any) ->
 
 def test_http_max_tokens_truncates(engine: ServerProcess, tok: Any) -> None:
     for field in ("max_tokens", "max_completion_tokens"):
-        reply = chat(engine, {"input_ids": PROMPT, field: 4, "return_meta_info": True}).json()
+        body = {"input_ids": PROMPT, field: 4, "return_meta_info": True, "logprobs": True}
+        reply = chat(engine, body).json()
         choice = reply["choices"][0]
         meta = choice["meta_info"]
         assert choice["finish_reason"] == "length"
@@ -324,8 +335,10 @@ def test_http_max_tokens_truncates(engine: ServerProcess, tok: Any) -> None:
 
 
 def test_http_routed_experts(engine: ServerProcess) -> None:
-    reply = chat(engine, {"input_ids": PROMPT, "return_routed_experts": True}).json()
+    body = {"input_ids": PROMPT, "return_routed_experts": True, "return_meta_info": True}
+    reply = chat(engine, body).json()
     meta = reply["choices"][0]["meta_info"]
+    assert "sglext" not in reply  # with return_meta_info, R3 stays in meta_info only
     values = array("i")
     values.frombytes(base64.b64decode(meta["routed_experts"], validate=True))
     if sys.byteorder == "big":
@@ -344,89 +357,102 @@ def test_http_routed_experts_large_rows_wrap_the_pool() -> None:
     body = {"input_ids": prompt, "return_routed_experts": True}
     args = ["--r3-layers", "512", "--r3-topk", "8", "--completion-tokens", "24"]
     with _engine(*args) as eng:
-        meta = chat(eng, body).json()["choices"][0]["meta_info"]
-        final = sse_events(eng, {**body, "stream": True})[-2]["choices"][0]["meta_info"]
+        meta = chat(eng, {**body, "return_meta_info": True}).json()["choices"][0]["meta_info"]
+        sglext = chat(eng, body).json()["sglext"]
+        final = sse_events(eng, {**body, "stream": True})[-2]["sglext"]
     rows = meta["prompt_tokens"] + meta["completion_tokens"] - 1
     assert rows > r3_pool_rows(512, 8, 64)
     expected = routed_experts_b64(request_key(0, None, prompt), rows, 512, 8, 64)
     assert meta["routed_experts"].encode() == expected
-    assert final["routed_experts"] == meta["routed_experts"]
+    assert final["routed_experts"] == sglext["routed_experts"] == meta["routed_experts"]
 
 
 def test_http_stream_matches_non_stream(engine: ServerProcess) -> None:
-    body = {"input_ids": PROMPT, "return_meta_info": True, "return_routed_experts": True}
-    whole = chat(engine, body).json()["choices"][0]
-    events = sse_events(engine, {**body, "stream": True})
+    body = {"input_ids": PROMPT, "logprobs": True, "return_routed_experts": True}
+    whole = chat(engine, {**body, "return_meta_info": True}).json()["choices"][0]
+    events = sse_events(engine, {**body, "stream": True, "return_output_ids_in_sglext": True})
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    final = chunks[-1]["choices"][0]
-    assert final["finish_reason"] == whole["finish_reason"] == "stop"
-    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
-    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {
+        "reasoning_content": None,
+        "role": "assistant",
+        "content": "",
+    }
+    *steps, finish, sglext = chunks
+    assert finish["choices"][0]["finish_reason"] == whole["finish_reason"] == "stop"
+    assert all(c["choices"][0]["finish_reason"] is None for c in steps)
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in steps)
     assert content == whole["message"]["content"]
-    per_chunk = [
-        entry
-        for c in chunks[1:-1]
-        for entry in c["choices"][0]["meta_info"]["output_token_logprobs"]
-    ]
-    assert per_chunk == whole["meta_info"]["output_token_logprobs"]
-    # The final chunk's meta_info is the complete non-stream meta_info (except the id).
-    assert {**final["meta_info"], "id": None} == {**whole["meta_info"], "id": None}
-    assert chunks[-1]["usage"]["completion_tokens"] == whole["meta_info"]["completion_tokens"]
+    streamed = [e for c in steps[1:] for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == whole["logprobs"]["content"]
+    assert not any("meta_info" in c["choices"][0] for c in [*steps, finish])
+    assert sglext["choices"] == []
+    assert sglext["sglext"]["routed_experts"] == whole["meta_info"]["routed_experts"]
+    expected_ids = [e[1] for e in whole["meta_info"]["output_token_logprobs"]]
+    assert sglext["sglext"]["output_ids"] == [expected_ids]
 
 
 def test_http_tool_calls(engine: ServerProcess, tok: Any) -> None:
     body = {"messages": [{"role": "user", "content": "find x"}], "tools": TOOLS}
-    choice = chat(engine, {**body, "return_meta_info": True}).json()["choices"][0]
+    choice = chat(engine, {**body, "return_meta_info": True, "logprobs": True}).json()
+    choice = choice["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     (call,) = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "search"
     assert set(json.loads(call["function"]["arguments"])) == {"query", "k"}
     ids = [entry[1] for entry in choice["meta_info"]["output_token_logprobs"]]
     text = tok.decode(ids[:-1])
+    # SGLang's tool-call parser rewrites the finish dict in place (serving_chat.py).
+    assert choice["meta_info"]["finish_reason"] == {"type": "tool_calls", "matched": None}
     assert text.startswith(choice["message"]["content"] + "\n<tool_call>\n")
     events = sse_events(engine, {**body, "stream": True})
     deltas = [c["choices"][0]["delta"] for c in events[:-1]]
     streamed_calls = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert streamed_calls == [[{"index": 0, **call}]]
-    assert "".join(d.get("content", "") for d in deltas) == choice["message"]["content"]
+    assert streamed_calls == [[call]]
+    assert "".join(d.get("content") or "" for d in deltas) == choice["message"]["content"]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 def test_http_bad_requests(engine: ServerProcess) -> None:
     url = engine.url + "/v1/chat/completions"
     assert httpx.post(url, content=b"{nope").status_code == 400
-    assert "error" in httpx.post(url, content=b"[1, 2]").json()
+    json_type = {"content-type": "application/json"}
+    assert httpx.post(url, content=b"[1, 2]", headers=json_type).json()["object"] == "error"
+    m = MESSAGES
     bad_bodies = [
-        {"input_ids": []},
-        {"input_ids": "1 2 3"},
-        {"input_ids": [1, "2"]},
-        {"input_ids": [1, True]},
-        {"input_ids": [1, 10**9]},
-        {"input_ids": [-1]},
+        {"messages": m, "input_ids": []},
+        {"messages": m, "input_ids": "1 2 3"},
+        {"messages": m, "input_ids": [1, "2"]},
+        {"messages": m, "input_ids": [1, True]},
+        {"messages": m, "input_ids": [1, 10**9]},
+        {"messages": m, "input_ids": [-1]},
         {},
+        {"input_ids": [1]},  # SGLang requires messages even with input_ids
         {"messages": "hi"},
-        {"input_ids": [1], "max_tokens": 0},
-        {"input_ids": [1], "seed": "x"},
+        {"messages": []},
+        {"messages": m, "input_ids": [1], "max_tokens": 0},
+        {"messages": m, "input_ids": [1], "seed": "x"},
     ]
     for body in bad_bodies:
-        reply = chat(engine, body)
+        reply = httpx.post(url, json=body)
         assert reply.status_code == 400, body
-        assert isinstance(reply.json()["error"], str)
+        error = reply.json()
+        assert set(error) == {"object", "message", "type", "param", "code"}, body
+        assert error["object"] == "error" and error["code"] == 400, body
 
 
 def test_http_forced_failure_and_recent_requests(engine: ServerProcess) -> None:
     before = httpx.get(engine.url + "/mock/stats").json()["failures"]
     body = {"input_ids": [3, 4, 5], "marker": "forced"}
     reply = chat(engine, body, headers={"X-Mock-Fail": "503"})
-    assert reply.status_code == 503 and reply.json() == {"error": "injected failure"}
+    assert reply.status_code == 503 and reply.json()["message"] == "injected failure"
     assert httpx.get(engine.url + "/mock/stats").json()["failures"] == before + 1
     chat(engine, {"input_ids": [3, 4, 6], "marker": "second"})
     recent = httpx.get(engine.url + "/mock/requests", params={"last": 2}).json()["requests"]
-    assert recent == [body, {"input_ids": [3, 4, 6], "marker": "second"}]
+    sent = {"messages": MESSAGES, "input_ids": [3, 4, 6], "marker": "second"}
+    assert recent == [{"messages": MESSAGES, **body}, sent]
     assert len(httpx.get(engine.url + "/mock/requests", params={"last": 1}).json()["requests"]) == 1
 
 
@@ -434,7 +460,7 @@ def test_http_fail_rate_one_and_sigterm_exit_code() -> None:
     with _engine("--fail-rate", "1.0", "--fail-status", "502") as proc:
         for _ in range(3):
             reply = chat(proc, {"input_ids": PROMPT})
-            assert reply.status_code == 502 and reply.json() == {"error": "injected failure"}
+            assert reply.status_code == 502 and reply.json()["message"] == "injected failure"
         assert httpx.get(proc.url + "/mock/stats").json()["failures"] == 3
         assert proc.stop() == 0  # SIGTERM -> clean exit 0
         assert "mock-engine listening on http://127.0.0.1:" in proc.output()

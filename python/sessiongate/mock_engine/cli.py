@@ -18,8 +18,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "mock-engine",
         help="run a deterministic SGLang-style chat engine (no GPU) for tests and benchmarks",
-        description="Deterministic HTTP engine speaking the upstream chat contract "
-        "(input_ids, meta_info, output_token_logprobs, routed_experts). See docs/mock-engine.md.",
+        description="Deterministic HTTP engine speaking SGLang 0.5.23's OpenAI chat "
+        "contract (input_ids, meta_info, sglext, routed_experts). See docs/mock-engine.md.",
     )
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
@@ -72,6 +72,36 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tokens per SSE chunk (default %(default)s)",
     )
     p.add_argument(
+        "--weight-version",
+        default=d.weight_version,
+        help="initial weight version (SGLang's default is %(default)r)",
+    )
+    p.add_argument(
+        "--lora-adapters",
+        default="",
+        metavar="NAME,...",
+        help="loaded LoRA adapter names; without it LoRA is off and lora_path is rejected",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=d.reasoning_parser,
+        metavar="NAME",
+        help="open completions with a <think> block parsed into reasoning_content",
+    )
+    p.add_argument("--indexer-layers", type=int, default=d.indexer_layers, help="0 = off")
+    p.add_argument("--indexer-topk", type=int, default=d.indexer_topk)
+    p.add_argument(
+        "--enable-cache-report",
+        action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (as SGLang's flag)",
+    )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=d.prefix_cache_tokens,
+        help="token budget of the prefix cache behind cached_tokens (0 = off)",
+    )
+    p.add_argument(
         "--log-level",
         default=d.log_level,
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -99,6 +129,13 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         tool_call_rate=args.tool_call_rate,
         stream_chunk_tokens=args.stream_chunk_tokens,
         log_level=args.log_level,
+        weight_version=args.weight_version,
+        lora_adapters=tuple(n.strip() for n in args.lora_adapters.split(",") if n.strip()),
+        reasoning_parser=args.reasoning_parser,
+        indexer_layers=args.indexer_layers,
+        indexer_topk=args.indexer_topk,
+        enable_cache_report=args.enable_cache_report,
+        prefix_cache_tokens=args.prefix_cache_tokens,
     )
 
 

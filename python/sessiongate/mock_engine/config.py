@@ -28,6 +28,22 @@ class MockEngineConfig:
     tool_call_rate: float = 0.0
     stream_chunk_tokens: int = 4  # tokens per SSE content chunk
     log_level: str = "warning"
+    # SGLang's --weight-version (default "default"); changed at run time by
+    # POST /update_weight_version.
+    weight_version: str = "default"
+    # Loaded LoRA adapter names (SGLang: --enable-lora --lora-paths NAME=PATH ...);
+    # empty = LoRA disabled, so any lora_path is rejected like SGLang does.
+    lora_adapters: tuple[str, ...] = ()
+    # SGLang's --reasoning-parser: completions open with a <think> block that is split into
+    # reasoning_content. Any name is accepted; all behave like qwen3 / deepseek-r1.
+    reasoning_parser: str | None = None
+    # Indexer top-k capture (sparse-attention models): meta_info.indexer_topk when both > 0.
+    indexer_layers: int = 0
+    indexer_topk: int = 0
+    # SGLang's --enable-cache-report: usage.prompt_tokens_details.cached_tokens.
+    enable_cache_report: bool = False
+    # Token budget of the mock's prefix cache (0 = no cache: cached_tokens is always 0).
+    prefix_cache_tokens: int = 1 << 20
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -53,6 +69,14 @@ class MockEngineConfig:
             problems.append("tool_call_rate must be in [0, 1]")
         if self.stream_chunk_tokens < 1:
             problems.append("stream_chunk_tokens must be >= 1")
+        if self.indexer_layers < 0 or self.indexer_topk < 0:
+            problems.append("indexer_layers and indexer_topk must be >= 0")
+        if self.prefix_cache_tokens < 0:
+            problems.append("prefix_cache_tokens must be >= 0")
+        if not self.weight_version:
+            problems.append("weight_version must not be empty")
+        if any(not name or ":" in name for name in self.lora_adapters):
+            problems.append("lora adapter names must be non-empty and contain no ':'")
         if self.log_level not in _LOG_LEVELS:
             problems.append(f"log_level must be one of {', '.join(_LOG_LEVELS)}")
         if problems:
@@ -61,3 +85,7 @@ class MockEngineConfig:
     @property
     def r3_enabled(self) -> bool:
         return self.r3_layers > 0 and self.r3_topk > 0
+
+    @property
+    def indexer_enabled(self) -> bool:
+        return self.indexer_layers > 0 and self.indexer_topk > 0

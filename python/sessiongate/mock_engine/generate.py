@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort"]
 
 # Plain lowercase English words: most are one token (with a leading space) in byte-level BPE
 # vocabularies, which keeps `max_tokens` truncation exact.
@@ -43,6 +43,16 @@ R3_POOL_CHUNK_B64 = 1 << 20
 _STREAM_WINDOW = 8  # tokens of left context when decoding one stream chunk
 _TOOL_CALL_OPEN = "\n<tool_call>\n"
 _TOOL_CALL_CLOSE = "\n</tool_call>"
+# Reasoning block tags, as Qwen3 / DeepSeek-R1 style reasoning parsers expect them.
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+# SGLang's graceful abort (FINISH_ABORT() without status code, schedule_batch.py).
+ABORT_FINISH: dict[str, Any] = {
+    "type": "abort",
+    "message": "Aborted",
+    "status_code": None,
+    "err_type": None,
+}
 
 
 class TokenizerLike(Protocol):
@@ -66,8 +76,10 @@ class ToolCall:
     arguments: str  # JSON text, as OpenAI puts it in `function.arguments`
 
     def to_openai(self) -> dict[str, Any]:
+        # SGLang's ToolCall field order: id, index, type, function.
         return {
             "id": self.call_id,
+            "index": 0,
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
@@ -75,37 +87,71 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One generated reply. `ids` are all sampled tokens (end-of-turn included when present)."""
+    """One generated reply. `ids` are all sampled tokens (end-of-turn included when present).
+
+    The text the ids spell (end token excluded) is `think_text + content + tool_call_text`:
+    an optional reasoning block (`<think>...</think>`, possibly cut short), the assistant
+    content, then the raw tool-call text.
+    """
 
     key: bytes  # per-request RNG key; R3 bytes derive from it
     prompt_tokens: int
     ids: list[int]
     logprobs: list[float]
-    content: str  # assistant text (before any tool call)
-    content_token_count: int  # ids[:content_token_count] decode to `content`
+    content: str  # assistant text after any reasoning block and before any tool call
+    content_token_count: int  # ids[think_token_count:][:content_token_count] spell `content`
     finish_reason: FinishReason  # OpenAI choice-level value
     meta_finish_reason: dict[str, Any]  # SGLang meta_info value
     tool_call: ToolCall | None = None
     tool_call_text: str = ""  # raw text of the tool-call tokens (between content and end)
+    think_text: str = ""  # the reasoning block as generated ("" when none)
+    think_token_count: int = 0
+    token_texts: tuple[str, ...] = ()  # decode([id]) per id (logprob token text)
 
     @property
     def completion_tokens(self) -> int:
         return len(self.ids)
 
+    @property
+    def has_end(self) -> bool:
+        return self.finish_reason in ("stop", "tool_calls")
+
+    @property
+    def text(self) -> str:
+        return self.think_text + self.content + self.tool_call_text
+
+    @property
+    def reasoning(self) -> str | None:
+        """What a reasoning parser puts in `reasoning_content` (None without a block)."""
+        if not self.think_text:
+            return None
+        body = self.think_text[len(THINK_OPEN) :]
+        return body[: -len(THINK_CLOSE)] if body.endswith(THINK_CLOSE) else body
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """SGLang's count: every token up to and including the end tag (Req.reasoning_tokens)."""
+        return self.think_token_count
+
     def output_token_logprobs(self, start: int = 0, stop: int | None = None) -> list[list[Any]]:
-        """SGLang's `[[logprob, token_id, token_text], ...]`; text is null (not requested)."""
+        """SGLang's `[[logprob, token_id, token_text], ...]`.
+
+        The chat endpoint asks for text in logprobs (`return_text_in_logprobs=True`), so the
+        text is each token decoded alone (special tokens kept), never null.
+        """
         end = len(self.ids) if stop is None else stop
-        return [[self.logprobs[i], self.ids[i], None] for i in range(start, end)]
+        return [[self.logprobs[i], self.ids[i], self.token_texts[i]] for i in range(start, end)]
 
 
 @dataclass(frozen=True, slots=True)
 class StreamPiece:
-    """The tokens of one SSE chunk and what the chunk's delta carries."""
+    """The tokens of one streamed step and what its chunks carry."""
 
     start: int
     stop: int
-    content: str  # content delta ("" when these tokens add no finished text)
-    tool_call: ToolCall | None = None  # set on the chunk that completes the tool call
+    content: str  # content delta ("" when these tokens add no content text)
+    tool_call: ToolCall | None = None  # set on the step that completes the tool call
+    reasoning: str = ""  # reasoning delta (text inside the think block)
 
 
 @dataclass(slots=True)
@@ -117,13 +163,21 @@ class _WordTable:
     next_len: dict[str, int] = field(default_factory=dict)
 
 
-def request_key(engine_seed: int, request_seed: int | None, prompt_ids: Sequence[int]) -> bytes:
-    """blake2b over the seeds and the prompt ids as little-endian uint32."""
+def request_key(
+    engine_seed: int, request_seed: int | None, prompt_ids: Sequence[int], variant: str = ""
+) -> bytes:
+    """blake2b over the seeds and the prompt ids as little-endian uint32.
+
+    `variant` (e.g. a LoRA adapter name) joins the key only when non-empty, so replies
+    without one keep the historical key.
+    """
     ids = array("I", prompt_ids) if array("I").itemsize == 4 else array("L", prompt_ids)
     if sys.byteorder == "big":
         ids.byteswap()
     h = hashlib.blake2b(digest_size=32, person=b"sg-mock-engine")
     h.update(f"{engine_seed}|{'' if request_seed is None else request_seed}|".encode())
+    if variant:
+        h.update(f"lora:{variant}|".encode())
     h.update(ids.tobytes())
     return h.digest()
 
@@ -169,21 +223,53 @@ class CompletionGenerator:
         request_seed: int | None = None,
         max_tokens: int | None = None,
         tools: Sequence[Any] | None = None,
+        reasoning: bool = False,
+        variant: str = "",
     ) -> Completion:
-        key = request_key(self.engine_seed, request_seed, prompt_ids)
+        """The reply to `prompt_ids`. `reasoning` opens it with a `<think>` block that takes
+        about half of the natural length; `variant` (a LoRA adapter) changes the RNG key."""
+        key = request_key(self.engine_seed, request_seed, prompt_ids, variant)
         rng = _rng(key, b"text")
         tool_name = _first_tool_name(tools)
         wants_tool = tool_name is not None and rng.random() < self.tool_call_rate
         target = self.completion_tokens + rng.randint(-self.jitter, self.jitter)
         words = self._draw_words(rng, target)
-
+        think_text, think_ids = "", []
+        if reasoning:
+            think_text, think_ids = self._think_block(key, target)
+            target = max(1, target - len(think_ids))
+            if max_tokens is not None and len(think_ids) >= max_tokens:
+                # The budget ends inside the reasoning block: cut it at a token.
+                cut = think_ids[:max_tokens]
+                return self._finish(
+                    key, prompt_ids, self.tokenizer.decode(cut), cut, "", [], [], "", None,
+                    truncated=max_tokens,
+                )  # fmt: skip
+        budget = None if max_tokens is None else max_tokens - len(think_ids)
         completion: Completion | None = None
         if wants_tool and tool_name is not None:
             call = _make_tool_call(rng, key, tool_name, tools)
-            completion = self._with_tool_call(key, prompt_ids, words, target, call, max_tokens)
+            completion = self._with_tool_call(
+                key, prompt_ids, think_text, think_ids, words, target, call, budget, max_tokens
+            )
         if completion is None:
-            completion = self._plain(key, prompt_ids, words, target, max_tokens)
+            completion = self._plain(
+                key, prompt_ids, think_text, think_ids, words, target, budget, max_tokens
+            )
         return completion
+
+    def _think_block(self, key: bytes, target: int) -> tuple[str, list[int]]:
+        """`<think>words</think>` of about target/2 tokens (own RNG stream), or nothing when
+        this tokenizer does not spell the tags back exactly."""
+        enc = self.tokenizer.encode
+        open_ids, close_ids = enc(THINK_OPEN), enc(THINK_CLOSE)
+        budget = max(1, target // 2 - len(open_ids) - len(close_ids))
+        rtext, rids = self._fit_words(self._draw_words(_rng(key, b"think"), budget), budget)
+        text = THINK_OPEN + rtext + THINK_CLOSE
+        ids = open_ids + rids + close_ids
+        if self.tokenizer.decode(ids) != text:
+            return "", []
+        return text, ids
 
     def _draw_words(self, rng: random.Random, target: int) -> list[str]:
         # Enough words to fill `target` tokens by the per-word estimate; exact fit comes later.
@@ -217,23 +303,34 @@ class CompletionGenerator:
         self,
         key: bytes,
         prompt_ids: Sequence[int],
+        think_text: str,
+        think_ids: list[int],
         words: list[str],
         target: int,
+        budget: int | None,
         max_tokens: int | None,
     ) -> Completion:
         text, ids = self._fit_words(words, target - 1)
-        if max_tokens is not None and len(ids) + 1 > max_tokens:
-            text, ids = self._fit_words(words, max_tokens)
-            return self._finish(key, prompt_ids, text, ids, [], "", None, truncated=max_tokens)
-        return self._finish(key, prompt_ids, text, ids, [], "", None, truncated=None)
+        if budget is not None and len(ids) + 1 > budget:
+            text, ids = self._fit_words(words, budget)
+            return self._finish(
+                key, prompt_ids, think_text, think_ids, text, ids, [], "", None,
+                truncated=max_tokens,
+            )  # fmt: skip
+        return self._finish(
+            key, prompt_ids, think_text, think_ids, text, ids, [], "", None, truncated=None
+        )
 
     def _with_tool_call(
         self,
         key: bytes,
         prompt_ids: Sequence[int],
+        think_text: str,
+        think_ids: list[int],
         words: list[str],
         target: int,
         call: ToolCall,
+        budget: int | None,
         max_tokens: int | None,
     ) -> Completion | None:
         call_text = (
@@ -243,16 +340,21 @@ class CompletionGenerator:
         )
         call_ids = self.tokenizer.encode(call_text)
         text, ids = self._fit_words(words, max(0, target - 1 - len(call_ids)))
-        if max_tokens is not None and len(ids) + len(call_ids) + 1 > max_tokens:
+        if budget is not None and len(ids) + len(call_ids) + 1 > budget:
             return None  # no room for a whole call: reply with plain (truncated) text instead
-        if self.tokenizer.decode(ids + call_ids) != text + call_text:
+        if self.tokenizer.decode(think_ids + ids + call_ids) != think_text + text + call_text:
             return None  # this tokenizer does not concatenate cleanly; skip the tool call
-        return self._finish(key, prompt_ids, text, ids, call_ids, call_text, call, truncated=None)
+        return self._finish(
+            key, prompt_ids, think_text, think_ids, text, ids, call_ids, call_text, call,
+            truncated=None,
+        )  # fmt: skip
 
     def _finish(
         self,
         key: bytes,
         prompt_ids: Sequence[int],
+        think_text: str,
+        think_ids: list[int],
         text: str,
         content_ids: list[int],
         call_ids: list[int],
@@ -261,7 +363,7 @@ class CompletionGenerator:
         *,
         truncated: int | None,
     ) -> Completion:
-        ids = content_ids + call_ids
+        ids = think_ids + content_ids + call_ids
         finish: FinishReason
         if truncated is not None:
             finish = "length"
@@ -284,41 +386,102 @@ class CompletionGenerator:
             meta_finish_reason=meta_finish,
             tool_call=call,
             tool_call_text=call_text,
+            think_text=think_text,
+            think_token_count=len(think_ids),
+            token_texts=tuple(self.tokenizer.decode([i]) for i in ids),
+        )
+
+    def aborted(self, completion: Completion, tokens: int) -> Completion:
+        """`completion` cut after `tokens` tokens and finished like SGLang's graceful abort.
+
+        A cut inside the reasoning block leaves it open; a cut inside the tool call leaves
+        its partial text as content (a tool-call parser cannot parse half a call).
+        """
+        k = max(0, min(tokens, completion.completion_tokens))
+        n_think = min(k, completion.think_token_count)
+        think_ids = completion.ids[:n_think]
+        rest = completion.ids[n_think:k]
+        if rest and rest[-1] == self.end_id and k == completion.completion_tokens:
+            rest = rest[:-1]
+        decode = self.tokenizer.decode
+        think_text = (
+            completion.think_text if n_think == completion.think_token_count else decode(think_ids)
+        )
+        return Completion(
+            key=completion.key,
+            prompt_tokens=completion.prompt_tokens,
+            ids=completion.ids[:k],
+            logprobs=completion.logprobs[:k],
+            content=decode(rest) if rest else "",
+            content_token_count=len(rest),
+            finish_reason="abort",
+            meta_finish_reason=dict(ABORT_FINISH),
+            think_text=think_text if n_think else "",
+            think_token_count=n_think,
+            token_texts=completion.token_texts[:k],
         )
 
     def stream_pieces(self, completion: Completion, chunk_tokens: int) -> list[StreamPiece]:
-        """Split the reply into SSE chunks of `chunk_tokens` tokens each.
+        """Split the reply into streamed steps of about `chunk_tokens` tokens each.
 
-        Content deltas always concatenate to `completion.content`: a chunk whose tokens do not
-        decode to a clean continuation (e.g. half a multi-byte character) carries "" and its
-        text arrives with a later chunk. Deltas come from decoding a short window before the
-        chunk, so the whole split costs O(completion length).
+        Reasoning and content deltas concatenate to `completion.reasoning` and
+        `completion.content`. Deltas come from decoding a short window before the step (so
+        the split costs O(completion length)); a step whose tokens do not decode to a clean
+        continuation (e.g. half a multi-byte character) shows nothing yet. A step that would
+        show nothing at all is merged into the next one (the last into the previous one):
+        SGLang drops the logprobs of a plain-text step without text, and a real scheduler
+        coalesces such steps too, so every token's logprob reaches the client.
         """
-        n_content = completion.content_token_count
-        content_ids = completion.ids[:n_content]
-        content = completion.content
+        text = completion.text
+        n_text = completion.completion_tokens - (1 if completion.has_end else 0)
+        text_ids = completion.ids[:n_text]
         decode = self.tokenizer.decode
-        # The tool-call tokens follow the content; the end-of-turn token (if any) comes last.
-        has_end = completion.finish_reason != "length"
-        call_end = completion.completion_tokens - (1 if has_end else 0)
-        pieces: list[StreamPiece] = []
-        sent = 0  # characters of content already emitted
-        done = 0  # content tokens whose text has been emitted
+        r_lo = len(THINK_OPEN) if completion.think_text else 0
+        r_hi = len(completion.think_text)
+        if completion.think_text.endswith(THINK_CLOSE):
+            r_hi -= len(THINK_CLOSE)
+        c_lo = len(completion.think_text)
+        c_hi = c_lo + len(completion.content)
+        t_hi = len(text)
+        raw: list[StreamPiece] = []
+        sent = 0  # characters of `text` already shown
+        done = 0  # text tokens whose characters have been shown
         for start in range(0, completion.completion_tokens, chunk_tokens):
             stop = min(start + chunk_tokens, completion.completion_tokens)
-            delta = ""
-            if stop >= n_content:
-                delta = content[sent:]  # the last content chunk flushes whatever is held back
-            elif start < n_content:
+            shown = sent
+            if stop >= n_text:
+                shown = t_hi  # the last text step flushes whatever is held back
+            elif start < n_text:
                 lo = max(0, done - _STREAM_WINDOW)
-                head, both = decode(content_ids[lo:done]), decode(content_ids[lo:stop])
-                if both.startswith(head) and content.startswith(both[len(head) :], sent):
-                    delta, done = both[len(head) :], stop
-            sent += len(delta)
+                head, both = decode(text_ids[lo:done]), decode(text_ids[lo:stop])
+                if both.startswith(head) and text.startswith(both[len(head) :], sent):
+                    shown, done = sent + len(both) - len(head), stop
+            reasoning = text[max(sent, r_lo) : max(min(shown, r_hi), r_lo)] if r_hi else ""
+            content = text[max(sent, c_lo) : max(min(shown, c_hi), c_lo)]
             call = None
-            if completion.tool_call is not None and start < call_end <= stop:
+            if completion.tool_call is not None and sent < t_hi <= shown:
                 call = completion.tool_call
-            pieces.append(StreamPiece(start, stop, delta, call))
+            sent = shown
+            raw.append(StreamPiece(start, stop, content, call, reasoning))
+        pieces: list[StreamPiece] = []
+        pending: int | None = None  # start of empty steps waiting for the next visible one
+        for piece in raw:
+            start = piece.start if pending is None else pending
+            if not (piece.content or piece.reasoning or piece.tool_call):
+                pending = start
+                continue
+            pending = None
+            pieces.append(
+                StreamPiece(start, piece.stop, piece.content, piece.tool_call, piece.reasoning)
+            )
+        if pending is not None:
+            if pieces:
+                last = pieces[-1]
+                pieces[-1] = StreamPiece(
+                    last.start, raw[-1].stop, last.content, last.tool_call, last.reasoning
+                )
+            else:  # nothing visible at all (e.g. only the end token): one empty step
+                pieces.append(StreamPiece(0, completion.completion_tokens, ""))
         return pieces
 
 
@@ -451,13 +614,42 @@ def _pool_slices(pool: _R3Pool, start: int, groups: int) -> list[bytes | memoryv
     return parts
 
 
-def routed_experts_b64(key: bytes, rows: int, layers: int, topk: int, experts: int) -> bytes:
-    """Base64 (ASCII bytes) of little-endian int32 `(rows, layers, topk)` expert ids."""
-    return b"".join(routed_experts_b64_parts(key, rows, layers, topk, experts))
+def routed_experts_b64(
+    key: bytes, rows: int, layers: int, topk: int, experts: int, start: int = 0
+) -> bytes:
+    """Base64 (ASCII bytes) of little-endian int32 `(rows - start, layers, topk)` expert ids."""
+    return b"".join(routed_experts_b64_parts(key, rows, layers, topk, experts, start))
+
+
+def _rows_raw(key: bytes, rows: int, layers: int, topk: int, experts: int, lo: int) -> bytes:
+    """Raw int32 bytes of rows `[lo, rows)` of the reply `routed_experts_b64_parts` builds.
+
+    Only the pool groups that overlap the range are decoded, so the cost follows the rows
+    asked for (an "addition R3" reply), not the whole sequence.
+    """
+    row_bytes = layers * topk * 4
+    head = min(rows, 3)
+    groups, tail = divmod(rows - head, 3)
+    out = bytearray()
+    if lo < head:
+        out += _random_rows(key + b"r3head", head, layers, topk, experts)[lo * row_bytes :]
+    g_lo = max(0, (lo - head) // 3)
+    if g_lo < groups:
+        pool = _r3_pool(layers, topk, experts)
+        first = int.from_bytes(hashlib.blake2b(key + b"r3pool", digest_size=8).digest(), "little")
+        raw = base64.b64decode(
+            b"".join(_pool_slices(pool, (first + g_lo) % pool.groups, groups - g_lo))
+        )
+        skip = max(0, lo - head - 3 * g_lo)
+        out += raw[skip * row_bytes :]
+    if tail:
+        tail_lo = max(0, lo - (head + 3 * groups))
+        out += _random_rows(key + b"r3tail", tail, layers, topk, experts)[tail_lo * row_bytes :]
+    return bytes(out)
 
 
 def routed_experts_b64_parts(
-    key: bytes, rows: int, layers: int, topk: int, experts: int
+    key: bytes, rows: int, layers: int, topk: int, experts: int, start: int = 0
 ) -> list[bytes | memoryview]:
     """`routed_experts_b64` as consecutive slices (their concatenation), built without copies.
 
@@ -468,8 +660,12 @@ def routed_experts_b64_parts(
     are computed per reply whatever its size. Slices are bytes or read-only memoryviews of
     the pool: callers send them as they are (joining 80 MiB costs a copy and a long GIL hold).
     """
-    if rows <= 0 or layers <= 0 or topk <= 0:
+    if rows - start <= 0 or layers <= 0 or topk <= 0:
         return []
+    if start > 0:
+        # Rows from `start` on (SGLang's routed_experts_start_len): the same rows as the
+        # whole reply's tail, re-encoded (the pool's base64 is aligned to row 3 only).
+        return [base64.b64encode(_rows_raw(key, rows, layers, topk, experts, start))]
     head = min(rows, 3)  # 3 rows are a multiple of 3 bytes: no padding before the pool part
     groups, tail = divmod(rows - head, 3)
     parts: list[bytes | memoryview] = [
