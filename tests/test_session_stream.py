@@ -1,5 +1,7 @@
-"""The pieces of a streamed turn (session/stream.py): SSE splitting, message assembly, and
-rebuilding the non-stream reply from the final chunk."""
+"""The pieces of a relayed turn (session/stream.py): SSE splitting, message assembly, and
+rebuilding the non-stream reply from the events SGLang 0.5.23 streams (serving_chat.py
+`_generate_chat_stream`: no meta_info in any chunk, ids and R3 in a trailing `sglext` chunk,
+counts in a `usage` chunk)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import asyncio
 import base64
 import itertools
 import json
+import re
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,12 +19,11 @@ from hypothesis import strategies as st
 from sessiongate.session.errors import UpstreamError
 from sessiongate.session.reply import parse_reply
 from sessiongate.session.stream import (
+    DONE,
     ClosingStream,
     MessageAssembler,
     SseEvents,
-    final_event_for_client,
-    message_bytes,
-    reply_from_final_chunk,
+    StreamedTurn,
 )
 
 payloads = st.lists(
@@ -81,39 +83,144 @@ def test_tool_call_fragments_are_merged_by_index() -> None:
     }
 
 
-def _final_chunk(meta: dict[str, object]) -> bytes:
-    chunk = {
-        "id": "c",
-        "object": "chat.completion.chunk",
-        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "meta_info": meta}],
-        "usage": {"completion_tokens": 2},
-    }
-    return json.dumps(chunk, separators=(",", ":")).encode()
+def _dump(document: object, ascii_only: bool = False) -> bytes:
+    return json.dumps(document, ensure_ascii=ascii_only, separators=(",", ":")).encode()
 
 
-def test_reply_rebuilt_from_the_final_chunk_passes_the_reply_contract() -> None:
-    meta = {
-        "completion_tokens": 2,
-        "output_token_logprobs": [[-0.5, 7, None], [-0.25, 9, None]],
-        "routed_experts": "AAAAAAEAAAA=",
-        "finish_reason": {"type": "stop", "matched": 9},
+def _chunk(choices: list[dict[str, object]], **extra: object) -> dict[str, object]:
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    return {**head, "choices": choices, **extra}
+
+
+def sglang_events(
+    pieces: list[tuple[str, list[tuple[float, int]]]],
+    *,
+    finish: str = "stop",
+    r3: bytes | None = None,
+    reasoning: str | None = None,
+    ids: bool = True,
+    ascii_only: bool = False,
+) -> list[bytes]:
+    """The data payloads SGLang streams for a turn whose content comes in `pieces`, each
+    with its tokens' (logprob, id)."""
+    events = [_dump(_chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}]))]
+    if reasoning is not None:
+        delta = {"reasoning_content": reasoning}
+        events.append(_dump(_chunk([{"index": 0, "delta": delta, "logprobs": None}])))
+    for text, tokens in pieces:
+        content = [
+            {"token": f"t{token}", "logprob": lp, "bytes": [], "top_logprobs": []}
+            for lp, token in tokens
+        ]
+        choice = {"index": 0, "delta": {"content": text}, "logprobs": {"content": content}}
+        events.append(_dump(_chunk([choice]), ascii_only))
+    done_choice = {
+        "index": 0,
+        "delta": {"reasoning_content": None},
+        "finish_reason": finish,
+        "matched_stop": 2,
     }
-    message = message_bytes({"role": "assistant", "content": 'a "delta":{} b'})
-    reply = reply_from_final_chunk(_final_chunk(meta), message)
+    events.append(_dump(_chunk([done_choice])))
+    sglext: dict[str, object] = {}
+    if ids:
+        sglext["output_ids"] = [[token for _, tokens in pieces for _, token in tokens]]
+    if r3 is not None:
+        sglext["routed_experts"] = base64.b64encode(r3).decode()
+    if sglext:
+        events.append(_dump(_chunk([], sglext=sglext)))
+    count = sum(len(tokens) for _, tokens in pieces)
+    usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": count,
+        "total_tokens": 5 + count,
+        "prompt_tokens_details": {"cached_tokens": 3},
+    }
+    events.append(_dump(_chunk([], usage=usage)))
+    events.append(DONE)
+    return events
+
+
+def test_reply_rebuilt_from_an_sglang_stream_passes_the_reply_contract() -> None:
+    events = sglang_events(
+        [("a ", [(-0.5, 7)]), ('"delta":{} b', [(-0.25, 9)])], r3=b"\x01" * 8, reasoning="hm"
+    )
+    turn = StreamedTurn()
+    relayed = [turn.feed(e) for e in events]
+    # Content and finish chunks go out; sglext, an unasked-for usage and [DONE] do not.
+    assert relayed[:-3] == events[:-3]
+    assert relayed[-3:] == [None, None, None]
+    reply = turn.reply()
     document = json.loads(reply)
     assert document["object"] == "chat.completion"
-    assert document["choices"][0]["message"]["content"] == 'a "delta":{} b'
+    meta = document["choices"][0]["meta_info"]
+    assert meta["output_token_logprobs"] == [[-0.5, 7, "t7"], [-0.25, 9, "t9"]]
+    assert meta["cached_tokens"] == 3 and meta["prompt_tokens"] == 5
+    assert meta["finish_reason"] == {"type": "stop", "matched": 2}
     parsed = parse_reply(reply)
     assert parsed.completion_ids == [7, 9]
-    final = json.loads(final_event_for_client(parsed.client_body))
-    assert final["object"] == "chat.completion.chunk"
-    assert final["choices"][0]["delta"] == {}
-    assert "routed_experts" not in final["choices"][0]["meta_info"]
+    assert parsed.cached_tokens == 3
+    assert parsed.assistant_message == {
+        "role": "assistant",
+        "content": 'a "delta":{} b',
+        "reasoning_content": "hm",
+    }
+    assert base64.b64decode(bytes(parsed.routed_experts)) == b"\x01" * 8  # type: ignore[arg-type]
 
 
-def test_final_chunk_without_empty_delta_breaks_the_contract() -> None:
-    with pytest.raises(UpstreamError, match="no empty"):
-        reply_from_final_chunk(b'{"choices":[{"delta":{"content":"x"}}]}', message_bytes({}))
+def test_usage_is_relayed_when_the_client_asked() -> None:
+    events = sglang_events([("a", [(-0.5, 7)])])
+    turn = StreamedTurn(client_wants_usage=True)
+    relayed = [turn.feed(e) for e in events]
+    assert relayed[-2] == events[-2] and b'"usage"' in events[-2]
+
+
+def test_a_large_r3_is_sliced_not_parsed() -> None:
+    r3 = bytes(range(256)) * 1024  # 256 KiB raw: the byte-search path
+    events = sglang_events([("x", [(-1.0, 4)])], r3=r3)
+    turn = StreamedTurn()
+    for event in events:
+        turn.feed(event)
+    assert turn.routed_experts is not None and len(turn.routed_experts) > 64 * 1024
+    parsed = parse_reply(turn.reply())
+    assert base64.b64decode(bytes(parsed.routed_experts)) == r3  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("events", "fragment"),
+    [
+        (sglang_events([("x", [(-1.0, 4)])])[:-1], "without data: [DONE]"),
+        (sglang_events([("x", [(-1.0, 4)])], ids=False), "no sglext.output_ids"),
+        (
+            [e for e in sglang_events([("x", [(-1.0, 4)])]) if b'"finish_reason"' not in e],
+            "no chunk carried a finish_reason",
+        ),
+    ],
+)
+def test_a_stream_that_breaks_the_contract(events: list[bytes], fragment: str) -> None:
+    turn = StreamedTurn()
+    for event in events:
+        turn.feed(event)
+    with pytest.raises(UpstreamError, match=re.escape(fragment)):
+        turn.reply()
+
+
+def test_ids_and_logprobs_must_agree() -> None:
+    events = sglang_events([("x", [(-1.0, 4)])])
+    events[-3] = _dump(_chunk([], sglext={"output_ids": [[4, 5]]}))
+    turn = StreamedTurn()
+    for event in events:
+        turn.feed(event)
+    with pytest.raises(UpstreamError, match="2 ids but the chunks carried 1 logprobs"):
+        turn.reply()
+
+
+def test_an_error_event_fails_the_turn() -> None:
+    # serving_base.py create_streaming_error_response: {"error": {"object": "error", ...}}.
+    error = {"error": {"object": "error", "message": "out of memory", "code": 500}}
+    turn = StreamedTurn()
+    turn.feed(sglang_events([("x", [(-1.0, 4)])])[0])
+    with pytest.raises(UpstreamError, match="out of memory"):
+        turn.feed(_dump(error))
 
 
 def test_an_event_without_end_is_refused_past_the_limit() -> None:
@@ -129,7 +236,8 @@ def test_an_event_without_end_is_refused_past_the_limit() -> None:
     cuts=st.lists(st.integers(0, 60), max_size=6),
     lps=st.lists(st.tuples(st.floats(-30, 0), st.integers(0, 150_000)), min_size=1, max_size=8),
     r3=st.one_of(st.none(), st.binary(max_size=64)),
-    tool=st.booleans(),
+    reasoning=st.one_of(st.none(), st.text(max_size=20)),
+    finish=st.sampled_from(["stop", "length", "abort"]),
     ascii_only=st.booleans(),
 )
 def test_rebuilt_reply_reads_like_the_non_stream_reply(
@@ -137,37 +245,35 @@ def test_rebuilt_reply_reads_like_the_non_stream_reply(
     cuts: list[int],
     lps: list[tuple[float, int]],
     r3: bytes | None,
-    tool: bool,
+    reasoning: str | None,
+    finish: str,
     ascii_only: bool,
 ) -> None:
     message: dict[str, object] = {"role": "assistant", "content": content}
-    if tool:
-        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-        message["tool_calls"] = [call]
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     meta: dict[str, object] = {
         "completion_tokens": len(lps),
-        "output_token_logprobs": [[lp, token, None] for lp, token in lps],
-        "finish_reason": {"type": "stop", "matched": lps[-1][1]},
+        "output_token_logprobs": [[lp, token, f"t{token}"] for lp, token in lps],
+        "finish_reason": {"type": finish, "matched": 2},
     }
     if r3 is not None:
         meta["routed_experts"] = base64.b64encode(r3).decode()
-    choice = {"index": 0, "message": message, "finish_reason": "stop", "meta_info": meta}
-    whole = {"id": "x", "object": "chat.completion", "model": "m", "choices": [choice]}
+    choice = {"index": 0, "message": message, "finish_reason": finish, "meta_info": meta}
+    whole = {"id": "c", "object": "chat.completion", "model": "m", "choices": [choice]}
 
-    # The stream: content in pieces (a tool call whole, as the mock sends it), then the final
-    # chunk with an empty delta and the complete meta_info.
-    assembler = MessageAssembler()
-    assembler.add({"role": "assistant", "content": ""})
+    # The same turn streamed: content cut anywhere, tokens spread over the pieces.
     bounds = [0, *sorted(min(c, len(content)) for c in cuts), len(content)]
-    for start, end in itertools.pairwise(bounds):
-        assembler.add({"content": content[start:end]})
-    if tool:
-        assembler.add({"tool_calls": [{"index": 0, **message["tool_calls"][0]}]})  # type: ignore[index]
-    final_choice = {k: v for k, v in choice.items() if k != "message"} | {"delta": {}}
-    final = {**whole, "object": "chat.completion.chunk", "choices": [final_choice]}
-    final_bytes = json.dumps(final, ensure_ascii=ascii_only, separators=(",", ":")).encode()
+    texts = [content[start:end] for start, end in itertools.pairwise(bounds)]
+    pieces = [(text, []) for text in texts]
+    for index, token in enumerate(lps):
+        pieces[index * len(pieces) // len(lps)][1].append(token)
+    turn = StreamedTurn()
+    events = sglang_events(pieces, finish=finish, r3=r3, reasoning=reasoning, ascii_only=ascii_only)
+    for event in events:
+        turn.feed(event)
 
-    rebuilt = parse_reply(reply_from_final_chunk(final_bytes, message_bytes(assembler.message())))
+    rebuilt = parse_reply(turn.reply())
     expected = parse_reply(json.dumps(whole).encode())
     assert rebuilt.completion_ids == expected.completion_ids
     assert rebuilt.logprobs == expected.logprobs
@@ -176,9 +282,7 @@ def test_rebuilt_reply_reads_like_the_non_stream_reply(
     assert (rebuilt.routed_experts is None) == (r3 is None)
     if r3 is not None:
         assert base64.b64decode(bytes(rebuilt.routed_experts)) == r3  # type: ignore[arg-type]
-    client_final = json.loads(final_event_for_client(rebuilt.client_body))
-    assert client_final["choices"][0]["delta"] == {}
-    assert "routed_experts" not in client_final["choices"][0]["meta_info"]
+    assert b"routed_experts" not in rebuilt.client_body
 
 
 def test_closing_stream_cleans_up_once_even_if_never_iterated() -> None:

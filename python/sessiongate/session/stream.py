@@ -1,15 +1,16 @@
-"""A streamed TITO turn: relay the upstream's SSE events as they arrive and rebuild the turn's
-non-stream reply for the record.
+"""A streamed TITO turn (`--stream-upstream relay`): relay SGLang's SSE events as they
+arrive and rebuild the turn's non-stream reply for the record from what SGLang really streams.
 
-Upstream contract for `stream: true` (docs/api.md, docs/mock-engine.md): content chunks with
-`delta.content` / `delta.tool_calls`, then a final chunk with `delta = {}`, `finish_reason`
-and the *complete* non-stream `meta_info` (all `output_token_logprobs`, `completion_tokens`,
-`routed_experts`, ...), then `data: [DONE]`. The record keeps the reply the same turn would
-have had without streaming: the final chunk with its empty delta replaced by the assembled
-message and its object by `chat.completion`. That is spliced as bytes (the final chunk may
-carry 100+ MiB of R3, which Python never parses), then checked by the same `extract_reply`
-as a non-stream reply. The client's final event is that check's client body (R3 cut out,
-small) turned back into a chunk.
+What SGLang 0.5.23 streams (serving_chat.py `_generate_chat_stream`; docs/api.md): a first
+chunk with the role, content chunks whose `choices[0].logprobs.content` carry each sampled
+token's text and logprob (no ids), a finish chunk with `finish_reason` / `matched_stop`, then
+chunks with `choices: []`: `sglext` (`output_ids` when asked with
+`return_output_ids_in_sglext`, `routed_experts` when asked for R3) and `usage` (with
+`stream_options.include_usage`), then `data: [DONE]`. No chunk carries `meta_info`, and
+`return_meta_info` with `stream` is a 400. So the worker asks for exactly those extras and
+assembles ids (sglext), logprobs and token texts (the deltas), the message (the deltas),
+finish reason, token counts and cached tokens (usage) and R3 (sglext). The sglext chunk may
+hold 100+ MiB of R3: its base64 is sliced out by a byte search, never parsed in Python.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from typing import Any
 
 from sessiongate.session.errors import UpstreamError
 
-EMPTY_DELTA = b'"delta":{}'
-_CHUNK_OBJECT = b'"object":"chat.completion.chunk"'
-_REPLY_OBJECT = b'"object":"chat.completion"'
 DONE = b"[DONE]"
-# Largest SSE event accepted (a final chunk carries all of a turn's R3): past it the upstream
-# is broken, and the worker must not buffer without end.
+# Largest SSE event accepted (an sglext chunk carries all of a turn's R3): past it the
+# upstream is broken, and the worker must not buffer without end.
 MAX_EVENT_BYTES = 1 << 30
+# Events at least this large are searched for R3 before any JSON parsing.
+_LARGE_EVENT = 64 * 1024
+_R3_KEY = b'"routed_experts"'
+# Stands for the R3 text in the rebuilt reply until the bytes are spliced in; the quoted
+# member cannot occur unescaped inside any other JSON string.
+_R3_PLACEHOLDER = "__sessiongate_r3__"
+_R3_MEMBER = b'"routed_experts":"' + _R3_PLACEHOLDER.encode() + b'"'
 
 
 class SseEvents:
@@ -105,6 +110,7 @@ class MessageAssembler:
     """The assistant message of a streamed turn, from the chunks' deltas."""
 
     content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, delta: Any) -> None:
@@ -113,6 +119,9 @@ class MessageAssembler:
         text = delta.get("content")
         if isinstance(text, str):
             self.content.append(text)
+        thought = delta.get("reasoning_content")
+        if isinstance(thought, str):
+            self.reasoning.append(thought)
         for call in delta.get("tool_calls") or []:
             if isinstance(call, dict):
                 self._add_call(call)
@@ -137,44 +146,183 @@ class MessageAssembler:
 
     def message(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:
             message["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
         return message
 
 
-def message_bytes(message: dict[str, Any]) -> bytes:
-    return b'"message":' + json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+def _broken(detail: str) -> UpstreamError:
+    return UpstreamError(f"upstream stream broke the contract: {detail}")
 
 
-def reply_from_final_chunk(final: bytes, message: bytes) -> bytes:
-    """The non-stream reply of the turn: the final chunk with the message in place of its
-    empty delta. In valid JSON `"delta":{}` can only be a member (a quote inside a string is
-    escaped), so the first one is the final choice's."""
-    delta = final.find(EMPTY_DELTA)
-    if delta < 0:
-        raise UpstreamError(
-            'upstream stream broke the contract: the final chunk has no empty "delta" '
-            "(it must carry finish_reason and the complete meta_info)"
-        )
-    # One copy of a possibly 100+ MiB chunk: join slices around the two replacements.
-    view = memoryview(final)
-    parts = [view[:delta], message, view[delta + len(EMPTY_DELTA) :]]
-    kind = final.find(_CHUNK_OBJECT, 0, delta)  # the top-level "object" precedes the choices
-    if kind >= 0:
-        parts[0:1] = [view[:kind], _REPLY_OBJECT, view[kind + len(_CHUNK_OBJECT) : delta]]
-    return b"".join(parts)
+def _r3_span(data: bytes) -> tuple[int, int] | None:
+    """(start, end) of the base64 text of a top-level-looking `"routed_experts": "..."`
+    member in an event, or None. Base64 has no quote or backslash, so the text ends at the
+    next quote."""
+    at = data.find(_R3_KEY)
+    if at < 0:
+        return None
+    at += len(_R3_KEY)
+    while at < len(data) and data[at] in b" \t\r\n":
+        at += 1
+    if data[at : at + 1] != b":":
+        return None
+    at += 1
+    while at < len(data) and data[at] in b" \t\r\n":
+        at += 1
+    if data[at : at + 1] != b'"':
+        return None
+    end = data.find(b'"', at + 1)
+    return None if end < 0 else (at + 1, end)
 
 
-def final_event_for_client(client_body: bytes) -> bytes:
-    """The client's final chunk: the checked reply's client body (R3 already cut out, so it
-    is small) with each message back to an empty delta."""
-    document = json.loads(client_body)
-    document["object"] = "chat.completion.chunk"
-    for choice in document.get("choices") or []:
-        if isinstance(choice, dict) and "message" in choice:
-            del choice["message"]
-            choice["delta"] = {}
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+@dataclass
+class StreamedTurn:
+    """Accumulates one relayed SGLang stream; `feed` says what the client gets of each event,
+    `reply` rebuilds the non-stream reply the record keeps."""
+
+    client_wants_usage: bool = False
+    assembler: MessageAssembler = field(default_factory=MessageAssembler)
+    logprobs: list[float] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+    output_ids: list[int] | None = None
+    routed_experts: memoryview | None = None
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    matched_stop: Any = None
+    head: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+
+    def feed(self, data: bytes) -> bytes | None:
+        """One event's data: what to relay to the client (None: nothing)."""
+        if data == DONE:
+            self.done = True
+            return None
+        r3: memoryview | None = None
+        if len(data) >= _LARGE_EVENT and (span := _r3_span(data)) is not None:
+            # Parse the event without its R3 text (one small copy); keep the text as a view.
+            start, end = span
+            r3 = memoryview(data)[start:end]
+            data = data[: start - 1] + b"null" + data[end + 1 :]
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise _broken(f"an event is not JSON: {bytes(data[:120])!r}") from None
+        if not isinstance(event, dict):
+            raise _broken(f"an event is not a JSON object: {bytes(data[:120])!r}")
+        if "error" in event or event.get("object") == "error":
+            error = event.get("error", event)
+            message = error.get("message") if isinstance(error, dict) else error
+            raise UpstreamError(f"upstream stream failed: {message}")
+        for key in ("id", "created", "model"):
+            if key in event and key not in self.head:
+                self.head[key] = event[key]
+        sglext = event.get("sglext")
+        if isinstance(sglext, dict):
+            self._take_sglext(sglext, r3)
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = event.get("choices")
+        if not isinstance(choices, list):
+            raise _broken(f"an event has no choices list: {bytes(data[:120])!r}")
+        if not choices:
+            # sglext and usage chunks: R3 and ids are the record's; usage only if asked.
+            return (
+                data if usage is not None and sglext is None and self.client_wants_usage else None
+            )
+        self._take_choice(choices[0])
+        return data
+
+    def _take_sglext(self, sglext: dict[str, Any], r3: memoryview | None) -> None:
+        ids = sglext.get("output_ids")
+        if ids is not None:
+            # One list per choice (n > 1 is not a session turn): the first.
+            if not isinstance(ids, list) or not ids or not isinstance(ids[0], list):
+                raise _broken("sglext.output_ids is not a list of id lists")
+            self.output_ids = ids[0]
+        if r3 is not None:
+            self.routed_experts = r3
+        elif isinstance(sglext.get("routed_experts"), str):
+            self.routed_experts = memoryview(sglext["routed_experts"].encode())
+
+    def _take_choice(self, choice: Any) -> None:
+        if not isinstance(choice, dict):
+            raise _broken("choices[0] is not an object")
+        self.assembler.add(choice.get("delta"))
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict):
+            for entry in logprobs.get("content") or []:
+                if not isinstance(entry, dict) or not isinstance(entry.get("logprob"), int | float):
+                    raise _broken(f"a logprobs.content entry has no logprob: {entry!r:.80}")
+                self.logprobs.append(float(entry["logprob"]))
+                token = entry.get("token")
+                self.token_texts.append(token if isinstance(token, str) else "")
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = str(choice["finish_reason"])
+            self.matched_stop = choice.get("matched_stop")
+
+    def reply(self) -> bytes:
+        """The turn as a non-stream reply (`chat.completion` with `meta_info`), R3 spliced
+        in as bytes; `extract_reply` checks it like any reply."""
+        if not self.done:
+            raise _broken("it ended without data: [DONE]")
+        if self.finish_reason is None:
+            raise _broken("no chunk carried a finish_reason")
+        if self.output_ids is None:
+            raise _broken(
+                "no sglext.output_ids (the engine must support return_output_ids_in_sglext, "
+                "SGLang >= 0.5.23; or serve with --stream-upstream buffered)"
+            )
+        ids = self.output_ids
+        if len(ids) != len(self.logprobs):
+            raise _broken(
+                f"sglext.output_ids has {len(ids)} ids but the chunks carried "
+                f"{len(self.logprobs)} logprobs"
+            )
+        usage = self.usage or {}
+        completion_tokens = usage.get("completion_tokens", len(ids))
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        # SGLang's meta_info says "stop" where the OpenAI finish reason says "tool_calls".
+        kind = "stop" if self.finish_reason == "tool_calls" else self.finish_reason
+        meta: dict[str, Any] = {
+            "id": self.head.get("id"),
+            "finish_reason": {"type": kind, "matched": self.matched_stop},
+            "prompt_tokens": usage.get("prompt_tokens"),
+            "completion_tokens": completion_tokens,
+            "cached_tokens": cached,
+            "output_token_logprobs": [
+                [lp, token_id, text]
+                for lp, token_id, text in zip(self.logprobs, ids, self.token_texts, strict=True)
+            ],
+            "output_token_logprobs_length": len(ids),
+        }
+        if self.routed_experts is not None:
+            meta["routed_experts"] = _R3_PLACEHOLDER
+        document = {
+            **self.head,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": self.assembler.message(),
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason,
+                    "matched_stop": self.matched_stop,
+                    "meta_info": meta,
+                }
+            ],
+            "usage": self.usage,
+        }
+        body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+        if self.routed_experts is None:
+            return body
+        at = body.find(_R3_MEMBER)
+        value = at + len(b'"routed_experts":"')
+        return b"".join([body[:value], self.routed_experts, body[value + len(_R3_PLACEHOLDER) :]])
 
 
 def sse(data: bytes) -> bytes:
