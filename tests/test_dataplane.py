@@ -76,7 +76,8 @@ def _equivalence_script(url: str) -> tuple[list[tuple[Any, ...]], set[int]]:
     """A deterministic script of creates, chats (tool turns, a child), GETs, DELETEs and
     errors; returns normalised (step, status, content type, body) and the workers used."""
     volatile = re.compile(
-        r'"(id|created|timestamp|session_id|parent_session_id)":("[^"]*"|[0-9.]+)'
+        r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id|parent_session_id)"'
+        r':("[^"]*"|[0-9.e-]+)'
     )
     ids: dict[str, str] = {}
     steps: list[tuple[Any, ...]] = []

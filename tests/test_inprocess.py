@@ -23,7 +23,8 @@ from sessiongate.demo.verify import trajectory_problems
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[ServerProcess]:
     port = free_port()
-    with ServerProcess(["serve", "--port", str(port), "--workers", "0", "--r3"], port) as proc:
+    argv = ["serve", "--port", str(port), "--workers", "0", "--r3", "--stream-upstream", "relay"]
+    with ServerProcess(argv, port) as proc:
         yield proc
 
 

@@ -260,32 +260,33 @@ def sse_events(response: httpx.Response) -> list[str]:
     return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
 
 
-def test_stream_relays_token_chunks_and_records_the_turn(client: httpx.Client) -> None:
+def test_stream_is_one_chunk_and_records_like_a_non_stream_turn(client: httpx.Client) -> None:
+    # --stream-upstream buffered (the default, the rollout framework's choice): one non-stream
+    # upstream call, answered as one chunk without meta_info (miles/rollout/session/core.py
+    # _response_to_stream_chunk); the relayed mode is in tests/test_engine_contracts.py.
     streamed, whole = new_session(client), new_session(client)
-    response = chat(client, streamed, start_messages(), stream=True)
+    response = chat(client, streamed, start_messages(), stream=True, tools=TOOLS)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["x-sessiongate-recorded"] == "true"
     events = sse_events(response)
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    # The upstream's chunks, relayed: a role chunk, several content chunks, a final one.
-    assert len(chunks) >= 4
-    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
-    final = chunks[-1]["choices"][0]
-    assert final["delta"] == {} and final["finish_reason"] in ("stop", "length")
-    assert "routed_experts" not in final["meta_info"]  # cut for the client
-    assert all("routed_experts" not in json.dumps(c) for c in chunks)
-    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])
+    assert events[-1] == "[DONE]" and len(events) == 2
+    chunk = json.loads(events[0])
+    assert chunk["object"] == "chat.completion.chunk"
+    choice = chunk["choices"][0]
+    assert "meta_info" not in choice and "routed_experts" not in events[0]
+    assert choice["delta"]["role"] == "assistant"
+    for index, call in enumerate(choice["delta"].get("tool_calls") or []):
+        assert call["index"] == index
 
     record = client.get(f"/sessions/{streamed}").json()["records"][0]
+    assert record["request"]["stream"] is False  # the upstream call was not streamed
     reply = record["response"]
-    assert reply["object"] == "chat.completion"
-    assert reply["choices"][0]["message"]["content"] == content
+    assert reply["choices"][0]["message"]["content"] == choice["delta"]["content"]
     assert "routed_experts" in reply["choices"][0]["meta_info"]  # kept in the record
-    assert record["request"]["stream"] is True
 
     # The same turn without streaming records the same tokens.
-    chat(client, whole, start_messages())
+    chat(client, whole, start_messages(), tools=TOOLS)
     other = client.get(f"/sessions/{whole}").json()["records"][0]["response"]
     assert other["choices"][0]["message"] == reply["choices"][0]["message"]
     assert (
@@ -335,21 +336,22 @@ class _JsonEngine(_QuietEngine):
 
 
 @contextmanager
-def gateway_over(engine: type[BaseHTTPRequestHandler]) -> Iterator[ServerProcess]:
+def gateway_over(engine: type[BaseHTTPRequestHandler], *args: str) -> Iterator[ServerProcess]:
     """`serve` over a scripted in-test engine (a handler class on a loopback thread)."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), engine)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = free_port()
     try:
         backend = f"http://127.0.0.1:{upstream.server_address[1]}"
-        with ServerProcess(["serve", "--port", str(port), "--backend", backend], port) as gw:
+        argv = ["serve", "--port", str(port), "--backend", backend, *args]
+        with ServerProcess(argv, port) as gw:
             yield gw
     finally:
         upstream.shutdown()
 
 
 class _CutStreamEngine(_QuietEngine):
-    """Streams two content chunks, then ends without the final chunk."""
+    """Streams two content chunks, then `[DONE]` without a finish chunk or ids."""
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
@@ -363,8 +365,8 @@ class _CutStreamEngine(_QuietEngine):
         self.wfile.write(b"data: [DONE]\n\n")
 
 
-def test_stream_without_final_chunk_ends_with_an_error_event_unrecorded() -> None:
-    with gateway_over(_CutStreamEngine) as gw:
+def test_stream_without_finish_ends_with_an_error_event_unrecorded() -> None:
+    with gateway_over(_CutStreamEngine, "--stream-upstream", "relay") as gw:
         session_id, response = first_turn(gw, stream=True)
         assert response.status_code == 200
         events = sse_events(response)
@@ -372,14 +374,15 @@ def test_stream_without_final_chunk_ends_with_an_error_event_unrecorded() -> Non
             "Hel",
             "lo",
         ]
-        assert "without a final chunk" in json.loads(events[-1])["error"]
+        assert "no chunk carried a finish_reason" in json.loads(events[-1])["error"]
         assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
 
 
 def test_client_gone_mid_stream_leaves_the_session_unrecorded_and_usable() -> None:
     port = free_port()
     slow = "--token-delay-ms 20 --completion-tokens 40"
-    with ServerProcess(["serve", "--port", str(port), "--mock-args", slow], port) as gw:
+    argv = ["serve", "--port", str(port), "--mock-args", slow, "--stream-upstream", "relay"]
+    with ServerProcess(argv, port) as gw:
         session_id = httpx.post(gw.url + "/sessions").json()["session_id"]
         url = f"{gw.url}/sessions/{session_id}/v1/chat/completions"
         body = {"messages": start_messages(), "stream": True}
@@ -555,7 +558,7 @@ class _WholeReplyEngine(_JsonEngine):
 
 
 def test_stream_request_answered_whole_is_one_chunk_and_recorded() -> None:
-    with gateway_over(_WholeReplyEngine) as gw:
+    with gateway_over(_WholeReplyEngine, "--stream-upstream", "relay") as gw:
         session_id, response = first_turn(gw, stream=True)
         assert response.status_code == 200
         assert response.headers["x-sessiongate-recorded"] == "true"

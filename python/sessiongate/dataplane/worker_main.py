@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
+from sessiongate.session.turn_options import add_turn_arguments, turn_settings
 
 if TYPE_CHECKING:
     from sessiongate.session.core import SessionCore
@@ -81,6 +82,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
         help="an option of the session routing mode (repeatable)",
     )
     parser.add_argument("--log-level", default="warning")
+    add_turn_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,6 +127,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
         r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         not_found_note=not_found_note,
+        **turn_settings(args),
     )
     # The caller validated the mode already; a failure here is a bug, so let it raise.
     mode = load_mode(args.session_routing, args.session_routing_opt)

@@ -63,6 +63,10 @@ def _assistant_message(message: object) -> dict[str, Any] | None:
     if content is None and not tool_calls:
         return None
     out: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    # Echoed back as received: a reasoning model's history keeps its thinking (a strict
+    # history matcher compares it).
+    if isinstance(message.get("reasoning_content"), str):
+        out["reasoning_content"] = message["reasoning_content"]
     if tool_calls:
         out["tool_calls"] = tool_calls
     return out
@@ -96,6 +100,7 @@ class _SseState:
 
     def __init__(self) -> None:
         self.content: list[str] = []
+        self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.first_token: float | None = None
         self.done = False
@@ -114,6 +119,9 @@ class _SseState:
                 self.first_token = time.perf_counter()
             if text:
                 self.content.append(text)
+            thought = delta.get("reasoning_content")
+            if isinstance(thought, str):
+                self.reasoning.append(thought)
             for call in calls or []:
                 self._merge_call(call)
             meta = choice.get("meta_info")
@@ -139,6 +147,8 @@ class _SseState:
         if not self.content and not calls:
             return None
         out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content)}
+        if self.reasoning:
+            out["reasoning_content"] = "".join(self.reasoning)
         if calls:
             out["tool_calls"] = calls
         return out

@@ -80,6 +80,8 @@ def classify(
         upstream_path = "/" + sub_path
         if sub_path == "trajectory" and method == "GET":
             return Route("trajectory", session_id)
+        if sub_path == "samples" and method == "POST":
+            return Route("samples", session_id)
         if upstream_path == CHAT_PATH and method == "POST":
             return Route("chat", session_id)
         return Route("proxy", session_id, upstream_path=upstream_path)

@@ -14,6 +14,7 @@ from sessiongate.process import ChildProcess, free_port, wait_http_ready
 from sessiongate.server.asgi import DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
+from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
 
 MOCK_BACKEND = "mock"
 # R3 shape the embedded mock engine uses when --r3 is given without --mock-args.
@@ -138,6 +139,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "stop everything and exit non-zero (fail-fast)",
     )
     parser.add_argument("--log-level", default="warning")
+    add_turn_arguments(parser)
     add_remote_arguments(parser)
 
 
@@ -219,6 +221,7 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         r3=args.r3,
         r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
+        **turn_settings(args),
     )
 
 
@@ -412,6 +415,7 @@ def run_local(args: argparse.Namespace) -> int:
             *(["--r3"] if args.r3 else []),
             "--r3-topk",
             str(args.r3_topk),
+            *turn_argv(args),
         ]
         router_args = router_arguments(args, frontend)
         if args.ray:

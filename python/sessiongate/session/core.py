@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -26,7 +27,7 @@ from sessiongate.session.errors import (
     SessionNotFound,
     UpstreamError,
 )
-from sessiongate.session.messages import plan_history, validate_messages
+from sessiongate.session.messages import plan_history, resolve_matcher, validate_messages
 from sessiongate.session.protocol import (
     JSON_HEADERS,
     RECORDED_HEADER,
@@ -38,25 +39,22 @@ from sessiongate.session.protocol import (
     parse_json_object,
 )
 from sessiongate.session.reply import ParsedReply, finish_reason_text, parse_reply
+from sessiongate.session.samples import build_samples_payload
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.stream import (
     DONE,
-    EMPTY_DELTA,
     ClosingStream,
-    MessageAssembler,
     SseEvents,
+    StreamedTurn,
     error_event,
-    final_event_for_client,
-    message_bytes,
-    reply_from_final_chunk,
     sse,
 )
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.trajectory import build_trajectory
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
-from sessiongate.upstream.client import UpstreamReply, UpstreamStream
+from sessiongate.upstream.client import UpstreamReply, UpstreamStream, forwardable_headers
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -80,10 +78,18 @@ class SessionCore:
         self.settings = settings or SessionSettings()
         # Stamps session identity for an external router (None: no session routing mode).
         self.stamper = stamper
-        self.tito = TitoEngine(tokenizer, max_trim_tokens=self.settings.max_trim_tokens)
+        self.tito = TitoEngine(
+            tokenizer,
+            max_trim_tokens=self.settings.max_trim_tokens,
+            chat_template_kwargs=self.settings.chat_template_kwargs,
+        )
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
+        self.matcher = resolve_matcher(self.settings.message_matcher)
         self.turns_recorded = 0
+        self.turns_aborted = 0
+        # Turns recorded without R3 under --r3-missing warn.
+        self.r3_missing_turns = 0
         # Called as hook(session_id, reason) exactly once per session when it ends.
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
@@ -95,6 +101,7 @@ class SessionCore:
             "chat": self._chat,
             "proxy": self._proxy,
             "trajectory": self._trajectory,
+            "samples": self._samples,
         }
 
     def start(self) -> None:
@@ -169,6 +176,8 @@ class SessionCore:
                 "status": "ok",
                 "sessions": len(self.sessions),
                 "turns_recorded": self.turns_recorded,
+                "turns_aborted": self.turns_aborted,
+                "r3_missing_turns": self.r3_missing_turns,
                 "upstream": self.upstream.base_url,
                 **self.upstream.status(),
             },
@@ -203,11 +212,15 @@ class SessionCore:
             messages = list(session.messages)
             accumulated = list(session.accumulated_ids)
             tools = session.tools
+            template_kwargs = session.template_kwargs
         metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
         if accumulated:
             try:
                 metadata["tito_session_mismatch"] = await asyncio.to_thread(
-                    self.tito.mismatches, messages, tools, accumulated
+                    functools.partial(self.tito.mismatches, template_kwargs=template_kwargs),
+                    messages,
+                    tools,
+                    accumulated,
                 )
             except (GatewayError, ValueError) as exc:
                 metadata["tito_session_mismatch_error"] = str(exc)
@@ -256,6 +269,35 @@ class SessionCore:
 
         return CoreReply(200, headers, stream=stream(), coalesce=True)
 
+    async def _samples(self, request: CoreRequest) -> CoreReply:
+        """Trainer-ready samples, assembled here as the rollout framework's session server
+        does (docs/samples.md)."""
+        max_seq_len: int | None = None
+        if request.body.strip():
+            document = parse_json_object(request.body, "request body")
+            max_seq_len = document.get("max_seq_len")
+            if max_seq_len is not None and (
+                not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1
+            ):
+                raise BadRequest("field 'max_seq_len' must be a positive integer or null")
+        _, records, accumulated, metadata = await self._snapshot(request)
+        session_metadata = {
+            **metadata,
+            "accumulated_token_ids": accumulated,
+        }
+        payload = await asyncio.to_thread(
+            build_samples_payload,
+            records,
+            accumulated,
+            session_metadata,
+            tokenizer=self.tito.tokenizer,
+            max_trim_tokens=self.tito.max_trim_tokens,
+            max_seq_len=max_seq_len,
+            r3_topk=self.settings.r3_topk,
+            indexer_topk=self.settings.indexer_topk,
+        )
+        return CoreReply(200, [("content-type", "application/octet-stream")], payload)
+
     async def _delete(self, request: CoreRequest) -> CoreReply:
         await self._close(self._open_session(self._session_id(request)), "deleted")
         return CoreReply(204, [])
@@ -294,14 +336,22 @@ class SessionCore:
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:
         root_id = None
+        headers = request.headers
         if request.session_id is not None:
-            root_id = self._open_session(self._session_id(request)).root_id
+            session_id = self._session_id(request)
+            root_id = self._open_session(session_id).root_id
+            if self.settings.smg_routing_key:
+                # The rollout framework stamps its session proxy requests too.
+                headers = [
+                    *(h for h in headers if h[0].lower() != "x-smg-routing-key"),
+                    ("X-SMG-Routing-Key", session_id),
+                ]
         stream = await self.upstream.open_stream(
             root_id,
             request.method,
             request.path,
             query=request.query,
-            headers=request.headers,
+            headers=headers,
             body=request.body,
         )
         if stream.small_body_length(PROXY_BUFFER_BELOW) is not None:
@@ -310,11 +360,14 @@ class SessionCore:
         return CoreReply(stream.status, stream.headers, stream=stream.chunks())
 
     async def _chat(self, request: CoreRequest) -> CoreReply:
+        request_timestamp = time.time()
         session_id = self._session_id(request)
         body = parse_json_object(request.body, "request body")
         messages = validate_messages(body.get("messages"))
         tools = body.get("tools")
         wants_stream = bool(body.get("stream"))
+        relay = wants_stream and self.settings.stream_upstream == "relay"
+        template_kwargs = self.tito.resolve_chat_template_kwargs(body.get("chat_template_kwargs"))
 
         session = self.sessions.get(session_id)
         if session is None and request.auto_create:
@@ -331,17 +384,23 @@ class SessionCore:
                 messages,
                 session_id=session_id,
                 allowed_roles=self.settings.allowed_append_roles,
+                matcher=self.matcher,
+                checkpoint_ends=session.checkpoint_ends,
             )
             if plan.checkpoint_count == 0:
                 base_ids: list[int] = []
-                prompt_ids = self.tito.first_turn_ids(messages, tools)
+                prompt_ids = self.tito.first_turn_ids(
+                    messages, tools, template_kwargs=template_kwargs
+                )
             else:
                 base_ids = session.checkpoints[plan.checkpoint_count - 1]
                 last_assistant = session.messages[plan.base_len - 1]
                 prompt_ids = [
                     *base_ids,
-                    *self.tito.junction_ids(base_ids),
-                    *self.tito.appended_ids(last_assistant, plan.appended, tools),
+                    *self.tito.junction_ids(base_ids, template_kwargs=template_kwargs),
+                    *self.tito.appended_ids(
+                        last_assistant, plan.appended, tools, template_kwargs=template_kwargs
+                    ),
                 ]
             routing_headers: list[tuple[str, str]] = []
             final_turn = False
@@ -356,25 +415,23 @@ class SessionCore:
             session_id=session_id,
             version=version,
             checkpoint_count=plan.checkpoint_count,
-            messages=messages,
+            # The stored spelling of the kept history (a loose matcher may have accepted a
+            # re-serialised echo of it), then the appended messages.
+            messages=plan.messages,
             tools=tools,
+            template_kwargs=template_kwargs,
             prompt_ids=prompt_ids,
             base_ids=base_ids,
             final_turn=final_turn,
+            request_timestamp=request_timestamp,
+            # Addition R3: the checkpoint's rows (all but its last token's) are held already.
+            r3_start_row=max(0, len(base_ids) - 1) if self.settings.r3_addition else 0,
         )
         handed_off = False  # a relayed stream ends the turn itself
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
-            fields: dict[str, Any] = {
-                "input_ids": prompt_ids,
-                "logprobs": True,
-                "return_meta_info": True,
-                "no_stop_trim": False,
-                "stream": wants_stream,
-            }
-            if self.settings.r3:
-                fields["return_routed_experts"] = True
+            fields = self._upstream_fields(turn, template_kwargs, relay=relay)
             if self.stamper is not None:
                 routing_headers = self.stamper.headers(routing_ctx)
             if self.stamper is not None and self.stamper.mutates_body:
@@ -398,25 +455,27 @@ class SessionCore:
             else:
                 # No body rewrite: the client's bytes plus the TITO fields, never re-serialised.
                 turn.request_bytes = await _off_loop(rewrite_request, request.body, fields)
-            if wants_stream:
+            headers = self._turn_headers(session_id, request.headers, routing_headers)
+            if relay:
                 upstream = await self.upstream.open_stream(
                     session.root_id,
                     "POST",
                     self.settings.chat_path,
-                    headers=[("content-type", "application/json"), *routing_headers],
+                    headers=[("content-type", "application/json"), *headers],
                     body=turn.request_bytes,
                 )
                 if upstream.status == 200 and upstream.is_event_stream():
                     handed_off = True
-                    relay = ClosingStream(
-                        self._relay_turn(turn, upstream), lambda: self._end_relay(turn, upstream)
+                    stream = ClosingStream(
+                        self._relay_turn(turn, upstream, _wants_usage(body)),
+                        lambda: self._end_relay(turn, upstream),
                     )
-                    return CoreReply(200, SSE_HEADERS, stream=relay)
+                    return CoreReply(200, SSE_HEADERS, stream=stream)
                 # An error status passes through; a 200 that is not a stream is a whole reply.
                 reply = UpstreamReply(upstream.status, upstream.headers, await upstream.read_all())
             else:
                 reply = await self.upstream.post_json(
-                    session.root_id, self.settings.chat_path, turn.request_bytes, routing_headers
+                    session.root_id, self.settings.chat_path, turn.request_bytes, headers
                 )
             if reply.status != 200:
                 # Upstream errors pass through unrecorded.
@@ -433,8 +492,72 @@ class SessionCore:
             return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.client_body))
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
 
+    def _upstream_fields(
+        self, turn: _Turn, template_kwargs: dict[str, Any], *, relay: bool
+    ) -> dict[str, Any]:
+        """The members a session turn sets in the client's body (docs/api.md, "Upstream")."""
+        fields: dict[str, Any] = {
+            "input_ids": turn.prompt_ids,
+            "logprobs": True,
+            "no_stop_trim": False,
+        }
+        if relay:
+            # SGLang rejects return_meta_info with stream (400) and streams no meta_info:
+            # ask for the extras a stream can carry instead (session/stream.py).
+            fields["stream"] = True
+            fields["return_meta_info"] = False
+            fields["return_output_ids_in_sglext"] = True
+            fields["stream_options"] = {"include_usage": True}
+        else:
+            fields["stream"] = False
+            fields["return_meta_info"] = True
+            fields["stream_options"] = None  # only valid with stream
+        if self.settings.r3:
+            fields["return_routed_experts"] = True
+            if self.settings.r3_addition:
+                fields["routed_experts_start_len"] = turn.r3_start_row
+        if self.settings.indexer_replay:
+            fields["return_indexer_topk"] = True
+        if self.settings.lora_path is not None:
+            fields["lora_path"] = self.settings.lora_path
+        if template_kwargs:
+            # The engine's parsers (reasoning, tools) must see what the prompt was built with.
+            fields["chat_template_kwargs"] = template_kwargs
+        return fields
+
+    def _turn_headers(
+        self,
+        session_id: str,
+        client: list[tuple[str, str]],
+        routing: list[tuple[str, str]],
+    ) -> list[tuple[str, str]]:
+        """The client's headers (less hop-by-hop ones and the body's own), the default
+        routing key, then the routing mode's headers; later ones replace same-named ones."""
+        stamped: list[tuple[str, str]] = []
+        if self.settings.smg_routing_key:
+            stamped.append(("X-SMG-Routing-Key", session_id))
+        stamped.extend(routing)
+        replaced = {name.lower() for name, _ in stamped} | {"content-type"}
+        kept = [(k, v) for k, v in forwardable_headers(client) if k.lower() not in replaced]
+        return [*kept, *stamped]
+
+    def _check_reply(self, parsed: ParsedReply) -> None:
+        """Contract checks that depend on this gateway's settings."""
+        if self.settings.r3 and parsed.routed_experts is None:
+            if self.settings.r3_missing == "error":
+                raise UpstreamError(
+                    "upstream reply has no routed_experts although --r3 asked for them (start "
+                    "SGLang with --enable-return-routed-experts, or serve with --r3-missing "
+                    "warn to record such turns anyway)"
+                )
+            self.r3_missing_turns += 1
+            logger.warning(
+                "turn recorded without routed_experts (%d so far)", self.r3_missing_turns
+            )
+
     async def _commit(self, turn: _Turn, reply_body: bytes, parsed: ParsedReply) -> bool:
         """Phase 3, under the lock again: record the turn unless the session moved on."""
+        self._check_reply(parsed)
         session = turn.session
         async with session.lock:
             if session.closing or session.version != turn.version:
@@ -445,6 +568,8 @@ class SessionCore:
             kept = turn.checkpoint_count
             session.messages = [*turn.messages, parsed.assistant_message]
             session.checkpoints = [*session.checkpoints[:kept], new_ids]
+            session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
+            finish = finish_reason_text(parsed.finish_reason)
             session.records = [
                 *session.records[:kept],
                 TurnRecord(
@@ -456,14 +581,22 @@ class SessionCore:
                     response=reply_body,
                     prompt_len=len(turn.prompt_ids),
                     completion_ids=array("i", parsed.completion_ids),
-                    logprobs=array("f", parsed.logprobs),
-                    finish_reason=finish_reason_text(parsed.finish_reason),
+                    logprobs=array("d", parsed.logprobs),
+                    finish_reason=finish,
                     routed_experts=parsed.routed_experts,
+                    r3_start_row=turn.r3_start_row,
+                    indexer_topk=parsed.indexer_topk,
+                    weight_version=parsed.weight_version,
+                    cached_tokens=parsed.cached_tokens,
+                    request_timestamp=turn.request_timestamp,
                 ),
             ]
             session.tools = turn.tools
+            session.template_kwargs = turn.template_kwargs
             session.version += 1
             self.turns_recorded += 1
+            if finish == "abort":
+                self.turns_aborted += 1
             return True
 
     async def _end_turn(self, turn: _Turn, succeeded: bool) -> None:
@@ -475,45 +608,29 @@ class SessionCore:
             turn.session.turn_finished()
             turn.session.last_active = time.monotonic()
 
-    async def _relay_turn(self, turn: _Turn, upstream: UpstreamStream) -> AsyncIterator[bytes]:
-        """The client's SSE stream of a streamed turn; records the turn at its end.
+    async def _relay_turn(
+        self, turn: _Turn, upstream: UpstreamStream, client_wants_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """The client's SSE stream of a relayed turn; records the turn at its end.
 
-        Content events go out as they arrive; the final chunk (complete meta_info, R3) is
-        held back, the turn's non-stream reply is rebuilt from it and checked like any reply,
-        and the client gets it without R3. A failure after the 200 went out can only be told
-        in the stream: an `{"error": ...}` event, and the turn is not recorded.
+        Events go out as they arrive, except the sglext chunk (R3 and ids are the record's)
+        and a usage chunk the client did not ask for. At the upstream's `[DONE]` the turn's
+        non-stream reply is rebuilt, checked like any reply and recorded before the client's
+        `[DONE]`. A failure after the 200 went out can only be told in the stream: an
+        `{"error": ...}` event, and the turn is not recorded.
         """
         try:
             events = SseEvents()
-            assembler = MessageAssembler()
-            final: bytes | None = None
+            streamed = StreamedTurn(client_wants_usage=client_wants_usage)
             async for piece in upstream.raw_chunks():
                 for data in events.feed(piece):
-                    if data == DONE:
-                        continue
-                    if EMPTY_DELTA in data:
-                        final = data  # the final chunk; nothing may follow but [DONE]
-                        continue
-                    try:
-                        chunk = json.loads(data)
-                        choices = chunk.get("choices") or [{}]
-                        assembler.add(choices[0].get("delta"))
-                    except (ValueError, AttributeError, TypeError, IndexError):
-                        raise UpstreamError(
-                            f"upstream stream broke the contract: bad event {data[:120]!r}"
-                        ) from None
-                    yield sse(data)
-            if final is None:
-                raise UpstreamError(
-                    "upstream stream broke the contract: it ended without a final chunk "
-                    "(empty delta, finish_reason and the complete meta_info)"
-                )
-            message = message_bytes(assembler.message())
-            reply_body = reply_from_final_chunk(final, message)
+                    relayed = streamed.feed(data)
+                    if relayed is not None:
+                        yield sse(relayed)
+            reply_body = streamed.reply()
             parsed = await _off_loop(parse_reply, reply_body)
             await self._commit(turn, reply_body, parsed)
             turn.succeeded = True  # recorded (or raced): a client gone now changes nothing
-            yield sse(final_event_for_client(parsed.client_body))
             yield sse(DONE)
         except GatewayError as exc:
             yield error_event(str(exc))
@@ -543,6 +660,9 @@ class _Turn:
     prompt_ids: list[int]
     base_ids: list[int]
     final_turn: bool
+    template_kwargs: dict[str, Any]
+    request_timestamp: float
+    r3_start_row: int = 0
     request_bytes: bytes = b""
     succeeded: bool = False  # a relayed turn: recorded and answered in full
     ended: bool = False  # a relayed turn: _end_relay ran
@@ -561,24 +681,45 @@ async def _session_document_parts(
 
 
 async def _one_chunk_sse(client_body: bytes) -> AsyncIterator[bytes]:
-    """The whole reply as one `chat.completion.chunk` event, then `[DONE]`."""
+    """A buffered turn as one `chat.completion.chunk` event, then `[DONE]`: the whole message
+    as one delta (tool calls with their `index`, as streamed calls have), the usage, no
+    `meta_info` (SGLang streams none; the record has it), as the rollout framework does."""
     document = json.loads(client_body)
     chunk_choices = []
     for choice in document.get("choices") or []:
         if not isinstance(choice, dict):
             continue
-        chunk_choice = {
-            "index": choice.get("index", 0),
-            "delta": choice.get("message") or {},
-            "finish_reason": choice.get("finish_reason"),
+        message = choice.get("message") or {}
+        delta: dict[str, Any] = {
+            "role": message.get("role", "assistant"),
+            "content": message.get("content"),
         }
-        if "meta_info" in choice:
-            chunk_choice["meta_info"] = choice["meta_info"]
-        chunk_choices.append(chunk_choice)
-    chunk = {**document, "object": "chat.completion.chunk", "choices": chunk_choices}
+        if message.get("reasoning_content") is not None:
+            delta["reasoning_content"] = message["reasoning_content"]
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [
+                {**call, "index": index} if isinstance(call, dict) else call
+                for index, call in enumerate(message["tool_calls"])
+            ]
+        chunk_choices.append(
+            {
+                "index": choice.get("index", 0),
+                "delta": delta,
+                "logprobs": choice.get("logprobs"),
+                "finish_reason": choice.get("finish_reason"),
+            }
+        )
+    chunk = {key: document[key] for key in ("id", "created", "model", "usage") if key in document}
+    chunk["object"] = "chat.completion.chunk"
+    chunk["choices"] = chunk_choices
     yield b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
     yield b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+def _wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 # Bodies above this are handled in a thread: the Rust primitives release the GIL, so the

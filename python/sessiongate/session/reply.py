@@ -26,6 +26,10 @@ class ParsedReply:
     # The base64 text of choices[0].meta_info.routed_experts: a view into the reply bytes
     # the record keeps anyway (no copy), or None.
     routed_experts: memoryview | None
+    # choices[0].meta_info.indexer_topk (base64), the same kind of view, or None.
+    indexer_topk: memoryview | None
+    weight_version: str | None
+    cached_tokens: int | None
 
 
 def parse_reply(body: bytes) -> ParsedReply:
@@ -41,6 +45,9 @@ def parse_reply(body: bytes) -> ParsedReply:
         assistant_message=extracted.message,
         client_body=extracted.client_body,
         routed_experts=extracted.routed_experts_view,
+        indexer_topk=extracted.indexer_topk_view,
+        weight_version=extracted.weight_version,
+        cached_tokens=extracted.cached_tokens,
     )
 
 

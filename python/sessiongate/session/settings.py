@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 DEFAULT_APPEND_ROLES = frozenset({"tool", "user"})
+# How a `stream: true` session turn reaches the upstream (docs/api.md, "Streamed turns").
+StreamUpstream = Literal["buffered", "relay"]
 
 
 @dataclass(frozen=True)
@@ -24,3 +28,22 @@ class SessionSettings:
     header_session_ttl: float = 3600.0
     # Appended to "session not found" errors, e.g. when this worker replaced a lost one.
     not_found_note: str = ""
+    # Addition R3: ask only for the rows a session does not hold yet
+    # (`routed_experts_start_len` = checkpoint length - 1) and keep the patches.
+    r3_addition: bool = False
+    # Under `r3`, a reply without routed_experts is a 502 ("error") or recorded anyway and
+    # counted ("warn").
+    r3_missing: Literal["error", "warn"] = "error"
+    # Ask for the indexer's top-k (`return_indexer_topk`); `indexer_topk` shapes it.
+    indexer_replay: bool = False
+    indexer_topk: int = 0
+    # LoRA adapter every session turn is served with (`lora_path`), or the client's own.
+    lora_path: str | None = None
+    # How requested messages are matched against the stored history.
+    message_matcher: str = "strict"
+    # Server-wide chat template variables (e.g. enable_thinking); a request's own win.
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    stream_upstream: StreamUpstream = "buffered"
+    # Send `X-SMG-Routing-Key: <session id>` on session turns, as the rollout framework does
+    # (SGLang reads it as the request's routing key).
+    smg_routing_key: bool = True

@@ -29,7 +29,8 @@ class TurnRecord:
     # What the trajectory export needs, extracted once when the turn was recorded.
     prompt_len: int = 0
     completion_ids: array[int] = field(default_factory=lambda: array("i"))
-    logprobs: array[float] = field(default_factory=lambda: array("f"))
+    # float64, as JSON gave them: samples carry the exact sampled logprobs.
+    logprobs: array[float] = field(default_factory=lambda: array("d"))
     finish_reason: str = ""
     # choices[0].meta_info.routed_experts (base64) as a view into `response`, or None.
     routed_experts: memoryview | None = None
@@ -38,6 +39,8 @@ class TurnRecord:
     r3_start_row: int = 0
     # choices[0].meta_info.indexer_topk (base64 int32) as a view into `response`, or None.
     indexer_topk: memoryview | None = None
+    # When the turn's request arrived (`timestamp` is when it was recorded).
+    request_timestamp: float | None = None
     # The engine's weight version that sampled the turn (meta_info or response metadata).
     weight_version: str | None = None
     # Prompt tokens the engine served from its prefix cache (meta_info.cached_tokens).
@@ -66,9 +69,15 @@ class TurnRecord:
         head = json.dumps(
             {
                 "timestamp": self.timestamp,
+                "request_timestamp": self.request_timestamp,
                 "method": self.method,
                 "path": self.path,
                 "status_code": self.status_code,
+                # Trainers filter and weight turns by these without parsing the bodies.
+                "status": self.status,
+                "finish_reason": self.finish_reason,
+                "weight_version": self.weight_version,
+                "cached_tokens": self.cached_tokens,
             },
             separators=(",", ":"),
         ).encode()
@@ -88,7 +97,12 @@ class Session:
     # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that turn.
     checkpoints: list[list[int]] = field(default_factory=list)
     records: list[TurnRecord] = field(default_factory=list)
+    # checkpoint_ends[i] = how many messages the history held after generated turn i (a
+    # client may bring assistant messages of its own, e.g. few-shot examples).
+    checkpoint_ends: list[int] = field(default_factory=list)
     tools: object = None
+    # The chat template variables the last turn was rendered with.
+    template_kwargs: dict[str, object] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
     # Created on first use by a session header: expires after the idle TTL.
     from_header: bool = False

@@ -1,0 +1,131 @@
+"""Command-line options of a session turn's upstream contract (R3, indexer, LoRA, matcher,
+template variables, streaming, routing key), shared by `serve`, the worker processes and
+`sessiongate worker`: declared once, validated once, forwarded to workers as argv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+STREAM_UPSTREAM_CHOICES = ("buffered", "relay")
+R3_MISSING_CHOICES = ("error", "warn")
+
+
+def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("session turn contract")
+    group.add_argument(
+        "--r3-addition",
+        action="store_true",
+        help="with --r3: ask only for the routed-experts rows a session does not hold yet "
+        "(routed_experts_start_len, the rollout framework's addition R3); records keep the "
+        "patches, trajectories and samples are the same as with full R3",
+    )
+    group.add_argument(
+        "--r3-missing",
+        choices=R3_MISSING_CHOICES,
+        default="error",
+        help="with --r3, a reply without routed_experts is a 502 (error, the default) or is "
+        "recorded and counted in /health and /metrics (warn)",
+    )
+    group.add_argument(
+        "--indexer-replay",
+        action="store_true",
+        help="ask the upstream for the sparse-attention indexer's top-k (return_indexer_topk)",
+    )
+    group.add_argument(
+        "--indexer-topk",
+        type=int,
+        default=0,
+        help="indexer top-k per token per layer: shapes rollout_indexer_topk as "
+        "[tokens, layers, topk] in samples (0: [tokens, layers*topk])",
+    )
+    group.add_argument(
+        "--lora-path",
+        default=None,
+        metavar="ADAPTER",
+        help="serve every session turn with this LoRA adapter (sets lora_path; default: "
+        "the client's own lora_path, if any, passes through)",
+    )
+    group.add_argument(
+        "--message-matcher",
+        default="strict",
+        metavar="NAME",
+        help="how a request's messages are matched against the stored history: strict "
+        "(default), or the looser matchers listed in docs/tokenizer.md",
+    )
+    group.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="server-wide chat template variables, e.g. '{\"enable_thinking\": false}'; a "
+        "request's own chat_template_kwargs win key by key",
+    )
+    group.add_argument(
+        "--stream-upstream",
+        choices=STREAM_UPSTREAM_CHOICES,
+        default="buffered",
+        help="stream: true session turns: one non-stream upstream call relayed as one SSE "
+        "chunk (buffered, the default: the record has every field) or the upstream's own "
+        "token stream relayed as it arrives (relay: least time to first token; SGLang "
+        "streams no weight_version)",
+    )
+    group.add_argument(
+        "--no-smg-routing-key",
+        dest="smg_routing_key",
+        action="store_false",
+        help="do not send X-SMG-Routing-Key: <session id> on session turns (sent by default, "
+        "as the rollout framework does; SGLang uses it as the request's routing key)",
+    )
+
+
+def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The SessionSettings fields of these options, validated (SystemExit on bad values)."""
+    if args.r3_addition and not args.r3:
+        raise SystemExit("--r3-addition needs --r3")
+    if args.indexer_topk < 0:
+        raise SystemExit("--indexer-topk must be >= 0")
+    kwargs: dict[str, Any] = {}
+    if args.chat_template_kwargs:
+        try:
+            kwargs = json.loads(args.chat_template_kwargs)
+        except ValueError as exc:
+            raise SystemExit(f"--chat-template-kwargs is not valid JSON: {exc}") from None
+        if not isinstance(kwargs, dict):
+            raise SystemExit("--chat-template-kwargs must be a JSON object")
+    from sessiongate.session.messages import resolve_matcher
+
+    try:
+        resolve_matcher(args.message_matcher)
+    except ValueError as exc:
+        raise SystemExit(f"--message-matcher: {exc}") from None
+    return {
+        "r3_addition": args.r3_addition,
+        "r3_missing": args.r3_missing,
+        "indexer_replay": args.indexer_replay,
+        "indexer_topk": args.indexer_topk,
+        "lora_path": args.lora_path,
+        "message_matcher": args.message_matcher,
+        "chat_template_kwargs": kwargs,
+        "stream_upstream": args.stream_upstream,
+        "smg_routing_key": args.smg_routing_key,
+    }
+
+
+def turn_argv(args: argparse.Namespace) -> list[str]:
+    """These options as the argv a worker process is started with."""
+    argv = ["--r3-missing", args.r3_missing, "--indexer-topk", str(args.indexer_topk)]
+    argv += ["--message-matcher", args.message_matcher]
+    argv += ["--stream-upstream", args.stream_upstream]
+    if args.r3_addition:
+        argv.append("--r3-addition")
+    if args.indexer_replay:
+        argv.append("--indexer-replay")
+    if args.lora_path is not None:
+        argv += ["--lora-path", args.lora_path]
+    if args.chat_template_kwargs:
+        argv += ["--chat-template-kwargs", args.chat_template_kwargs]
+    if not args.smg_routing_key:
+        argv.append("--no-smg-routing-key")
+    return argv

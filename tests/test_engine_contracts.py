@@ -1,0 +1,236 @@
+"""What sessiongate sends to and keeps from a real SGLang, end to end: real `serve` and
+`mock-engine` processes on loopback, the mock holding SGLang 0.5.23's contracts
+(tests/test_sglang_conformance.py), the engine's captured requests as the witness.
+
+Each test names the rollout framework's or SGLang's behaviour it follows.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from procs import ServerProcess, free_port
+
+st_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is in the test extra")
+
+R3_ENGINE = ["--r3-layers", "3", "--r3-topk", "2", "--lora-adapters", "client-adapter,trained"]
+
+
+@contextmanager
+def mock_engine(*args: str) -> Iterator[ServerProcess]:
+    port = free_port()
+    with ServerProcess(["mock-engine", "--port", str(port), *args], port) as proc:
+        yield proc
+
+
+@contextmanager
+def gateway_over(engine: ServerProcess, *args: str, workers: str = "1") -> Iterator[httpx.Client]:
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", workers, "--backend", engine.url, *args]
+    with (
+        ServerProcess(argv, port, timeout=60) as proc,
+        httpx.Client(base_url=proc.url, timeout=30) as client,
+    ):
+        yield client
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerProcess]:
+    with mock_engine(*R3_ENGINE) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client(engine: ServerProcess) -> Iterator[httpx.Client]:
+    with gateway_over(engine, "--r3", "--r3-topk", "2") as c:
+        yield c
+
+
+def last_upstream(engine: ServerProcess) -> tuple[dict[str, Any], dict[str, str]]:
+    """The last chat request the engine received: (body, lower-cased headers)."""
+    log = httpx.get(engine.url + "/mock/requests", params={"last": 1}).json()
+    return log["requests"][-1], log["headers"][-1]
+
+
+def new_session(client: httpx.Client) -> str:
+    sid: str = client.post("/sessions", json={}).json()["session_id"]
+    return sid
+
+
+def turn(
+    client: httpx.Client,
+    sid: str,
+    messages: list[dict[str, Any]],
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    return client.post(
+        f"/sessions/{sid}/v1/chat/completions",
+        json={"model": "m", "messages": messages, "max_tokens": 8, **extra},
+        headers=headers,
+    )
+
+
+def run_session(client: httpx.Client, sid: str, turns: int, **extra: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start the task"}]
+    for index in range(turns):
+        reply = turn(client, sid, messages, **extra)
+        assert reply.status_code == 200, reply.text
+        message = reply.json()["choices"][0]["message"]
+        messages.append({k: v for k, v in message.items() if v is not None})
+        messages.append({"role": "tool", "content": f"observation {index}"})
+    return messages
+
+
+# -- headers ------------------------------------------------------------------------------
+
+
+def test_client_headers_reach_the_engine_with_the_routing_key(
+    client: httpx.Client, engine: ServerProcess
+) -> None:
+    # The rollout framework forwards the client's headers (miles/rollout/session/server.py
+    # drops only content-length, transfer-encoding and host) and adds X-SMG-Routing-Key
+    # (miles/rollout/session/core.py chat_completions), which SGLang reads as routing_key.
+    sid = new_session(client)
+    headers = {"Authorization": "Bearer engine-key", "X-Trace-Id": "t-1", "Connection": "close"}
+    assert turn(client, sid, [{"role": "user", "content": "hi"}], headers).status_code == 200
+    _, received = last_upstream(engine)
+    assert received["authorization"] == "Bearer engine-key"
+    assert received["x-trace-id"] == "t-1"
+    assert received["x-smg-routing-key"] == sid
+    assert received["content-type"] == "application/json"
+    assert received.get("connection", "") != "close"  # hop-by-hop: not the client's
+
+
+def test_routing_key_can_be_turned_off(engine: ServerProcess) -> None:
+    with gateway_over(engine, "--no-smg-routing-key", workers="0") as gw:
+        sid = new_session(gw)
+        assert turn(gw, sid, [{"role": "user", "content": "hi"}]).status_code == 200
+        _, received = last_upstream(engine)
+        assert "x-smg-routing-key" not in received
+
+
+def test_routing_mode_header_replaces_the_default_one(engine: ServerProcess) -> None:
+    with gateway_over(engine, "--session-routing", "smg_routing_key", workers="0") as gw:
+        sid = new_session(gw)
+        assert turn(gw, sid, [{"role": "user", "content": "hi"}]).status_code == 200
+        log = httpx.get(engine.url + "/mock/requests", params={"last": 1}).json()
+        assert log["headers"][-1]["x-smg-routing-key"] == sid
+
+
+# -- R3 -----------------------------------------------------------------------------------
+
+
+def test_r3_missing_from_the_reply_is_a_502_and_nothing_is_recorded() -> None:
+    with mock_engine() as no_r3, gateway_over(no_r3, "--r3") as gw:
+        sid = new_session(gw)
+        reply = turn(gw, sid, [{"role": "user", "content": "hi"}])
+        assert reply.status_code == 502
+        assert "routed_experts" in reply.json()["error"]
+        assert "--enable-return-routed-experts" in reply.json()["error"]
+        assert gw.get(f"/sessions/{sid}").json()["records"] == []
+
+
+def test_r3_missing_warn_records_and_counts() -> None:
+    with (
+        mock_engine() as no_r3,
+        gateway_over(no_r3, "--r3", "--r3-missing", "warn", workers="0") as gw,
+    ):
+        sid = new_session(gw)
+        assert turn(gw, sid, [{"role": "user", "content": "hi"}]).status_code == 200
+        assert len(gw.get(f"/sessions/{sid}").json()["records"]) == 1
+        assert gw.get("/health").json()["r3_missing_turns"] == 1
+
+
+def _rows(meta: dict[str, Any]) -> int:
+    return len(base64.b64decode(meta["routed_experts"])) // (3 * 2 * 4)
+
+
+def test_addition_r3_asks_for_new_rows_only_and_trajectories_match_full_r3(
+    engine: ServerProcess, client: httpx.Client
+) -> None:
+    # miles/rollout/session/core.py _maybe_request_addition_r3: routed_experts_start_len =
+    # len(checkpoint) - 1; samples/merge.py merge_samples_with_addition_r3 concatenates.
+    with gateway_over(engine, "--r3", "--r3-topk", "2", "--r3-addition") as addition:
+        full_sid, add_sid = new_session(client), new_session(addition)
+        run_session(client, full_sid, 4, seed=7)
+        run_session(addition, add_sid, 4, seed=7)
+        full = client.get(f"/sessions/{full_sid}").json()
+        added = addition.get(f"/sessions/{add_sid}").json()
+        assert (
+            full["metadata"]["accumulated_token_ids"] == added["metadata"]["accumulated_token_ids"]
+        )
+        checkpoint = 0
+        for record in added["records"]:
+            request, meta = record["request"], record["response"]["choices"][0]["meta_info"]
+            assert request["routed_experts_start_len"] == max(0, checkpoint - 1)
+            end = len(request["input_ids"]) + meta["completion_tokens"] - 1
+            assert _rows(meta) == end - request["routed_experts_start_len"]
+            checkpoint = end + 1
+        full_file = st_numpy.load(client.get(f"/sessions/{full_sid}/trajectory").content)
+        added_file = st_numpy.load(addition.get(f"/sessions/{add_sid}/trajectory").content)
+        assert sorted(full_file) == sorted(added_file) and "routed_experts" in full_file
+        for name, tensor in full_file.items():
+            assert tensor.dtype == added_file[name].dtype
+            assert tensor.tobytes() == added_file[name].tobytes(), name
+
+
+def test_addition_r3_needs_r3(engine: ServerProcess) -> None:
+    port = free_port()
+    proc = ServerProcess(
+        ["serve", "--port", str(port), "--backend", engine.url, "--r3-addition"], port
+    )
+    with pytest.raises(RuntimeError, match="--r3-addition needs --r3"):
+        proc.start()
+
+
+# -- the upstream body ----------------------------------------------------------------------
+
+
+def test_template_kwargs_reach_the_prompt_and_the_engine(engine: ServerProcess) -> None:
+    # miles/rollout/session/core.py prepare_chat_request: the request's chat_template_kwargs
+    # over the server's, rendered into the prompt and sent on to the engine.
+    with gateway_over(
+        engine, "--chat-template-kwargs", '{"enable_thinking": true}', workers="0"
+    ) as gw:
+        messages = [{"role": "user", "content": "think about it"}]
+        on = turn(gw, new_session(gw), messages)
+        body_on, _ = last_upstream(engine)
+        off = turn(gw, new_session(gw), messages, chat_template_kwargs={"enable_thinking": False})
+        body_off, _ = last_upstream(engine)
+        assert on.status_code == off.status_code == 200
+        assert body_on["chat_template_kwargs"] == {"enable_thinking": True}
+        assert body_off["chat_template_kwargs"] == {"enable_thinking": False}
+        assert body_on["input_ids"] != body_off["input_ids"]
+        bad = turn(gw, new_session(gw), messages, chat_template_kwargs=["x"])
+        assert bad.status_code == 400
+        assert "chat_template_kwargs must be an object" in bad.json()["error"]
+
+
+def test_client_fields_pass_through_and_tito_fields_win(
+    client: httpx.Client, engine: ServerProcess
+) -> None:
+    sid = new_session(client)
+    reply = turn(
+        client,
+        sid,
+        [{"role": "user", "content": "hi"}],
+        return_meta_info=False,
+        logprobs=False,
+        input_ids=[1, 2, 3],
+        lora_path="client-adapter",
+        custom_field={"kept": True},
+    )
+    assert reply.status_code == 200, reply.text
+    body, _ = last_upstream(engine)
+    assert body["return_meta_info"] is True and body["logprobs"] is True
+    assert body["input_ids"] != [1, 2, 3]
+    assert body["lora_path"] == "client-adapter"
+    assert body["custom_field"] == {"kept": True}
+    assert body["stream"] is False

@@ -1,0 +1,185 @@
+"""The rollout framework's client path, unchanged, against a real gateway.
+
+Written from the framework's documented session API (radixark/miles: the tracer in
+`miles/rollout/generate_utils/openai_endpoint_utils.py` creates a session with
+`POST /sessions {}`, the agent talks to an OpenAI-compatible `/sessions/{id}/v1`, then the
+tracer posts `{"max_seq_len": N}` to `/sessions/{id}/samples`, deletes the session with a
+`{}` body, and decodes the safetensors reply as `samples/codec.py` documents: one
+`_samples_meta` uint8 JSON tensor, `<field>.<i>` tensors with pinned dtypes, `nulls` naming
+absent tensors, and no unreferenced tensor). The decoder below is ours, not theirs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from procs import ServerProcess, free_port
+
+np = pytest.importorskip("numpy", reason="numpy is in the test extra")
+st_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is in the test extra")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "search the notes",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        },
+    }
+]
+# codec.py SAMPLES_VALUE_SPEC: the tensor fields and their wire dtypes.
+TENSOR_FIELDS = {
+    "tokens": "int64",
+    "loss_mask": "uint8",
+    "rollout_log_probs": "float64",
+    "rollout_routed_experts": "int32",
+    "rollout_indexer_topk": "int32",
+}
+JSON_FIELDS = (
+    "response",
+    "response_length",
+    "status",
+    "weight_versions",
+    "prefix_cache_info",
+    "metadata",
+)
+
+
+def decode_samples(payload: bytes) -> tuple[list[dict[str, Any]], dict[str, Any], Any]:
+    """(samples, session_metadata, empty_reason), refusing what the framework refuses."""
+    tensors = st_numpy.load(payload)
+    meta_tensor = tensors.pop("_samples_meta")
+    assert meta_tensor.ndim == 1 and meta_tensor.dtype == np.uint8
+    meta = json.loads(meta_tensor.tobytes().decode("utf-8"))
+    samples = []
+    for index, sample_meta in enumerate(meta["samples"]):
+        nulls = set(sample_meta["nulls"])
+        assert nulls <= set(TENSOR_FIELDS)
+        sample = {field: sample_meta[field] for field in JSON_FIELDS}
+        for field, dtype in TENSOR_FIELDS.items():
+            if field in nulls:
+                sample[field] = None
+                continue
+            array = tensors.pop(f"{field}.{index}")
+            assert array.dtype == np.dtype(dtype), (field, array.dtype)
+            sample[field] = array
+        samples.append(sample)
+    assert not tensors, f"unreferenced tensors: {sorted(tensors)}"
+    return samples, meta["session_metadata"], meta["empty_reason"]
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[ServerProcess]:
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", "2", "--r3", "--r3-topk", "2"]
+    # Completions end naturally (12 tokens, under max_tokens): a "length" turn would end the
+    # merged sample there, as the framework's merge does.
+    mock = "--r3-layers 3 --r3-topk 2 --tool-call-rate 0.5 --completion-tokens 12"
+    argv += ["--mock-args", mock]
+    with ServerProcess(argv, port, timeout=60) as proc:
+        yield proc
+
+
+def agent_episode(base_url: str, turns: int) -> str:
+    """An OpenAI-style agent loop on `/sessions/{id}/v1`: tool results after tool calls,
+    user follow-ups otherwise; the assistant message appended as the API returned it."""
+    session_id: str = httpx.post(f"{base_url}/sessions", json={}).json()["session_id"]
+    v1 = f"{base_url}/sessions/{session_id}/v1"
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a research agent."},
+        {"role": "user", "content": "Find the launch date."},
+    ]
+    with httpx.Client(timeout=30) as client:
+        for turn in range(turns):
+            reply = client.post(
+                f"{v1}/chat/completions",
+                json={"model": "policy", "messages": messages, "tools": TOOLS, "max_tokens": 64},
+            )
+            assert reply.status_code == 200, reply.text
+            message = reply.json()["choices"][0]["message"]
+            messages.append(message)
+            for call in message.get("tool_calls") or []:
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": f"note {turn}"}
+                )
+            if not message.get("tool_calls"):
+                messages.append({"role": "user", "content": f"Keep going ({turn})."})
+    return session_id
+
+
+def collect_samples(base_url: str, session_id: str, max_seq_len: int | None) -> bytes:
+    """The tracer's collect step: samples, then delete (with a `{}` body) whatever happened."""
+    url = f"{base_url}/sessions/{session_id}"
+    try:
+        reply = httpx.post(f"{url}/samples", json={"max_seq_len": max_seq_len}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"] == "application/octet-stream"
+        return reply.content
+    finally:
+        deleted = httpx.request("DELETE", url, json={}, timeout=30)
+        assert deleted.status_code == 204
+
+
+def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
+    session_id = agent_episode(gateway.url, turns=5)
+    session = httpx.get(f"{gateway.url}/sessions/{session_id}").json()
+    records = session["records"]
+    accumulated = session["metadata"]["accumulated_token_ids"]
+    payload = collect_samples(gateway.url, session_id, max_seq_len=None)
+    assert httpx.get(f"{gateway.url}/sessions/{session_id}").status_code == 404
+
+    samples, metadata, empty_reason = decode_samples(payload)
+    assert empty_reason is None and len(samples) == 1
+    sample = samples[0]
+    assert metadata["accumulated_token_ids"] == accumulated
+    tokens = sample["tokens"].tolist()
+    assert tokens == accumulated
+    first_prompt = len(records[0]["request"]["input_ids"])
+    assert sample["response_length"] == len(tokens) - first_prompt
+    assert len(sample["loss_mask"]) == len(sample["rollout_log_probs"]) == sample["response_length"]
+    # Sampled tokens carry their logprob and mask 1; tool and user tokens between turns 0.
+    expected_mask = [0] * len(tokens)
+    expected_lp = [0.0] * len(tokens)
+    for record in records:
+        start = len(record["request"]["input_ids"])
+        entries = record["response"]["choices"][0]["meta_info"]["output_token_logprobs"]
+        for offset, (logprob, token_id, *_) in enumerate(entries):
+            assert tokens[start + offset] == token_id
+            expected_mask[start + offset] = 1
+            expected_lp[start + offset] = logprob
+    assert sample["loss_mask"].tolist() == expected_mask[first_prompt:]
+    assert sample["rollout_log_probs"].tolist() == expected_lp[first_prompt:]
+    assert sample["status"] == "completed"
+    assert sample["weight_versions"] == [r["weight_version"] for r in records]
+    # R3: one row per token but the last, [layers, top-k] each, as the last turn sent it.
+    assert sample["rollout_routed_experts"].shape == (len(tokens) - 1, 3, 2)
+    assert sample["rollout_indexer_topk"] is None
+
+
+def test_samples_truncated_to_max_seq_len(gateway: ServerProcess) -> None:
+    session_id = agent_episode(gateway.url, turns=3)
+    records = httpx.get(f"{gateway.url}/sessions/{session_id}").json()["records"]
+    second_prompt = len(records[1]["request"]["input_ids"])
+    limit = second_prompt + 2  # inside the second turn's completion
+    samples, _, empty_reason = decode_samples(collect_samples(gateway.url, session_id, limit))
+    assert empty_reason is None
+    sample = samples[0]
+    assert len(sample["tokens"]) == limit
+    assert sample["status"] == "truncated"
+    assert sample["rollout_routed_experts"].shape[0] == limit - 1
+
+
+def test_samples_of_an_empty_session_and_bad_input(gateway: ServerProcess) -> None:
+    session_id = httpx.post(f"{gateway.url}/sessions", json={}).json()["session_id"]
+    bad = httpx.post(f"{gateway.url}/sessions/{session_id}/samples", json={"max_seq_len": "x"})
+    assert bad.status_code == 400 and "max_seq_len" in bad.json()["error"]
+    samples, _, empty_reason = decode_samples(collect_samples(gateway.url, session_id, None))
+    assert samples == [] and empty_reason == "no_records"
+    missing = httpx.post(f"{gateway.url}/sessions/{'0' * 32}/samples", json={})
+    assert missing.status_code == 404
