@@ -24,7 +24,6 @@ from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import (
     CompletionGenerator,
     r3_pool_rows,
-    request_key,
     routed_experts_b64,
     routed_experts_b64_parts,
 )
@@ -197,47 +196,81 @@ def small_pool(monkeypatch: pytest.MonkeyPatch) -> int:
     return period
 
 
+def seq(rows: int, first: int = 7) -> list[int]:
+    """Token ids of a sequence with `rows` R3 rows (one more token than rows)."""
+    return [first, *range(100, 100 + rows)]
+
+
 @pytest.mark.parametrize("experts", [16, 64, 256, 300, 1000])
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 8, 29, 31, 33, 64, 100, 1001])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 8, 29, 31, 33, 64, 95, 97, 100, 1001])
 def test_routed_experts_contract(small_pool: int, rows: int, experts: int) -> None:
     layers, topk = 3, 4
-    key = b"k" * 32
-    parts = routed_experts_b64_parts(key, rows, layers, topk, experts)
-    encoded = routed_experts_b64(key, rows, layers, topk, experts)
+    tokens = seq(rows)
+    parts = routed_experts_b64_parts(tokens, layers, topk, experts)
+    encoded = routed_experts_b64(tokens, layers, topk, experts)
     assert b"".join(parts) == encoded
-    assert encoded == routed_experts_b64(key, rows, layers, topk, experts)  # deterministic
-    decode_r3(encoded, rows, layers, topk, experts)
-    if rows:
-        assert encoded != routed_experts_b64(b"j" * 32, rows, layers, topk, experts)
+    assert encoded == routed_experts_b64(list(tokens), layers, topk, experts)  # deterministic
+    full = decode_r3(encoded, rows, layers, topk, experts)
+    if rows:  # another first token: another block offset (4 tries: the pool is 10 groups)
+        others = [routed_experts_b64(seq(rows, f), layers, topk, experts) for f in range(8, 12)]
+        assert any(o != encoded for o in others)
+    for start in range(min(rows, 8)) if rows < 200 else (1, 95, 96, 97, 500, 999):
+        part = routed_experts_b64(tokens, layers, topk, experts, start)
+        assert decode_r3(part, rows - start, layers, topk, experts) == full[start:]
+    assert routed_experts_b64(tokens, layers, topk, experts, rows) == b""
 
 
-def test_routed_experts_wraps_with_the_pool_period(small_pool: int) -> None:
-    rows = 3 + 4 * small_pool + 2  # fresh head, 4 pool periods, fresh 2-row tail
-    out = decode_r3(routed_experts_b64(b"w" * 32, rows, 3, 4, 16), rows, 3, 4, 16)
-    middle = out[3 : rows - 2]
-    assert all(middle[i] == middle[i + small_pool] for i in range(len(middle) - small_pool))
-    assert len(set(middle[:small_pool])) > small_pool // 2  # the pool itself is random
+def test_routed_experts_rows_are_a_function_of_the_token_prefix() -> None:
+    B = generate.R3_BLOCK_ROWS
+    tokens = [3000, *range(1, 400)]
+    full = decode_r3(routed_experts_b64(tokens, 3, 4, 64), 399, 3, 4, 64)
+    # Any prefix of the sequence (a shorter turn) has the same rows, whatever its length.
+    for n in (1, 2, 3, 4, 5, 50, B, B + 1, B + 2, B + 4, 2 * B + 1, 398):
+        rows = decode_r3(routed_experts_b64(tokens[: n + 1], 3, 4, 64), n, 3, 4, 64)
+        assert rows == full[:n]
+    # Another first token: other rows from row 0 on; the engine seed and the tag count too.
+    other = decode_r3(routed_experts_b64([3001, *tokens[1:]], 3, 4, 64), 399, 3, 4, 64)
+    assert other[0] != full[0] and other[B] != full[B]
+    seeded = decode_r3(routed_experts_b64(tokens, 3, 4, 64, seed=1), 399, 3, 4, 64)
+    assert seeded[0] != full[0]
+    tagged = decode_r3(routed_experts_b64(tokens, 3, 4, 64, tag=b"indexer"), 399, 3, 4, 64)
+    assert tagged[0] != full[0]
+    # A token changed at p: rows before p unchanged; new rows from the next block boundary.
+    p = B + 10
+    changed = decode_r3(
+        routed_experts_b64([*tokens[:p], 9999, *tokens[p + 1 :]], 3, 4, 64), 399, 3, 4, 64
+    )
+    assert changed[: 2 * B] == full[: 2 * B]
+    assert changed[2 * B] != full[2 * B]
 
 
-def test_routed_experts_keys_differ_from_the_first_rows(small_pool: int) -> None:
-    keys = [bytes([i]) * 32 for i in range(12)]
-    replies = [decode_r3(routed_experts_b64(k, 40, 3, 4, 64), 40, 3, 4, 64) for k in keys]
-    assert len({r[0] for r in replies}) == len(keys)  # fresh head rows
-    assert len({r[3] for r in replies}) > 1  # key-derived start in the pool
-    # A shorter reply for the same key is the same rows up to its fresh tail.
-    short = decode_r3(routed_experts_b64(keys[0], 35, 3, 4, 64), 35, 3, 4, 64)
-    assert short[:33] == replies[0][:33]
+def test_routed_experts_blocks_are_consecutive_pool_rows(small_pool: int) -> None:
+    # Block 0 (R3_BLOCK_ROWS rows) is pool rows from one group onwards, wrapping around.
+    B = generate.R3_BLOCK_ROWS
+    out = decode_r3(routed_experts_b64(seq(B), 3, 4, 16), B, 3, 4, 16)
+    assert all(out[i] == out[i + small_pool] for i in range(B - small_pool))
+    assert len(set(out[:small_pool])) > small_pool // 2  # the pool itself is random
 
 
 def test_routed_experts_default_pool_is_served_without_copies() -> None:
     # 512 x 8: 16 KiB rows, 64 KiB of base64 per 3-row group, 16 groups per 1 MiB chunk.
     layers, topk, rows = 512, 8, 1000
     assert r3_pool_rows(layers, topk, 64) < rows  # this reply wraps around the pool
-    parts = routed_experts_b64_parts(b"x" * 32, rows, layers, topk, 64)
-    whole = [p for p in parts if type(p) is bytes and len(p) == generate.R3_POOL_CHUNK_B64]
-    assert len(whole) >= 10  # most of the reply is the pool's own chunk objects
+    parts = routed_experts_b64_parts(seq(rows), layers, topk, 64)
+    pool = set(map(id, generate._r3_pool(layers, topk, 64).chunks))
+    # Blocks are 96 rows (2 MiB of base64): mostly whole pool chunks or views into them.
+    shared = sum(len(p) for p in parts if type(p) is memoryview or id(p) in pool)
+    assert shared >= 0.99 * sum(len(p) for p in parts)
     assert all(type(p) in (bytes, memoryview) for p in parts)
     decode_r3(b"".join(parts), rows, layers, topk, 64)
+
+
+def test_routed_experts_small_rows_are_joined_into_few_parts() -> None:
+    # 4 x 2: 128 bytes of base64 per group, 4 KiB per block: sent in ~256 KiB parts.
+    rows = 20_000
+    parts = routed_experts_b64_parts(seq(rows), 4, 2, 16)
+    assert len(parts) < 20
+    decode_r3(b"".join(parts), rows, 4, 2, 16)
 
 
 def test_send_slices_pass_small_bytes_through() -> None:
@@ -247,7 +280,7 @@ def test_send_slices_pass_small_bytes_through() -> None:
     assert out[0] is small and out[1] is view  # no copies on the way to the transport
     assert all(len(p) <= SEND_SLICE for p in out)
     assert b"".join(out) == small + bytes(view) + big
-    assert len(routed_experts_b64_parts(b"x" * 32, 0, 40, 8, 64)) == 0
+    assert len(routed_experts_b64_parts([5], 40, 8, 64)) == 0
 
 
 def test_config_rejects_nonsense() -> None:
@@ -357,12 +390,14 @@ def test_http_routed_experts_large_rows_wrap_the_pool() -> None:
     body = {"input_ids": prompt, "return_routed_experts": True}
     args = ["--r3-layers", "512", "--r3-topk", "8", "--completion-tokens", "24"]
     with _engine(*args) as eng:
-        meta = chat(eng, {**body, "return_meta_info": True}).json()["choices"][0]["meta_info"]
+        reply = chat(eng, {**body, "return_meta_info": True, "return_output_ids_in_sglext": True})
+        meta = reply.json()["choices"][0]["meta_info"]
+        output_ids = reply.json()["sglext"]["output_ids"][0]
         sglext = chat(eng, body).json()["sglext"]
         final = sse_events(eng, {**body, "stream": True})[-2]["sglext"]
     rows = meta["prompt_tokens"] + meta["completion_tokens"] - 1
     assert rows > r3_pool_rows(512, 8, 64)
-    expected = routed_experts_b64(request_key(0, None, prompt), rows, 512, 8, 64)
+    expected = routed_experts_b64([*prompt, *output_ids], 512, 8, 64)
     assert meta["routed_experts"].encode() == expected
     assert final["routed_experts"] == sglext["routed_experts"] == meta["routed_experts"]
 

@@ -458,3 +458,52 @@ def test_reasoning_parser(thinker: ServerProcess, tok: Any) -> None:
     assert plain["message"]["reasoning_content"] is None
     assert plain["meta_info"]["reasoning_tokens"] == 0
     assert "<think>" not in plain["message"]["content"]
+
+
+# ---------------------------------------------------------------- fact 10
+
+
+def test_routed_experts_rows_follow_the_token_prefix(engine: ServerProcess) -> None:
+    # SGLang returns the routing captured for each token: state_capturer/base.py
+    # `BaseTopkCapturer.on_forward_end` stores each forward's top-k rows at the tokens' KV
+    # slots and `get_topk` reads rows [start_len, seqlen - 1) through req_to_token, called
+    # from scheduler_components/batch_result_processor.py `_maybe_collect_routed_experts`;
+    # entrypoints/openai/serving_chat.py passes routed_experts_start_len through and returns
+    # the rows (sglext / meta_info). A token's routing depends on the tokens up to it only,
+    # so a later turn repeats an earlier turn's rows for the shared prefix. The rollout
+    # framework's addition R3 (miles/rollout/session/core.py `_maybe_request_addition_r3`)
+    # relies on it: it asks for rows from len(checkpoint) - 1 on, asserting "the checkpoint's
+    # N - 1 rows must remain a causal prefix of the new prompt", and concatenates the patches.
+    # Indexer top-k is the same: state_capturer/indexer_topk.py `IndexerTopkCapturer` is a
+    # BaseTopkCapturer, read by batch_result_processor.py `_maybe_collect_indexer_topk`.
+    prompt = unique_prompt(10, 150)  # longer than the mock's 96-row blocks
+    base = {"messages": MESSAGES, "return_routed_experts": True, "return_meta_info": True}
+    base |= {"return_indexer_topk": True, "return_output_ids_in_sglext": True}
+
+    def turn(ids: list[int], **extra: Any) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        reply = post(engine, {**base, "input_ids": ids, **extra}).json()
+        meta = reply["choices"][0]["meta_info"]
+        r3, topk = rows(meta["routed_experts"], L, K), rows(meta["indexer_topk"], IL, IK)
+        assert len(r3) == len(topk) == len(ids) + meta["completion_tokens"] - 1
+        return r3, topk, reply["sglext"]["output_ids"][0]
+
+    r3_1, topk_1, out_1 = turn(prompt, seed=1)
+    prompt_2 = [*prompt, *out_1, *range(500, 630)]  # turn 2: the whole turn 1, then more
+    r3_2, topk_2, _ = turn(prompt_2, seed=2)
+    shared = len(prompt) + len(out_1) - 1
+    assert len(r3_1) == shared and np.array_equal(r3_2[:shared], r3_1)
+    assert np.array_equal(topk_2[:shared], topk_1)
+
+    # Addition R3: the rows from start_len on are those of the full reply, streamed or not.
+    body = {"messages": MESSAGES, "input_ids": prompt_2, "return_routed_experts": True}
+    for start in (shared, shared - 1, shared + 1, 97, len(prompt_2)):
+        patch = post(engine, {**body, "routed_experts_start_len": start}).json()["sglext"]
+        assert np.array_equal(rows(patch["routed_experts"], L, K), r3_2[start:])
+    events = sse(engine, {**body, "stream": True, "routed_experts_start_len": shared})
+    assert np.array_equal(rows(events[-2][1]["sglext"]["routed_experts"], L, K), r3_2[shared:])
+
+    # Other sessions (other token prefixes) get other rows, from row 0 on.
+    r3_a, topk_a, _ = turn(unique_prompt(11))
+    r3_b, topk_b, _ = turn(unique_prompt(12))
+    assert not np.array_equal(r3_a[0], r3_b[0]) and not np.array_equal(r3_a[0], r3_1[0])
+    assert not np.array_equal(topk_a[0], topk_b[0])

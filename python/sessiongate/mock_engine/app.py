@@ -336,17 +336,26 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
 
 
 def _r3_parts(req: ChatRequest, completion: Completion, cfg: MockEngineConfig) -> list[Part]:
-    # Rows [start, prompt + completion - 1) (io_struct.py GenerateReqInput docs).
-    rows = completion.prompt_tokens + completion.completion_tokens - 1
+    # Rows [start, prompt + completion - 1) (io_struct.py GenerateReqInput docs); row r is
+    # the routing of token r, a function of the tokens up to it (see routed_experts_b64_parts).
     return routed_experts_b64_parts(
-        completion.key, rows, cfg.r3_layers, cfg.r3_topk, cfg.r3_experts, req.r3_start
+        [*req.prompt_ids, *completion.ids],
+        cfg.r3_layers,
+        cfg.r3_topk,
+        cfg.r3_experts,
+        req.r3_start,
+        seed=cfg.seed,
     )
 
 
-def _indexer_parts(completion: Completion, cfg: MockEngineConfig) -> list[Part]:
-    rows = completion.prompt_tokens + completion.completion_tokens - 1
+def _indexer_parts(req: ChatRequest, completion: Completion, cfg: MockEngineConfig) -> list[Part]:
     return routed_experts_b64_parts(
-        completion.key + b"indexer", rows, cfg.indexer_layers, cfg.indexer_topk, INDEXER_POSITIONS
+        [*req.prompt_ids, *completion.ids],
+        cfg.indexer_layers,
+        cfg.indexer_topk,
+        INDEXER_POSITIONS,
+        seed=cfg.seed,
+        tag=b"indexer",
     )
 
 
@@ -383,7 +392,7 @@ def meta_info(
     if req.want_indexer:
         meta["indexer_topk"] = _INDEXER_PLACEHOLDER
         meta["indexer_topk_num_layers"] = cfg.indexer_layers
-        splices[_INDEXER_PLACEHOLDER] = _indexer_parts(completion, cfg)
+        splices[_INDEXER_PLACEHOLDER] = _indexer_parts(req, completion, cfg)
     meta["e2e_latency"] = e2e_latency
     return meta, splices
 

@@ -1,9 +1,10 @@
 """Deterministic fake generation: completion tokens, logprobs, tool calls and R3 bytes.
 
 Everything here is a pure function of (engine seed, request seed, prompt ids) so tests and
-benchmarks can replay a reply exactly. Completions are made of whole words from a fixed list
-and cut only on word boundaries, so `encode(content) == content ids` holds (the TITO checker
-relies on re-tokenization stability) and `decode(content ids) == content`.
+benchmarks can replay a reply exactly (R3 rows: of the engine seed and the token ids only).
+Completions are made of whole words from a fixed list and cut only on word boundaries, so
+`encode(content) == content ids` holds (the TITO checker relies on re-tokenization stability)
+and `decode(content ids) == content`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,17 @@ WORDS: tuple[str, ...] = (
 )  # fmt: skip
 
 # R3 rows come from one pool of random rows per (layers, topk, experts), built once and then
-# only sliced per reply: this many bytes of base64 (4.5 MiB raw), rounded up to whole chunks.
+# only sliced per reply (blocks placed by a hash of the token prefix): this many bytes of
+# base64 (4.5 MiB raw), rounded up to whole chunks.
 R3_POOL_B64 = 6 << 20
 # The pool's base64 is kept in chunks of at most this size (the app's send slice).
 R3_POOL_CHUNK_B64 = 1 << 20
+# A reply's rows are blocks of this many consecutive pool rows (a multiple of 3, so blocks
+# are whole base64 groups); each block's place in the pool is hashed from the token prefix.
+R3_BLOCK_ROWS = 96
+# Runs of R3 slices smaller than this (small row shapes) are joined up to about _COALESCE_TO.
+_COALESCE_BELOW = 16 << 10
+_COALESCE_TO = 256 << 10
 _STREAM_WINDOW = 8  # tokens of left context when decoding one stream chunk
 _TOOL_CALL_OPEN = "\n<tool_call>\n"
 _TOOL_CALL_CLOSE = "\n</tool_call>"
@@ -94,7 +102,7 @@ class Completion:
     content, then the raw tool-call text.
     """
 
-    key: bytes  # per-request RNG key; R3 bytes derive from it
+    key: bytes  # per-request RNG key (text, logprobs, tool-call ids)
     prompt_tokens: int
     ids: list[int]
     logprobs: list[float]
@@ -592,14 +600,14 @@ def _build_r3_pool(layers: int, topk: int, experts: int, pool_b64: int, chunk_b6
 
 
 def r3_pool_rows(layers: int, topk: int, experts: int) -> int:
-    """The pool's period: R3 rows (between the fresh head and tail) repeat every this many."""
+    """The pool's period in rows (it repeats, wrapping around, every this many)."""
     return 3 * _r3_pool(layers, topk, experts).groups
 
 
 def _pool_slices(pool: _R3Pool, start: int, groups: int) -> list[bytes | memoryview]:
     """`groups` consecutive groups of the pool's base64 from group `start`, wrapping around."""
     parts: list[bytes | memoryview] = []
-    at, left = start, groups
+    at, left = start % pool.groups, groups
     while left:
         index, within = divmod(at, pool.chunk_groups)
         take = min(pool.chunk_groups - within, left)
@@ -614,67 +622,120 @@ def _pool_slices(pool: _R3Pool, start: int, groups: int) -> list[bytes | memoryv
     return parts
 
 
-def routed_experts_b64(
-    key: bytes, rows: int, layers: int, topk: int, experts: int, start: int = 0
-) -> bytes:
-    """Base64 (ASCII bytes) of little-endian int32 `(rows - start, layers, topk)` expert ids."""
-    return b"".join(routed_experts_b64_parts(key, rows, layers, topk, experts, start))
+def _block_offsets(
+    tokens: Sequence[int], blocks: int, shape: tuple[int, int, int], seed: int, tag: bytes
+) -> list[int]:
+    """Pool group offset of each R3 block: a hash chain over the tokens, O(len(tokens)).
 
-
-def _rows_raw(key: bytes, rows: int, layers: int, topk: int, experts: int, lo: int) -> bytes:
-    """Raw int32 bytes of rows `[lo, rows)` of the reply `routed_experts_b64_parts` builds.
-
-    Only the pool groups that overlap the range are decoded, so the cost follows the rows
-    asked for (an "addition R3" reply), not the whole sequence.
+    Block j (rows `[j * B, (j + 1) * B)`) hashes the tokens `[0, j * B]`: the chain value of
+    the block before it and the tokens since. Row r of block j is the routing of token r >= jB,
+    so every row depends on its own token prefix only (never on tokens after it).
     """
-    row_bytes = layers * topk * 4
-    head = min(rows, 3)
-    groups, tail = divmod(rows - head, 3)
-    out = bytearray()
-    if lo < head:
-        out += _random_rows(key + b"r3head", head, layers, topk, experts)[lo * row_bytes :]
-    g_lo = max(0, (lo - head) // 3)
-    if g_lo < groups:
-        pool = _r3_pool(layers, topk, experts)
-        first = int.from_bytes(hashlib.blake2b(key + b"r3pool", digest_size=8).digest(), "little")
-        raw = base64.b64decode(
-            b"".join(_pool_slices(pool, (first + g_lo) % pool.groups, groups - g_lo))
-        )
-        skip = max(0, lo - head - 3 * g_lo)
-        out += raw[skip * row_bytes :]
-    if tail:
-        tail_lo = max(0, lo - (head + 3 * groups))
-        out += _random_rows(key + b"r3tail", tail, layers, topk, experts)[tail_lo * row_bytes :]
-    return bytes(out)
+    if blocks <= 0:
+        return []
+    B = R3_BLOCK_ROWS
+    ids = array("q", tokens[: (blocks - 1) * B + 1])
+    if sys.byteorder == "big":
+        ids.byteswap()
+    data = memoryview(ids).cast("B")
+    pool_groups = _r3_pool(*shape).groups
+    state = hashlib.blake2b(
+        b"sg-mock-r3|%s|%d|%d|%d|%d" % (tag, seed, *shape), digest_size=16
+    ).digest()
+    offsets: list[int] = []
+    lo = 0
+    for j in range(blocks):
+        hi = 8 * (j * B + 1)
+        h = hashlib.blake2b(state, digest_size=16)
+        h.update(data[lo:hi])
+        state, lo = h.digest(), hi
+        offsets.append(int.from_bytes(state[:8], "little") % pool_groups)
+    return offsets
+
+
+def _coalesce(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Runs of small slices (small row shapes) joined into bytes of up to ~256 KiB, so a big
+    reply is not thousands of tiny sends; slices of 16 KiB or more stay as they are."""
+    out: list[bytes | memoryview] = []
+    run: list[bytes | memoryview] = []
+    size = 0
+    for part in parts:
+        if len(part) >= _COALESCE_BELOW:
+            if run:
+                out.append(b"".join(run) if len(run) > 1 else run[0])
+                run, size = [], 0
+            out.append(part)
+            continue
+        run.append(part)
+        size += len(part)
+        if size >= _COALESCE_TO:
+            out.append(b"".join(run))
+            run, size = [], 0
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
+
+
+def routed_experts_b64(
+    tokens: Sequence[int],
+    layers: int,
+    topk: int,
+    experts: int,
+    start: int = 0,
+    *,
+    seed: int = 0,
+    tag: bytes = b"r3",
+) -> bytes:
+    """Base64 (ASCII bytes) of little-endian int32 `(rows - start, layers, topk)` expert ids,
+    `rows = len(tokens) - 1` (see `routed_experts_b64_parts`)."""
+    parts = routed_experts_b64_parts(tokens, layers, topk, experts, start, seed=seed, tag=tag)
+    return b"".join(parts)
 
 
 def routed_experts_b64_parts(
-    key: bytes, rows: int, layers: int, topk: int, experts: int, start: int = 0
+    tokens: Sequence[int],
+    layers: int,
+    topk: int,
+    experts: int,
+    start: int = 0,
+    *,
+    seed: int = 0,
+    tag: bytes = b"r3",
 ) -> list[bytes | memoryview]:
-    """`routed_experts_b64` as consecutive slices (their concatenation), built without copies.
+    """Rows `[start, len(tokens) - 1)` of the sequence's R3 as base64 slices (their
+    concatenation), mostly zero-copy views of the shared pool.
 
-    The first 3 rows (all rows when fewer) and the last `(rows - 3) % 3` rows are generated
-    from `key` (tiny); the rows between are the shared pool's base64, served as zero-copy
-    slices from a key-derived group onwards, wrapping around the pool. So the same key always
-    gives the same bytes, other keys differ at least in the first rows, and only a few KiB
-    are computed per reply whatever its size. Slices are bytes or read-only memoryviews of
-    the pool: callers send them as they are (joining 80 MiB costs a copy and a long GIL hold).
+    Row r is the routing of token r and, as in SGLang, a function of the token prefix
+    `tokens[:r + 1]` only (plus the engine `seed`, `tag` and the shape): a later turn that
+    extends a sequence repeats the earlier rows, which "addition R3" relies on. Rows come in
+    blocks of `R3_BLOCK_ROWS` (a multiple of 3): block j is that many consecutive pool rows
+    from a group offset hashed from `tokens[:j * B + 1]`, so sequences with different prefixes
+    get different rows from the first block boundary at or after where they differ (row 0
+    depends on token 0). A block cut short by the sequence's end is the start of the
+    same block. Whole 3-row groups are the pool's own base64 (bytes chunks or memoryviews,
+    sent as they are: joining 80 MiB costs a copy and a long GIL hold); only a final partial
+    group (`rows % 3` rows, the only padded base64) is re-encoded. A `start` that is not a
+    multiple of 3 (SGLang's routed_experts_start_len) re-encodes rows `[start, rows)` from
+    the groups that cover them, so the cost follows the rows asked for.
     """
+    rows = len(tokens) - 1
     if rows - start <= 0 or layers <= 0 or topk <= 0:
         return []
-    if start > 0:
-        # Rows from `start` on (SGLang's routed_experts_start_len): the same rows as the
-        # whole reply's tail, re-encoded (the pool's base64 is aligned to row 3 only).
-        return [base64.b64encode(_rows_raw(key, rows, layers, topk, experts, start))]
-    head = min(rows, 3)  # 3 rows are a multiple of 3 bytes: no padding before the pool part
-    groups, tail = divmod(rows - head, 3)
-    parts: list[bytes | memoryview] = [
-        base64.b64encode(_random_rows(key + b"r3head", head, layers, topk, experts))
-    ]
-    if groups:
-        pool = _r3_pool(layers, topk, experts)
-        start = int.from_bytes(hashlib.blake2b(key + b"r3pool", digest_size=8).digest(), "little")
-        parts += _pool_slices(pool, start % pool.groups, groups)
-    if tail:  # the only padded base64, at the very end
-        parts.append(base64.b64encode(_random_rows(key + b"r3tail", tail, layers, topk, experts)))
-    return parts
+    if start % 3:
+        aligned = start - start % 3
+        parts = routed_experts_b64_parts(tokens, layers, topk, experts, aligned, seed=seed, tag=tag)
+        raw = base64.b64decode(b"".join(parts))
+        return [base64.b64encode(memoryview(raw)[(start - aligned) * layers * topk * 4 :])]
+    B = R3_BLOCK_ROWS
+    pool = _r3_pool(layers, topk, experts)
+    offsets = _block_offsets(tokens, -(-rows // B), (layers, topk, experts), seed, tag)
+    parts: list[bytes | memoryview] = []
+    for j in range(start // B, len(offsets)):
+        first = max(start, j * B) - j * B  # a multiple of 3
+        groups, extra = divmod(min(rows, (j + 1) * B) - j * B - first, 3)
+        at = offsets[j] + first // 3
+        parts += _pool_slices(pool, at, groups)
+        if extra:  # the sequence ends inside a group: its first rows, padded
+            group = base64.b64decode(b"".join(_pool_slices(pool, at + groups, 1)))
+            parts.append(base64.b64encode(group[: extra * layers * topk * 4]))
+    return _coalesce(parts)
