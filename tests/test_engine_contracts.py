@@ -8,6 +8,7 @@ Each test names the rollout framework's or SGLang's behaviour it follows.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -234,3 +235,163 @@ def test_client_fields_pass_through_and_tito_fields_win(
     assert body["lora_path"] == "client-adapter"
     assert body["custom_field"] == {"kept": True}
     assert body["stream"] is False
+
+
+def test_lora_path_flag_serves_every_turn_with_the_adapter(engine: ServerProcess) -> None:
+    # miles/rollout/session/core.py prepare_chat_request: lora_path = the trained adapter.
+    with gateway_over(engine, "--lora-path", "trained", workers="0") as gw:
+        assert turn(gw, new_session(gw), [{"role": "user", "content": "hi"}]).status_code == 200
+        body, _ = last_upstream(engine)
+        assert body["lora_path"] == "trained"
+
+
+# -- what a record keeps -------------------------------------------------------------------
+
+
+def test_weight_version_and_cached_tokens_are_in_records_and_samples() -> None:
+    # SGLang: meta_info.weight_version and metadata.weight_version (utils/weight_versions.py),
+    # meta_info.cached_tokens (managers/tokenizer_manager.py); the framework's samples carry
+    # weight_versions and prefix_cache_info (miles/rollout/session/samples/merge.py).
+    with mock_engine("--weight-version", "step-7") as eng, gateway_over(eng, workers="0") as gw:
+        sid = new_session(gw)
+        # Natural stops (a "length" turn would end the merged sample, as in the framework).
+        messages = run_session(gw, sid, 1, max_tokens=64)
+        update = httpx.post(eng.url + "/update_weight_version", json={"new_version": "step-8"})
+        assert update.status_code == 200
+        assert turn(gw, sid, messages, max_tokens=64).status_code == 200
+        records = gw.get(f"/sessions/{sid}").json()["records"]
+        assert [r["weight_version"] for r in records] == ["step-7", "step-8"]
+        assert records[0]["cached_tokens"] == 0
+        # The second prompt extends the first sequence: the engine's prefix cache served it.
+        assert records[1]["cached_tokens"] > 0
+        meta = records[1]["response"]["choices"][0]["meta_info"]
+        assert records[1]["cached_tokens"] == meta["cached_tokens"]
+        samples = gw.post(f"/sessions/{sid}/samples", json={})
+        assert samples.status_code == 200
+        assert b'"weight_versions":["step-7","step-8"]' in samples.content
+
+
+def test_an_aborted_turn_is_recorded_and_marked() -> None:
+    # SGLang's graceful abort (managers/schedule_batch.py FINISH_ABORT, tokenizer_manager.py
+    # _handle_abort_finish_reason): 200 with finish_reason "abort"; the framework's sample
+    # status is ABORTED (miles/rollout/session/samples/merge.py).
+    with mock_engine() as eng, gateway_over(eng, workers="0") as gw:
+        sid = new_session(gw)
+        assert httpx.post(eng.url + "/mock/abort_next", json={"after_tokens": 2}).status_code == 200
+        reply = turn(gw, sid, [{"role": "user", "content": "hi"}])
+        assert reply.status_code == 200 and reply.json()["choices"][0]["finish_reason"] == "abort"
+        record = gw.get(f"/sessions/{sid}").json()["records"][0]
+        assert record["status"] == "aborted" and record["finish_reason"] == "abort"
+        assert gw.get("/health").json()["turns_aborted"] == 1
+        samples = gw.post(f"/sessions/{sid}/samples", json={}).content
+        assert b'"status":"aborted"' in samples
+
+
+def test_reasoning_content_is_kept_and_compared_strictly() -> None:
+    # SGLang's reasoning parser (parser/reasoning_parser.py) splits reasoning_content out of
+    # the message; the framework's strict matcher compares it (message_matcher_hub).
+    with (
+        mock_engine("--reasoning-parser", "qwen3") as eng,
+        gateway_over(eng, workers="0") as gw,
+    ):
+        sid = new_session(gw)
+        messages = run_session(gw, sid, 1)
+        assert messages[1]["reasoning_content"]
+        stored = gw.get(f"/sessions/{sid}").json()
+        assert stored["metadata"]["tito_session_mismatch"] == []
+        # The echo with its reasoning matches; without it the history diverges.
+        dropped = [messages[0], {**messages[1], "reasoning_content": None}, messages[2]]
+        refused = turn(gw, sid, dropped)
+        assert refused.status_code == 400 and "reasoning_content" in refused.json()["error"]
+        assert turn(gw, sid, messages).status_code == 200
+    with (
+        mock_engine("--reasoning-parser", "qwen3") as eng,
+        gateway_over(eng, "--message-matcher", "role_content_only", workers="0") as gw,
+    ):
+        sid = new_session(gw)
+        messages = run_session(gw, sid, 1)
+        loose = [messages[0], {**messages[1], "reasoning_content": None}, messages[2]]
+        assert turn(gw, sid, loose).status_code == 200
+
+
+def test_unknown_message_matcher_is_refused_at_start(engine: ServerProcess) -> None:
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--backend", engine.url, "--message-matcher", "nope"]
+    with pytest.raises(RuntimeError, match="--message-matcher"):
+        ServerProcess(argv, port).start()
+
+
+def test_indexer_top_k_is_recorded_and_in_samples() -> None:
+    # The framework's indexer replay: return_indexer_topk, meta_info.indexer_topk decoded
+    # with indexer_topk_num_layers (miles/rollout/generate_utils/generate_endpoint_utils.py).
+    np = pytest.importorskip("numpy")
+    with (
+        mock_engine("--indexer-layers", "2", "--indexer-topk", "4") as eng,
+        gateway_over(eng, "--indexer-replay", "--indexer-topk", "4", workers="0") as gw,
+    ):
+        sid = new_session(gw)
+        reply = turn(gw, sid, [{"role": "user", "content": "hi"}], max_tokens=64)
+        assert reply.status_code == 200
+        assert "indexer_topk" not in reply.json()["choices"][0]["meta_info"]  # the record's
+        body, _ = last_upstream(eng)
+        assert body["return_indexer_topk"] is True
+        record = gw.get(f"/sessions/{sid}").json()["records"][0]
+        assert record["response"]["choices"][0]["meta_info"]["indexer_topk"]
+        tensors = st_numpy.load(gw.post(f"/sessions/{sid}/samples", json={}).content)
+        tokens = tensors["tokens.0"]
+        assert tensors["rollout_indexer_topk.0"].shape == (len(tokens) - 1, 2, 4)
+        assert tensors["rollout_indexer_topk.0"].dtype == np.int32
+
+
+# -- streamed turns ------------------------------------------------------------------------
+
+
+def sse_data(response: httpx.Response) -> list[str]:
+    return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def test_relayed_stream_is_recorded_token_exactly_like_a_whole_turn(
+    engine: ServerProcess, client: httpx.Client
+) -> None:
+    # SGLang rejects return_meta_info with stream (serving_chat.py); the relay asks for the
+    # ids in sglext and the usage, and rebuilds the record (session/stream.py).
+    with gateway_over(engine, "--r3", "--r3-topk", "2", "--stream-upstream", "relay") as gw:
+        streamed, whole = new_session(gw), new_session(client)
+        messages = [{"role": "user", "content": "tell me"}]
+        reply = turn(gw, streamed, messages, stream=True, seed=3)
+        assert reply.status_code == 200
+        events = sse_data(reply)
+        assert events[-1] == "[DONE]" and len(events) > 3
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert all(c["choices"] for c in chunks)  # no sglext (R3) or unasked-for usage chunk
+        assert all("meta_info" not in json.dumps(c) for c in chunks)
+        sent, _ = last_upstream(engine)
+        assert sent["stream"] is True and sent["return_meta_info"] is False
+        assert sent["return_output_ids_in_sglext"] is True
+        assert sent["stream_options"] == {"include_usage": True}
+
+        assert turn(client, whole, messages, seed=3).status_code == 200
+        relayed = gw.get(f"/sessions/{streamed}").json()
+        buffered = client.get(f"/sessions/{whole}").json()
+        assert (
+            relayed["metadata"]["accumulated_token_ids"]
+            == buffered["metadata"]["accumulated_token_ids"]
+        )
+        relayed_meta = relayed["records"][0]["response"]["choices"][0]["meta_info"]
+        whole_meta = buffered["records"][0]["response"]["choices"][0]["meta_info"]
+        assert relayed_meta["output_token_logprobs"] == whole_meta["output_token_logprobs"]
+        assert relayed_meta["routed_experts"] == whole_meta["routed_experts"]
+        assert relayed["records"][0]["weight_version"] is None  # SGLang streams none
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+        assert content == buffered["records"][0]["response"]["choices"][0]["message"]["content"]
+
+
+def test_relayed_stream_usage_only_when_asked(engine: ServerProcess) -> None:
+    with gateway_over(engine, "--stream-upstream", "relay", workers="0") as gw:
+        sid = new_session(gw)
+        options = {"include_usage": True}
+        reply = turn(
+            gw, sid, [{"role": "user", "content": "hi"}], stream=True, stream_options=options
+        )
+        usage = [json.loads(e) for e in sse_data(reply)[:-1] if not json.loads(e)["choices"]]
+        assert len(usage) == 1 and usage[0]["usage"]["completion_tokens"] > 0

@@ -220,6 +220,9 @@ class Router:
                     "generation": channel.generation,
                     "sessions": beat.get("sessions", 0),
                     "inflight": beat.get("inflight", 0),
+                    # Turns a trainer should know about: engine aborts, R3 recorded missing.
+                    "turns_aborted": beat.get("turns_aborted", 0),
+                    "r3_missing_turns": beat.get("r3_missing_turns", 0),
                     "heartbeat_age_s": (
                         round(now - channel.last_heartbeat, 3)
                         if channel.last_heartbeat is not None

@@ -27,7 +27,7 @@ def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
         choices=R3_MISSING_CHOICES,
         default="error",
         help="with --r3, a reply without routed_experts is a 502 (error, the default) or is "
-        "recorded and counted in /health and /metrics (warn)",
+        "recorded and counted in /health (warn)",
     )
     group.add_argument(
         "--indexer-replay",
