@@ -295,12 +295,18 @@ def test_reasoning_content_is_kept_and_compared_strictly() -> None:
         gateway_over(eng, workers="0") as gw,
     ):
         sid = new_session(gw)
-        messages = run_session(gw, sid, 1)
+        messages = run_session(gw, sid, 2)
         assert messages[1]["reasoning_content"]
         stored = gw.get(f"/sessions/{sid}").json()
-        assert stored["metadata"]["tito_session_mismatch"] == []
-        # The echo with its reasoning matches; without it the history diverges.
-        dropped = [messages[0], {**messages[1], "reasoning_content": None}, messages[2]]
+        record_message = stored["records"][0]["response"]["choices"][0]["message"]
+        assert record_message["reasoning_content"] == messages[1]["reasoning_content"]
+        # The re-render puts the thinking back through the template (its newlines around the
+        # block differ from what was sampled): reported, never re-tokenized into the prompt.
+        assert {m["type"] for m in stored["metadata"]["tito_session_mismatch"]} <= {
+            "assistant_text"
+        }
+        # An echo without the first turn's reasoning diverges two assistant steps back.
+        dropped = [messages[0], {**messages[1], "reasoning_content": None}, *messages[2:]]
         refused = turn(gw, sid, dropped)
         assert refused.status_code == 400 and "reasoning_content" in refused.json()["error"]
         assert turn(gw, sid, messages).status_code == 200
@@ -309,9 +315,10 @@ def test_reasoning_content_is_kept_and_compared_strictly() -> None:
         gateway_over(eng, "--message-matcher", "role_content_only", workers="0") as gw,
     ):
         sid = new_session(gw)
-        messages = run_session(gw, sid, 1)
-        loose = [messages[0], {**messages[1], "reasoning_content": None}, messages[2]]
+        messages = run_session(gw, sid, 2)
+        loose = [messages[0], {**messages[1], "reasoning_content": None}, *messages[2:]]
         assert turn(gw, sid, loose).status_code == 200
+        assert len(gw.get(f"/sessions/{sid}").json()["records"]) == 3
 
 
 def test_unknown_message_matcher_is_refused_at_start(engine: ServerProcess) -> None:

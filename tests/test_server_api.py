@@ -508,7 +508,9 @@ def test_upstream_non_200_passes_through_unrecorded() -> None:
     ) as gw:
         session_id, response = first_turn(gw)
         assert response.status_code == 429
-        assert response.json() == {"error": "injected failure"}
+        # The engine's own error body (SGLang's shape), passed through as it is.
+        assert response.json()["message"] == "injected failure"
+        assert response.json()["object"] == "error"
         assert httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"] == []
 
 

@@ -489,7 +489,13 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
     def fake_core() -> Any:
         upstream = SimpleNamespace(affinity_hits=0, repins=0)
         return SimpleNamespace(
-            handle=echo, sessions={}, turns_recorded=0, upstream=upstream, stamper=None
+            handle=echo,
+            sessions={},
+            turns_recorded=0,
+            turns_aborted=0,
+            r3_missing_turns=0,
+            upstream=upstream,
+            stamper=None,
         )
 
     async def until(condition: Callable[[], bool], what: str) -> None:
