@@ -124,3 +124,9 @@ class ServerProcess:
     ) -> None:
         self.stop()
         self._log.close()
+
+
+def mock_engine(*args: str, timeout: float = 30.0) -> ServerProcess:
+    """`sessiongate mock-engine <args>` on a free port (start it with `with`)."""
+    port = free_port()
+    return ServerProcess(["mock-engine", "--port", str(port), *args], port, timeout=timeout)

@@ -16,18 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ServerProcess, free_port
+from procs import ServerProcess, free_port, mock_engine
 
 st_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is in the test extra")
 
 R3_ENGINE = ["--r3-layers", "3", "--r3-topk", "2", "--lora-adapters", "client-adapter,trained"]
-
-
-@contextmanager
-def mock_engine(*args: str) -> Iterator[ServerProcess]:
-    port = free_port()
-    with ServerProcess(["mock-engine", "--port", str(port), *args], port) as proc:
-        yield proc
 
 
 @contextmanager

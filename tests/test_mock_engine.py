@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ServerProcess, free_port
+from procs import ServerProcess, free_port, mock_engine
 from sessiongate.mock_engine import generate
 from sessiongate.mock_engine.app import SEND_SLICE, _send_slices
 from sessiongate.mock_engine.config import MockEngineConfig
@@ -57,16 +57,11 @@ def gen(tok: Any) -> CompletionGenerator:
     )
 
 
-def _engine(*extra: str) -> ServerProcess:
-    port = free_port()
-    return ServerProcess(["mock-engine", "--port", str(port), *extra], port)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[ServerProcess]:
     args = ["--r3-layers", str(L), "--r3-topk", str(K), "--r3-experts", str(E)]
     args += ["--completion-tokens", str(N), "--completion-tokens-jitter", str(J)]
-    with _engine(*args, "--tool-call-rate", "1.0") as proc:
+    with mock_engine(*args, "--tool-call-rate", "1.0") as proc:
         yield proc
 
 
@@ -320,7 +315,7 @@ def test_http_determinism_and_input_ids(engine: ServerProcess) -> None:
 
 def test_http_engine_seed_changes_reply(engine: ServerProcess) -> None:
     body = {"input_ids": PROMPT}
-    with _engine("--seed", "1", "--completion-tokens", str(N)) as other:
+    with mock_engine("--seed", "1", "--completion-tokens", str(N)) as other:
         mine = chat(engine, body).json()["choices"][0]["message"]["content"]
         theirs = chat(other, body).json()["choices"][0]["message"]["content"]
     assert mine != theirs
@@ -389,7 +384,7 @@ def test_http_routed_experts_large_rows_wrap_the_pool() -> None:
     prompt = list(range(5, 405))
     body = {"input_ids": prompt, "return_routed_experts": True}
     args = ["--r3-layers", "512", "--r3-topk", "8", "--completion-tokens", "24"]
-    with _engine(*args) as eng:
+    with mock_engine(*args) as eng:
         reply = chat(eng, {**body, "return_meta_info": True, "return_output_ids_in_sglext": True})
         meta = reply.json()["choices"][0]["meta_info"]
         output_ids = reply.json()["sglext"]["output_ids"][0]
@@ -492,7 +487,7 @@ def test_http_forced_failure_and_recent_requests(engine: ServerProcess) -> None:
 
 
 def test_http_fail_rate_one_and_sigterm_exit_code() -> None:
-    with _engine("--fail-rate", "1.0", "--fail-status", "502") as proc:
+    with mock_engine("--fail-rate", "1.0", "--fail-status", "502") as proc:
         for _ in range(3):
             reply = chat(proc, {"input_ids": PROMPT})
             assert reply.status_code == 502 and reply.json()["message"] == "injected failure"

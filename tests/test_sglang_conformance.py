@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from procs import ServerProcess, free_port
+from procs import ServerProcess, mock_engine
 from sessiongate.tokenizer import load_tokenizer
 
 L, K, E = 4, 2, 16  # R3 shape
@@ -26,24 +26,19 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 ERROR_KEYS = {"object", "message", "type", "param", "code"}
 
 
-def _engine(*extra: str) -> ServerProcess:
-    port = free_port()
-    return ServerProcess(["mock-engine", "--port", str(port), *extra], port)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[ServerProcess]:
     args = ["--r3-layers", str(L), "--r3-topk", str(K), "--r3-experts", str(E)]
     args += ["--indexer-layers", str(IL), "--indexer-topk", str(IK)]
     args += ["--lora-adapters", "alpha,beta", "--weight-version", "w0"]
     args += ["--enable-cache-report", "--completion-tokens", "20"]
-    with _engine(*args) as proc:
+    with mock_engine(*args) as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def thinker() -> Iterator[ServerProcess]:
-    with _engine("--reasoning-parser", "qwen3", "--completion-tokens", "24") as proc:
+    with mock_engine("--reasoning-parser", "qwen3", "--completion-tokens", "24") as proc:
         yield proc
 
 
@@ -401,7 +396,7 @@ def test_abort_request_endpoint_aborts_a_running_request() -> None:
     # http_server.py `/abort_request` (AbortReq: rid, abort_all) -> scheduler.py
     # `abort_request` (rid prefix match, running request finishes with FINISH_ABORT()).
     args = ["--token-delay-ms", "20", "--completion-tokens", "300"]
-    with _engine(*args) as slow:
+    with mock_engine(*args) as slow:
         result: dict[str, Any] = {}
 
         def call() -> None:
