@@ -199,6 +199,10 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
         document = json.loads(data)
     except ValueError as exc:
         raise _broken(f"body is not valid JSON ({exc})") from exc
+    except RecursionError:
+        # Deeper than the interpreter's stack allows (the Rust scanner hands such bodies
+        # here): refused like any broken reply, never an internal error.
+        raise _broken("body is nested too deeply to parse") from None
     if not isinstance(document, dict):
         raise _broken("body is not a JSON object")
     choices = document.get("choices")
@@ -315,6 +319,8 @@ def rewrite_request(body: _BytesLike, fields: dict[str, Any]) -> bytes:
         document = json.loads(_loadable(body, view))
     except ValueError as exc:
         raise RequestRewriteError(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise RequestRewriteError("request body is nested too deeply to parse") from None
     if not isinstance(document, dict):
         raise RequestRewriteError(f"request body must be a JSON object, got {_kind(document)}")
     for key in fields:
