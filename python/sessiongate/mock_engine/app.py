@@ -786,7 +786,7 @@ def _fail_roll(seed: int, counter: int) -> float:
 async def _json_body(request: Request) -> Any:
     try:
         return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return None
 
 
@@ -824,7 +824,9 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:
+            # FastAPI answers any body it cannot parse with a 400, too deeply nested JSON
+            # (a RecursionError) included, never a 500.
             body = exc
         if isinstance(body, dict):
             state.recent.append(raw)

@@ -6,11 +6,13 @@ contract lives in one place.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
-from sessiongate.session.errors import GatewayError, SessionNotFound
+from sessiongate.primitives import validate_session_id
+from sessiongate.session.errors import BadRequest, GatewayError, SessionNotFound
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Session-ID",
@@ -19,6 +21,8 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Correlation-ID",
 )
 CHAT_PATH = "/v1/chat/completions"
+# A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
+_BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 class MethodNotAllowed(GatewayError):
@@ -44,6 +48,32 @@ def header_session_id(headers: Sequence[tuple[str, str]], names: Sequence[str]) 
     return None
 
 
+def decode_path_id(quoted: str) -> str:
+    """A session id from its path segment. Ids may contain any visible ASCII; clients
+    percent-encode "/", "?", "%" and "#". Malformed escapes (`%zz`, a trailing `%`) and
+    escapes that decode to invalid UTF-8 (`%e2%28`) are a 400: `unquote` would silently
+    keep the former as literal text and turn the latter into U+FFFD, so a client's broken
+    encoder would address some other (missing) session instead of being told."""
+    if _BAD_PERCENT.search(quoted):
+        raise BadRequest("invalid percent-encoding in the session id (a '%' must start %XX)")
+    try:
+        # The path is the raw bytes as latin-1 text (asgi.py): get those bytes back.
+        raw = quoted.encode("latin-1")
+    except UnicodeEncodeError:
+        raw = quoted.encode("utf-8")  # an already-decoded path (no raw_path in the scope)
+    try:
+        session_id = unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(
+            "invalid percent-encoding in the session id (it does not decode to UTF-8)"
+        ) from exc
+    try:
+        # Checked here, before any routing, so every front end answers a bad id alike.
+        return validate_session_id(session_id)
+    except ValueError as exc:
+        raise BadRequest(f"invalid session id: {exc}") from exc
+
+
 def classify(
     method: str,
     path: str,
@@ -65,10 +95,9 @@ def classify(
     if path.startswith("/sessions/"):
         rest = path[len("/sessions/") :]
         quoted_id, slash, sub_path = rest.partition("/")
-        # Ids may contain any visible ASCII; clients percent-encode "/", "?", "%" and "#".
-        session_id = unquote(quoted_id)
-        if not session_id:
+        if not quoted_id:
             raise SessionNotFound("missing session id in the path")
+        session_id = decode_path_id(quoted_id)
         if not slash:
             if method == "GET":
                 return Route("get", session_id)

@@ -175,7 +175,10 @@ class TitoEngine:
                 f"the chat template is not append-only for the appended roles {roles}: "
                 "rendering them changes the text of earlier messages"
             )
-        return self.tokenizer.encode(with_new[len(without) :])
+        try:
+            return self.tokenizer.encode(with_new[len(without) :])
+        except ValueError as exc:  # text the tokenizer refuses (tokenizer.encode)
+            raise BadRequest(f"the new messages could not be tokenized: {exc}") from exc
 
     def junction_ids(
         self, checkpoint: Sequence[int], template_kwargs: TemplateKwargs | None = None

@@ -89,8 +89,22 @@ class ChatTokenizer:
     # --- ids <-> text --------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Ids for ``text``; never adds BOS/EOS. Special-token strings map to their ids."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        """Ids for ``text``; never adds BOS/EOS. Special-token strings map to their ids.
+
+        TokenizerError (a ValueError, so callers answer 400) when ``text`` cannot be encoded
+        as UTF-8 (a lone surrogate): the backend would raise a bare TypeError.
+        """
+        try:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise TokenizerError(
+                        f"text is not valid Unicode ({exc.reason} at position {exc.start})"
+                    ) from exc
+            raise
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
