@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -38,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--max-body-bytes", type=int, required=True)
     parser.add_argument("--api-key-env", default=None, help="env var holding the API key")
     parser.add_argument("--session-header", action="append", default=None)
+    parser.add_argument("--header-timeout", type=float, default=None)
+    parser.add_argument("--body-timeout", type=float, default=None)
     parser.add_argument("--log-level", default="warning")
     parser.set_defaults(run=run)
 
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from sessiongate.dataplane.router import Router, open_channel, watch_control_socket
+    from sessiongate.process.http_protocol import gateway_protocol
     from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
     from sessiongate.server.asgi import FrontendSettings, GatewayApp
     from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
@@ -63,8 +67,14 @@ def run(args: argparse.Namespace) -> int:
         api_key=api_key or None,
         session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
     )
+    # Unset flags keep FrontendSettings' defaults (`serve` always forwards its values).
+    if args.header_timeout is not None:
+        settings = dataclasses.replace(settings, header_timeout=args.header_timeout)
+    if args.body_timeout is not None:
+        settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
     app = GatewayApp(router.dispatch, settings)
-    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level))
+    protocol = gateway_protocol(settings.header_timeout)
+    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)
 
     def write_modules_report() -> None:

@@ -46,7 +46,15 @@ class QuietServer(uvicorn.Server):
                 signal.signal(s, handler)
 
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any,
+    host: str,
+    port: int,
+    log_level: str,
+    http: type[asyncio.Protocol] | str = "auto",
+) -> uvicorn.Config:
+    """`http`: the gateway passes `http_protocol.gateway_protocol(...)` (read timeouts, JSON
+    errors); "auto" picks httptools when installed, else h11."""
     return uvicorn.Config(
         app,
         host=host,
@@ -54,7 +62,7 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Co
         log_level=log_level,
         access_log=False,
         loop="asyncio",
-        http="auto",  # httptools when installed, else h11
+        http=http,
         lifespan="off",
         timeout_graceful_shutdown=1,
     )

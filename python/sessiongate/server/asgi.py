@@ -6,12 +6,14 @@ front end must never parse request bodies; the dispatcher decides what a body me
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
 from sessiongate.session.errors import GatewayError, PayloadTooLarge, Unauthorized
 from sessiongate.session.protocol import CoreReply, CoreRequest, error_reply
@@ -24,6 +26,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,33 @@ class FrontendSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_key: str | None = None
     session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS
+    # Read timeouts against slow clients (docs/reliability.md): the header one is enforced
+    # by the HTTP protocol (process/http_protocol.py), the body one here, where bodies are read.
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout: float = DEFAULT_BODY_TIMEOUT_S
 
 
-async def _read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+class BodyTimeout(GatewayError):
+    """The client stopped sending its body: answered 408 and the connection closed."""
+
+    status = 408
+
+
+async def _read_body(
+    receive: Receive, limit: int, declared: int | None, idle_timeout: float
+) -> bytes:
     if declared is not None and declared > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes, over the limit of {limit} bytes")
     parts: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        try:
+            # Per chunk, so a large body on a slow but live link is never cut off; only a
+            # client that goes quiet (a body shorter than its Content-Length) is.
+            async with asyncio.timeout(idle_timeout):
+                message = await receive()
+        except TimeoutError:
+            raise BodyTimeout(f"request body not received within {idle_timeout:g} s") from None
         if message["type"] == "http.disconnect":
             raise ConnectionResetError("client disconnected while sending the body")
         chunk: bytes = message.get("body", b"")
@@ -111,6 +132,7 @@ class GatewayApp:
                 receive,
                 self.settings.max_body_bytes,
                 int(declared) if declared and declared.isdigit() else None,
+                self.settings.body_timeout,
             )
             if self._api_key is not None:
                 # The gateway's key is not the upstream's.
@@ -126,6 +148,11 @@ class GatewayApp:
                 auto_create=route.auto_create,
             )
             reply = await self.dispatch(request)
+        except BodyTimeout as error:
+            # The rest of the body may still come: the connection cannot carry another
+            # request, so the reply closes it.
+            reply = error_reply(error)
+            reply.headers.append(("connection", "close"))
         except GatewayError as error:
             reply = error_reply(error)
         except ConnectionResetError:
