@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -26,7 +27,8 @@ from typing import Protocol
 
 import httpx
 
-from sessiongate.process.children import PARENT_PID_ENV
+from sessiongate.process.children import PARENT_PID_ENV, listen_problem
+from sessiongate.session.protocol import INSTANCE_ENV, INSTANCE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +98,10 @@ class Supervisor:
         self._control: socket.socket | None = None
         self._stop_signal: int | None = None
         self._moves: dict[int, deque[float]] = {}
+        # Per-run token the router echoes on /health: readiness must be proven by our router,
+        # not by whatever else answers on the port (another gateway, a stale process).
+        self.instance = secrets.token_hex(16)
+        self._foreign_answer = False
 
     # -- children ---------------------------------------------------------------------
 
@@ -130,7 +136,7 @@ class Supervisor:
             router_ends.append(router_end)
         control_here, control_router = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._control = control_here
-        env = dict(self.config.router_env)
+        env = {**self.config.router_env, INSTANCE_ENV: self.instance}
         if self.config.api_key:
             env[API_KEY_ENV] = self.config.api_key
         fds = [s.fileno() for s in router_ends]
@@ -242,6 +248,12 @@ class Supervisor:
         """Start everything, serve until signalled; the exit code."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            # Fail before spawning anything when the port is taken: the router could not
+            # bind it, and the message says why (the router's exit code alone would not).
+            problem = listen_problem(self.config.host, self.config.port)
+            if problem is not None:
+                print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
+                return 1
             self.start()
             return self._watch(on_ready)
         finally:
@@ -252,10 +264,13 @@ class Supervisor:
     def _ready(self) -> bool:
         url = f"http://{self.config.host}:{self.config.port}/health"
         try:
-            status = httpx.get(url, timeout=1.0).status_code
+            response = httpx.get(url, timeout=1.0)
         except httpx.HTTPError:
             return False
-        return status == 200 or not self.config.require_workers_ready
+        if response.headers.get(INSTANCE_HEADER) != self.instance:
+            self._foreign_answer = True  # someone else answers on our port
+            return False
+        return response.status_code == 200 or not self.config.require_workers_ready
 
     def _watch(self, on_ready: str | None) -> int:
         """Watch every child; until the first ready /health also enforce the ready timeout."""
@@ -264,8 +279,14 @@ class Supervisor:
         while self._stop_signal is None:
             assert self.router is not None
             if self.router.poll() is not None:
+                # Lost the race for the port after the check in run(): say so plainly.
+                problem = None if ready else listen_problem(self.config.host, self.config.port)
+                if problem is None and self._foreign_answer:
+                    problem = f"another process answers on port {self.config.port}"
                 print(
-                    f"sessiongate: router exited with code {self.router.returncode}; stopping",
+                    f"sessiongate: router exited with code {self.router.returncode}"
+                    + (f" ({problem})" if problem else "")
+                    + "; stopping",
                     file=sys.stderr,
                     flush=True,
                 )

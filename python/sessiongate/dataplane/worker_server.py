@@ -129,6 +129,7 @@ async def _main(
         print(f"sessiongate worker: cannot listen on {endpoint}: {exc}", file=sys.stderr)
         return 1
     core = build_core(args)
+    core.start()  # probe the upstreams before the first request (their state is in /health)
     server = WorkerServer(core, secret, tls, args.handshake_timeout)
     host, port = listener.getsockname()[:2]
     bound = Endpoint(host, port)

@@ -4,6 +4,7 @@ from sessiongate.upstream.client import (
     UpstreamClient,
     UpstreamReply,
     UpstreamStream,
+    UpstreamTransportError,
     UpstreamUnreachable,
 )
 from sessiongate.upstream.pool import UpstreamPool, rendezvous_order
@@ -13,6 +14,7 @@ __all__ = [
     "UpstreamPool",
     "UpstreamReply",
     "UpstreamStream",
+    "UpstreamTransportError",
     "UpstreamUnreachable",
     "rendezvous_order",
 ]

@@ -45,12 +45,22 @@ def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, s
     return [(k, v) for k, v in headers if k.lower() not in _DROP_HEADERS]
 
 
-class UpstreamUnreachable(UpstreamError):
+class UpstreamTransportError(UpstreamError):
+    """The exchange with the upstream failed below HTTP (connect, reset, cut reply, timeout)."""
+
+    def __init__(self, message: str, *, base_url: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.base_url = base_url
+        # A timeout says the engine is slow, not that it is gone: the pool leaves the
+        # verdict to its health probe instead of marking the upstream down.
+        self.timed_out = timed_out
+
+
+class UpstreamUnreachable(UpstreamTransportError):
     """The connection could not be made: nothing was sent, so a retry elsewhere is safe."""
 
     def __init__(self, message: str, *, base_url: str) -> None:
-        super().__init__(message)
-        self.base_url = base_url
+        super().__init__(message, base_url=base_url)
 
 
 @dataclass(frozen=True)
@@ -137,19 +147,29 @@ class UpstreamClient:
         )
         if isinstance(exc, ConnectFailed):
             return UpstreamUnreachable(message, base_url=self.base_url)
-        return UpstreamError(message)
+        return UpstreamTransportError(
+            message, base_url=self.base_url, timed_out=isinstance(exc, TimeoutError)
+        )
 
-    async def probe(self, path: str = "/health", timeout: float = 2.0) -> bool:
-        """True when the upstream answers `path` with a 2xx in time."""
+    async def check(self, path: str = "/health", timeout: float = 2.0) -> str | None:
+        """None when the upstream answers `path` with a 2xx in time, else what went wrong."""
         try:
             async with (
                 asyncio.timeout(timeout),
                 self._http.request("GET", self.base_url + path) as response,
             ):
                 await response.read()
-                return 200 <= response.status < 300
-        except (HttpError, OSError, TimeoutError):
-            return False
+        except TimeoutError:
+            return f"GET {self.base_url}{path} timed out after {timeout:g}s"
+        except (HttpError, OSError) as exc:
+            return f"GET {self.base_url}{path} failed ({type(exc).__name__}: {exc})"
+        if 200 <= response.status < 300:
+            return None
+        return f"GET {self.base_url}{path} answered {response.status}"
+
+    async def probe(self, path: str = "/health", timeout: float = 2.0) -> bool:
+        """True when the upstream answers `path` with a 2xx in time."""
+        return await self.check(path, timeout) is None
 
     async def post_json(
         self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()

@@ -5,6 +5,10 @@ hashing of its root id over the healthy upstreams, so a tree shares one replica 
 prefix cache, and removing an upstream moves only the trees that were on it. Upstreams are
 probed periodically; a connection failure (nothing sent) marks the upstream down, re-pins
 the tree to the next upstream in its rendezvous order and retries the request once.
+
+The health state is also what `/health` and `/metrics` report, so it is kept with one
+upstream too: the probe runs whatever the count, a transport failure of a real request marks
+the upstream down at once and any reply (below 500) marks it up again.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from sessiongate.upstream.client import (
     UpstreamClient,
     UpstreamReply,
     UpstreamStream,
+    UpstreamTransportError,
     UpstreamUnreachable,
 )
 
@@ -50,7 +55,11 @@ class UpstreamPool:
         if len(set(self.urls)) != len(self.urls):
             raise ValueError(f"upstream URLs must be distinct: {self.urls}")
         self.clients = [UpstreamClient(u, timeout=timeout) for u in self.urls]
+        # Assumed up until a probe or a request says otherwise, so a gateway started next to
+        # its engine is not reported down for its first health interval.
         self.healthy = [True] * len(self.urls)
+        # Why each upstream was last marked down (kept until it is up again).
+        self.last_error: list[str | None] = [None] * len(self.urls)
         self.pins: dict[str, int] = {}
         self.affinity_hits = 0
         self.repins = 0
@@ -64,21 +73,51 @@ class UpstreamPool:
         return ",".join(self.urls)
 
     def start(self) -> None:
-        """Start periodic health checks (only useful with more than one upstream)."""
-        if len(self.urls) > 1 and self._prober is None:
+        """Start periodic health checks (idempotent; needs a running loop). With one upstream
+        they steer nothing, but they are what `/health` reports about the engine."""
+        if self._prober is None:
             self._prober = asyncio.create_task(self._probe_forever())
 
     async def _probe_forever(self) -> None:
         while True:
             results = await asyncio.gather(
-                *(c.probe(self.health_path) for c in self.clients), return_exceptions=True
+                *(c.check(self.health_path) for c in self.clients), return_exceptions=True
             )
-            for index, ok in enumerate(results):
-                up = ok is True
-                if up != self.healthy[index]:
-                    logger.warning("upstream %s is %s", self.urls[index], "up" if up else "down")
-                self.healthy[index] = up
+            for index, result in enumerate(results):
+                if isinstance(result, BaseException):
+                    self._mark(index, f"health probe failed: {type(result).__name__}: {result}")
+                else:
+                    self._mark(index, result)
             await asyncio.sleep(self.health_interval)
+
+    def _mark(self, index: int, error: str | None) -> None:
+        """Record upstream `index` as up (`error` None) or down because of `error`."""
+        up = error is None
+        if up != self.healthy[index]:
+            if up:
+                logger.warning("upstream %s is up", self.urls[index])
+            else:
+                logger.warning("upstream %s is down: %s", self.urls[index], error)
+        self.healthy[index] = up
+        self.last_error[index] = error
+
+    def _answered(self, index: int, status: int) -> None:
+        """A real request got a reply: the upstream is reachable again. A 5xx proves nothing
+        either way (an engine may answer 503 while it loads), so it leaves the state alone."""
+        if status < 500 and not self.healthy[index]:
+            self._mark(index, None)
+
+    @property
+    def all_down(self) -> bool:
+        return not any(self.healthy)
+
+    def down_reason(self) -> str:
+        """Why no upstream can take a turn, for `/health`."""
+        # Each error names its URL already (probe and transport messages both do).
+        errors = (
+            error or f"{url} is down" for url, error in zip(self.urls, self.last_error, strict=True)
+        )
+        return "every upstream is down: " + "; ".join(errors)
 
     def _choose(self, root_id: str, avoid: int | None = None) -> int:
         order = rendezvous_order(root_id, self.urls)
@@ -103,9 +142,14 @@ class UpstreamPool:
         self.pins[root_id] = index
         return index
 
+    def _transport_failed(self, index: int, exc: UpstreamTransportError) -> None:
+        # A timed-out request says the engine is slow, not that it is gone; the probe (with
+        # its own short timeout) decides whether it is answering at all.
+        if not exc.timed_out:
+            self._mark(index, str(exc))
+
     def _failed(self, root_id: str | None, index: int) -> int | None:
-        """Mark `index` down and re-pin the tree; the upstream to retry on, if any."""
-        self.healthy[index] = False
+        """Re-pin the tree off `index` (already marked down); the upstream to retry on, if any."""
         if len(self.urls) == 1:
             return None
         retry = self._choose(root_id or "", avoid=index)
@@ -129,12 +173,25 @@ class UpstreamPool:
         index = self.index_for(root_id)
         header_list = list(headers)
         try:
-            return await self.clients[index].post_json(path, body, header_list)
+            reply = await self._post_json(index, path, body, header_list)
         except UpstreamUnreachable:
             retry = self._failed(root_id, index)
             if retry is None:
                 raise
-            return await self.clients[retry].post_json(path, body, header_list)
+            reply = await self._post_json(retry, path, body, header_list)
+        return reply
+
+    async def _post_json(
+        self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
+    ) -> UpstreamReply:
+        """One attempt on upstream `index`, recording what it says about the upstream."""
+        try:
+            reply = await self.clients[index].post_json(path, body, headers)
+        except UpstreamTransportError as exc:
+            self._transport_failed(index, exc)
+            raise
+        self._answered(index, reply.status)
+        return reply
 
     async def open_stream(
         self,
@@ -148,23 +205,41 @@ class UpstreamPool:
     ) -> UpstreamStream:
         index = self.index_for(root_id)
         header_list = list(headers)
+
+        async def attempt(index: int) -> UpstreamStream:
+            try:
+                stream = await self.clients[index].open_stream(
+                    method, path, query=query, headers=header_list, body=body
+                )
+            except UpstreamTransportError as exc:
+                self._transport_failed(index, exc)
+                raise
+            self._answered(index, stream.status)
+            return stream
+
         try:
-            return await self.clients[index].open_stream(
-                method, path, query=query, headers=header_list, body=body
-            )
+            return await attempt(index)
         except UpstreamUnreachable:
             retry = self._failed(root_id, index)
             if retry is None:
                 raise
-            return await self.clients[retry].open_stream(
-                method, path, query=query, headers=header_list, body=body
-            )
+            return await attempt(retry)
+
+    def upstream_states(self) -> list[dict[str, object]]:
+        """`[{"url", "healthy", "last_error"?}]`: what `/health` shows of each upstream."""
+        states: list[dict[str, object]] = []
+        for url, healthy, error in zip(self.urls, self.healthy, self.last_error, strict=True):
+            state: dict[str, object] = {"url": url, "healthy": healthy}
+            if error is not None:
+                state["last_error"] = error
+            states.append(state)
+        return states
 
     def status(self) -> dict[str, object]:
         return {
-            "upstreams": [
-                {"url": u, "healthy": h} for u, h in zip(self.urls, self.healthy, strict=True)
-            ],
+            # "down" when no upstream is healthy: every turn of this core would fail.
+            "upstream": "down" if self.all_down else "ok",
+            "upstreams": self.upstream_states(),
             "affinity_hits": self.affinity_hits,
             "repins": self.repins,
             "pinned_trees": len(self.pins),
