@@ -54,3 +54,23 @@ class SamplesError(GatewayError):
 
 class Unavailable(GatewayError):
     status = 503
+
+
+class LimitReached(GatewayError):
+    """A worker limit refused the request (docs/reliability.md, "Limits"); answered with a
+    `Retry-After` header, since room comes back once clients delete finished sessions."""
+
+    # Seconds a client should wait before retrying (the `Retry-After` header).
+    retry_after: int = 5
+
+
+class TooManySessions(LimitReached):
+    """Creating one more session would pass `--max-sessions`."""
+
+    status = 429
+
+
+class RecordsBudgetFull(LimitReached):
+    """The worker's records hold `--max-records-bytes` or more: no new turn until some go."""
+
+    status = 503

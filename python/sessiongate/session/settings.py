@@ -47,3 +47,13 @@ class SessionSettings:
     # Send `X-SMG-Routing-Key: <session id>` on session turns, as the rollout framework does
     # (SGLang reads it as the request's routing key).
     smg_routing_key: bool = True
+    # Abuse limits (docs/reliability.md, "Limits"); 0 turns each off.
+    # Live sessions this core holds at most: one more is a 429.
+    max_sessions: int = 10_000
+    # Bytes of turn records (request + response bodies) this core holds before new turns are
+    # refused with a 503. 0 here; the CLI's default ("auto") is sized from the machine's memory.
+    max_records_bytes: int = 0
+    # Sessions created by `POST /sessions` idle this long (seconds) are closed; 0 keeps them.
+    session_ttl: float = 0.0
+    # How limit errors name this core: "worker 3", or the in-process gateway.
+    label: str = "the gateway"

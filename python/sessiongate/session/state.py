@@ -97,6 +97,8 @@ class Session:
     # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that turn.
     checkpoints: list[list[int]] = field(default_factory=list)
     records: list[TurnRecord] = field(default_factory=list)
+    # sum(r.size for r in records), kept by the core's commits (the worker's records budget).
+    records_bytes: int = 0
     # checkpoint_ends[i] = how many messages the history held after generated turn i (a
     # client may bring assistant messages of its own, e.g. few-shot examples).
     checkpoint_ends: list[int] = field(default_factory=list)
