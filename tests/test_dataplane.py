@@ -349,7 +349,11 @@ def test_idle_header_sessions_expire_but_api_sessions_do_not() -> None:
         api_session = httpx.post(gateway.url + "/sessions").json()["session_id"]
         assert httpx.get(gateway.url + "/sessions/bench-7").status_code == 200
         deadline = time.monotonic() + 10
-        while httpx.get(gateway.url + "/sessions/bench-7").status_code == 200:
+        # Watched through /health: a request naming the session counts as activity.
+        while httpx.get(gateway.url + "/health").json()["workers"][0]["sessions_expired"] == 0:
             assert time.monotonic() < deadline, "idle header session never expired"
             time.sleep(0.1)
+        gone = httpx.get(gateway.url + "/sessions/bench-7")
+        assert gone.status_code == 404
+        assert gone.json()["error"] == "session bench-7 expired after 0.5 s idle"
         assert httpx.get(f"{gateway.url}/sessions/{api_session}").status_code == 200

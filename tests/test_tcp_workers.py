@@ -487,7 +487,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         return CoreReply(200, [("x-op", request.op)], request.body)
 
     def fake_core() -> Any:
-        upstream = SimpleNamespace(affinity_hits=0, repins=0)
+        upstream = SimpleNamespace(affinity_hits=0, repins=0, all_down=False, upstream_states=list)
         return SimpleNamespace(
             handle=echo,
             sessions={},
@@ -496,6 +496,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
             r3_missing_turns=0,
             upstream=upstream,
             stamper=None,
+            limits_status=dict,
         )
 
     async def until(condition: Callable[[], bool], what: str) -> None:

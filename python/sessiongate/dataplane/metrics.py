@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# Reasons of sessiongate_rejected_total, always all rendered so a dashboard sees the series.
+REJECT_REASONS = ("max_sessions", "records_budget")
 LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -47,6 +49,15 @@ class WorkerGauge:
     bytes_relayed: int
     affinity_hits: int = 0
     repins: int = 0
+    # Abuse limits (0 = off) and their usage (docs/reliability.md, "Limits").
+    records_bytes: int = 0
+    max_records_bytes: int = 0
+    max_sessions: int = 0
+    sessions_expired: int = 0
+    # Requests refused by a limit, by reason (REJECT_REASONS).
+    rejected: dict[str, int] = field(default_factory=dict)
+    # (url, healthy) of each upstream the worker sends turns to.
+    upstreams: list[tuple[str, bool]] = field(default_factory=list)
     # Remote (TCP) workers only.
     address: str | None = None
     transport: str = ""
@@ -120,6 +131,18 @@ class RouterMetrics:
             "Session trees moved to another upstream after theirs failed.",
             [(f'worker="{w.index}"', w.repins) for w in workers],
         )
+        _family(
+            lines,
+            "sessiongate_upstream_up",
+            "gauge",
+            "1 when the upstream answers (health probe or last request), by worker and URL.",
+            [
+                (f'worker="{w.index}",url="{_label(url)}"', int(up))
+                for w in workers
+                for url, up in w.upstreams
+            ],
+        )
+        _limits_families(lines, workers)
         remote = [w for w in workers if w.address is not None]
         if remote:
             _family(
@@ -158,6 +181,53 @@ class RouterMetrics:
             [("", self.worker_restarts)],
         )
         return ("\n".join(lines) + "\n").encode()
+
+
+def _label(value: str) -> str:
+    """A label value escaped as the exposition format requires."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _limits_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:
+    _family(
+        lines,
+        "sessiongate_worker_records_bytes",
+        "gauge",
+        "Bytes of turn records (request + response bodies) a worker holds (last heartbeat).",
+        [(f'worker="{w.index}"', w.records_bytes) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_records_bytes_limit",
+        "gauge",
+        "--max-records-bytes of a worker: new turns get a 503 at or above it (0: no limit).",
+        [(f'worker="{w.index}"', w.max_records_bytes) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_sessions_limit",
+        "gauge",
+        "--max-sessions of a worker: one more session is a 429 (0: no limit).",
+        [(f'worker="{w.index}"', w.max_sessions) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_rejected_total",
+        "counter",
+        "Requests refused by a limit: max_sessions (429) or records_budget (503).",
+        [
+            (f'worker="{w.index}",reason="{reason}"', w.rejected.get(reason, 0))
+            for w in workers
+            for reason in REJECT_REASONS
+        ],
+    )
+    _family(
+        lines,
+        "sessiongate_sessions_expired_total",
+        "counter",
+        "Sessions closed after their idle TTL (--session-ttl, --header-session-ttl).",
+        [(f'worker="{w.index}"', w.sessions_expired) for w in workers],
+    )
 
 
 def _family(

@@ -34,11 +34,14 @@ from sessiongate.session.errors import (
     UpstreamError,
 )
 from sessiongate.session.protocol import (
+    INSTANCE_ENV,
+    INSTANCE_HEADER,
     CoreReply,
     CoreRequest,
     error_reply,
     json_reply,
     parse_json_object,
+    upstream_required,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +49,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# Heartbeat members of a worker's limits and their usage, shown per worker in /health.
+LIMIT_FIELDS = (
+    "max_sessions",
+    "records_bytes",
+    "max_records_bytes",
+    "session_ttl",
+    "sessions_expired",
+)
 # `POST /sessions` bodies are `{"parent_session_id": ...}`: anything larger is not one.
 MAX_CREATE_BODY = 64 * 1024
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
@@ -60,6 +71,9 @@ class Router:
         self.remotes: list[RemoteWorker] | None = None
         self.metrics = RouterMetrics()
         self._round_robin = itertools.count()
+        # The supervisor's per-run token, echoed on /health so its readiness check knows the
+        # answer came from this router and not from another process on the port.
+        self.instance = os.environ.get(INSTANCE_ENV) or None
 
     @property
     def worker_count(self) -> int:
@@ -90,7 +104,7 @@ class Router:
 
     async def _dispatch(self, request: CoreRequest) -> CoreReply:
         if request.op == "health":
-            return self.health()
+            return self.health(request.query)
         if request.op == "metrics":
             return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges()))
         if request.op == "create":
@@ -223,6 +237,13 @@ class Router:
                     # Turns a trainer should know about: engine aborts, R3 recorded missing.
                     "turns_aborted": beat.get("turns_aborted", 0),
                     "r3_missing_turns": beat.get("r3_missing_turns", 0),
+                    # Abuse limits (0 = off) and their usage (docs/reliability.md, "Limits").
+                    **{key: beat.get(key, 0) for key in LIMIT_FIELDS},
+                    "rejected": beat.get("rejected", {}),
+                    # "ok" / "down" (every upstream of the worker down); None before the
+                    # first heartbeat or from a worker too old to say.
+                    "upstream": beat.get("upstream"),
+                    "upstreams": beat.get("upstreams", []),
                     "heartbeat_age_s": (
                         round(now - channel.last_heartbeat, 3)
                         if channel.last_heartbeat is not None
@@ -233,8 +254,12 @@ class Router:
             )
         return states
 
-    def health(self) -> CoreReply:
+    def health(self, query: str = "") -> CoreReply:
         states = self.worker_states()
+        headers = [(INSTANCE_HEADER, self.instance)] if self.instance else []
+        # Workers that cannot reach any upstream: every turn they own fails with a 502.
+        cut_off = [s for s in states if s.get("upstream") == "down"]
+        upstream = "down" if cut_off else "ok"
         down = [s for s in states if s["state"] != "up"]
         if down:
             first = down[0]
@@ -244,17 +269,27 @@ class Router:
                 {
                     "error": f"{self.describe(first['index'])} is down ({reason})",
                     "status": "degraded",
+                    "upstream": upstream,
                     "workers": states,
                 },
+                headers,
             )
-        return json_reply(
-            200,
-            {
-                "status": "ok",
-                "workers": states,
-                "sessions": sum(s.get("sessions", 0) for s in states),
-            },
-        )
+        document: dict[str, Any] = {
+            "status": "ok",
+            "upstream": upstream,
+            "workers": states,
+            "sessions": sum(s.get("sessions", 0) for s in states),
+        }
+        status = 200
+        if cut_off:
+            # 200 by default: restarting the gateway cannot fix the engine and would drop
+            # every session's records (docs/reliability.md, "Upstream outages").
+            document["status"] = "degraded"
+            document["reason"] = "; ".join(
+                f"{self.describe(s['index'])}: {_upstream_reason(s)}" for s in cut_off
+            )
+            status = 503 if upstream_required(query) else 200
+        return json_reply(status, document, headers)
 
     def gauges(self) -> list[WorkerGauge]:
         gauges = []
@@ -267,6 +302,8 @@ class Router:
                 bytes_relayed=channel.bytes_relayed if channel else 0,
                 affinity_hits=channel.heartbeat.get("affinity_hits", 0) if channel else 0,
                 repins=channel.heartbeat.get("repins", 0) if channel else 0,
+                **_limit_gauges(channel.heartbeat if channel else {}),
+                upstreams=_upstream_gauges(channel.heartbeat) if channel else [],
             )
             remote = self.remote(index)
             if remote is not None:
@@ -284,6 +321,34 @@ class Router:
         for channel in self.channels:
             if channel is not None:
                 await channel.aclose()
+
+
+def _upstream_reason(state: dict[str, Any]) -> str:
+    errors = [
+        str(u.get("last_error") or f"{u.get('url')} is down") for u in state.get("upstreams", [])
+    ]
+    return "every upstream is down: " + "; ".join(errors)
+
+
+def _upstream_gauges(heartbeat: dict[str, Any]) -> list[tuple[str, bool]]:
+    """(url, healthy) of each upstream of a worker, from its last heartbeat."""
+    return [
+        (str(u.get("url")), bool(u.get("healthy")))
+        for u in heartbeat.get("upstreams", [])
+        if isinstance(u, dict)
+    ]
+
+
+def _limit_gauges(heartbeat: dict[str, Any]) -> dict[str, Any]:
+    """The WorkerGauge fields of a worker's limits, from its last heartbeat."""
+    rejected = heartbeat.get("rejected")
+    return {
+        "records_bytes": int(heartbeat.get("records_bytes", 0)),
+        "max_records_bytes": int(heartbeat.get("max_records_bytes", 0)),
+        "max_sessions": int(heartbeat.get("max_sessions", 0)),
+        "sessions_expired": int(heartbeat.get("sessions_expired", 0)),
+        "rejected": dict(rejected) if isinstance(rejected, dict) else {},
+    }
 
 
 def _state(channel: WorkerChannel) -> str:

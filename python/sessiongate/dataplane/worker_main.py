@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
+from sessiongate.session.limit_options import add_limit_arguments, limit_settings
 from sessiongate.session.turn_options import add_turn_arguments, turn_settings
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-interval",
         type=float,
         default=5.0,
-        help="seconds between upstream health checks with several --backend URLs (5)",
+        help="seconds between upstream health checks (GET /health; 5)",
     )
     parser.add_argument(
         "--tokenizer", default=None, help="local Hugging Face tokenizer directory (built-in)"
@@ -83,6 +84,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
+    add_limit_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,6 +130,8 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
         header_session_ttl=args.header_session_ttl,
         not_found_note=not_found_note,
         **turn_settings(args),
+        **limit_settings(args),
+        label=_core_label(args),
     )
     # The caller validated the mode already; a failure here is a bug, so let it raise.
     mode = load_mode(args.session_routing, args.session_routing_opt)
@@ -137,6 +141,16 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
         settings,
         SessionStamper(mode) if mode is not None else None,
     )
+
+
+def _core_label(args: argparse.Namespace) -> str:
+    """How limit errors name the core: by the router's worker index; a standalone worker
+    does not know its shard index (the router's --worker-endpoints order fixes it)."""
+    if getattr(args, "index", None) is not None:
+        return f"worker {args.index}"
+    if getattr(args, "listen", None):
+        return "this worker"
+    return "the gateway"
 
 
 def core_status(core: SessionCore) -> dict[str, Any]:
@@ -149,6 +163,11 @@ def core_status(core: SessionCore) -> dict[str, Any]:
         "affinity_hits": core.upstream.affinity_hits,
         "repins": core.upstream.repins,
         "sessions_ended": core.stamper.ended if core.stamper else 0,
+        # The router reports these per worker in /health and as sessiongate_upstream_up.
+        "upstream": "down" if core.upstream.all_down else "ok",
+        "upstreams": core.upstream.upstream_states(),
+        # Limits and their usage: the router shows them per worker in /health and /metrics.
+        **core.limits_status(),
     }
 
 
@@ -157,6 +176,9 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     from sessiongate.dataplane.worker_loop import WorkerLoop
 
     core = build_core(args, restart_note(args.index) if args.generation > 0 else "")
+    # Probe the upstreams from the start, not from the first request: /health must say the
+    # engine is down even when no traffic has come yet.
+    core.start()
     conn = await FrameConnection(sock).open()
     loop = WorkerLoop(
         conn,

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router import METRICS_HEADERS
 from sessiongate.dataplane.worker_main import build_core
+from sessiongate.process.children import listen_problem
+from sessiongate.process.http_protocol import gateway_protocol
 from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
 from sessiongate.server.asgi import FrontendSettings, GatewayApp
 from sessiongate.session.core import SessionCore
@@ -47,6 +49,7 @@ class InProcessGateway:
     def gauge(self) -> WorkerGauge:
         """The core as the one always-up worker 0 of the metrics."""
         sessions = self.core.sessions.values()
+        pool = self.core.upstream
         return WorkerGauge(
             index=0,
             up=True,
@@ -55,6 +58,12 @@ class InProcessGateway:
             bytes_relayed=0,
             affinity_hits=self.core.upstream.affinity_hits,
             repins=self.core.upstream.repins,
+            upstreams=list(zip(pool.urls, pool.healthy, strict=True)),
+            records_bytes=self.core.records_bytes,
+            max_records_bytes=self.core.settings.max_records_bytes,
+            max_sessions=self.core.settings.max_sessions,
+            sessions_expired=self.core.sessions_expired,
+            rejected=dict(self.core.rejected),
         )
 
 
@@ -66,11 +75,17 @@ def run_in_process(
 ) -> int:
     """Serve until signalled, or until a `watched` child (the embedded mock engine) exits,
     as the supervisor does for the workers layout; `args.backend` holds the upstream URLs."""
+    problem = listen_problem(args.host, args.port)
+    if problem is not None:
+        # uvicorn would fail to bind too, but only log the errno: say it plainly, and before
+        # the core (tokenizer, upstream pool) is built.
+        print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
+        return 1
     core = build_core(args)
     gateway = InProcessGateway(core)
-    server = QuietServer(
-        uvicorn_config(GatewayApp(gateway.dispatch, frontend), args.host, args.port, args.log_level)
-    )
+    app = GatewayApp(gateway.dispatch, frontend)
+    protocol = gateway_protocol(frontend.header_timeout)
+    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level, protocol))
 
     def ready(port: int) -> None:
         print(
@@ -93,9 +108,17 @@ def run_in_process(
         server.request_exit()
 
     async def main() -> int:
+        # Probe the upstreams from the start, not from the first request: /health must say
+        # the engine is down even before any traffic.
+        core.start()
         watcher = asyncio.create_task(watch()) if watched else None
         try:
             code = await serve_until_exit(server, on_started=ready, default_port=args.port)
+            if code != 0 and not server.started:
+                # Lost the race for the port after the check above.
+                problem = listen_problem(args.host, args.port)
+                if problem is not None:
+                    print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         finally:
             if watcher is not None:
                 watcher.cancel()

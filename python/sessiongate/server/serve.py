@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shlex
 import subprocess
@@ -11,8 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
-from sessiongate.server.asgi import DEFAULT_MAX_BODY_BYTES, FrontendSettings
+from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
+from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
+from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
 from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
 
@@ -47,7 +50,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--health-interval",
         type=float,
         default=5.0,
-        help="seconds between upstream health checks with several --backend URLs (5)",
+        help="seconds between upstream health checks (GET /health; 5)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -70,6 +73,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"largest request body accepted, else 413 ({DEFAULT_MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        metavar="SECONDS",
+        help="a client must send a request's line and headers within this many seconds of "
+        f"connecting (or of its first byte, on a kept-alive connection), else 408 "
+        f"({DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        metavar="SECONDS",
+        help="longest silence allowed between the chunks of a request body, else 408 "
+        f"({DEFAULT_BODY_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--api-key",
@@ -140,6 +160,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
+    add_limit_arguments(parser)
     add_remote_arguments(parser)
 
 
@@ -222,16 +243,25 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         **turn_settings(args),
+        **limit_settings(args),
     )
 
 
 def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
     if args.max_body_bytes < 1:
         raise SystemExit("--max-body-bytes must be >= 1")
+    for flag, value in (
+        ("--header-timeout", args.header_timeout),
+        ("--body-timeout", args.body_timeout),
+    ):
+        if not (value > 0 and math.isfinite(value)):
+            raise SystemExit(f"{flag} must be a finite number of seconds > 0")
     return FrontendSettings(
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
         session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
     )
 
 
@@ -276,6 +306,10 @@ def router_arguments(args: argparse.Namespace, frontend: FrontendSettings) -> li
     router_args = [
         "--max-body-bytes",
         str(frontend.max_body_bytes),
+        "--header-timeout",
+        repr(frontend.header_timeout),
+        "--body-timeout",
+        repr(frontend.body_timeout),
         "--log-level",
         args.log_level,
     ]
@@ -416,6 +450,8 @@ def run_local(args: argparse.Namespace) -> int:
             "--r3-topk",
             str(args.r3_topk),
             *turn_argv(args),
+            # Local workers split this machine's memory; Ray actors size for their host.
+            *limit_argv(args, None if args.ray else args.workers),
         ]
         router_args = router_arguments(args, frontend)
         if args.ray:

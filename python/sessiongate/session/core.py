@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from array import array
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,7 +25,10 @@ from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.errors import (
     BadRequest,
     GatewayError,
+    LimitReached,
+    RecordsBudgetFull,
     SessionNotFound,
+    TooManySessions,
     UpstreamError,
 )
 from sessiongate.session.messages import plan_history, resolve_matcher, validate_messages
@@ -37,8 +41,10 @@ from sessiongate.session.protocol import (
     error_reply,
     json_reply,
     parse_json_object,
+    upstream_required,
 )
 from sessiongate.session.reply import ParsedReply, finish_reason_text, parse_reply
+from sessiongate.session.request_checks import check_turn_fields
 from sessiongate.session.samples import build_samples_payload
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
@@ -63,6 +69,9 @@ _T = TypeVar("_T")
 PROXY_BUFFER_BELOW = 256 * 1024
 # Session dumps at least this large are streamed in parts instead of joined.
 STREAM_GET_ABOVE = 1024 * 1024
+# Ids of expired sessions remembered (newest kept), so a late GET, turn or DELETE learns why
+# its session is gone; at most a few tens of MB even with 256-character ids.
+EXPIRED_IDS_KEPT = 100_000
 
 
 class SessionCore:
@@ -90,6 +99,14 @@ class SessionCore:
         self.turns_aborted = 0
         # Turns recorded without R3 under --r3-missing warn.
         self.r3_missing_turns = 0
+        # Bytes of every stored TurnRecord (TurnRecord.size) over all sessions, kept up to
+        # date by each commit and close so the budget check never scans the sessions.
+        self.records_bytes = 0
+        # Requests refused by a limit, by reason ("max_sessions", "records_budget").
+        self.rejected: Counter[str] = Counter()
+        self.sessions_expired = 0
+        # id -> idle TTL it expired under, oldest first (bounded by EXPIRED_IDS_KEPT).
+        self.expired_ids: OrderedDict[str, float] = OrderedDict()
         # Called as hook(session_id, reason) exactly once per session when it ends.
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
@@ -107,8 +124,9 @@ class SessionCore:
     def start(self) -> None:
         """Background work that needs a running loop (idempotent)."""
         self.upstream.start()
-        if self.settings.header_session_ttl > 0 and self._expiry is None:
-            self._expiry = asyncio.create_task(self._expire_idle_header_sessions())
+        ttls = [t for t in (self.settings.header_session_ttl, self.settings.session_ttl) if t > 0]
+        if ttls and self._expiry is None:
+            self._expiry = asyncio.create_task(self._expire_idle_sessions(min(ttls)))
 
     async def handle(self, request: CoreRequest) -> CoreReply:
         self.start()
@@ -117,6 +135,10 @@ class SessionCore:
             return error_reply(BadRequest(f"unknown operation {request.op!r}"))
         try:
             return await handler(request)
+        except LimitReached as error:
+            reply = error_reply(error)
+            reply.headers.append(("retry-after", str(error.retry_after)))
+            return reply
         except GatewayError as error:
             return error_reply(error)
 
@@ -145,14 +167,32 @@ class SessionCore:
     def _open_session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
-            raise SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
+            raise self._not_found(session_id)
         if session.closing:
             raise SessionNotFound(f"session {session_id} is closing")
+        # Any request naming a session keeps it alive: a trainer fetching records between
+        # turns must not lose them to the idle TTL.
+        session.last_active = time.monotonic()
         return session
+
+    def _not_found(self, session_id: str) -> SessionNotFound:
+        ttl = self.expired_ids.get(session_id)
+        if ttl is not None:
+            return SessionNotFound(f"session {session_id} expired after {ttl:g} s idle")
+        return SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
 
     def _add_session(
         self, session_id: str, parent: Session | None, *, from_header: bool = False
     ) -> Session:
+        limit = self.settings.max_sessions
+        if limit and len(self.sessions) >= limit:
+            self.rejected["max_sessions"] += 1
+            raise TooManySessions(
+                f"{self.settings.label} holds {len(self.sessions)} sessions, the limit "
+                f"(--max-sessions {limit}); delete finished sessions"
+            )
+        # A header id may come back after its session expired: it is a new session now.
+        self.expired_ids.pop(session_id, None)
         session = Session(
             session_id=session_id,
             parent_id=parent.session_id if parent else None,
@@ -169,19 +209,52 @@ class SessionCore:
 
     # -- operations ----------------------------------------------------------------------
 
-    async def _health(self, request: CoreRequest) -> CoreReply:
-        return json_reply(
-            200,
-            {
-                "status": "ok",
-                "sessions": len(self.sessions),
-                "turns_recorded": self.turns_recorded,
-                "turns_aborted": self.turns_aborted,
-                "r3_missing_turns": self.r3_missing_turns,
-                "upstream": self.upstream.base_url,
-                **self.upstream.status(),
+    def limits_status(self) -> dict[str, Any]:
+        """The limits (0 = off) and their usage, for /health and the worker heartbeat."""
+        return {
+            "max_sessions": self.settings.max_sessions,
+            "records_bytes": self.records_bytes,
+            "max_records_bytes": self.settings.max_records_bytes,
+            "session_ttl": self.settings.session_ttl,
+            "sessions_expired": self.sessions_expired,
+            "rejected": {
+                "max_sessions": self.rejected["max_sessions"],
+                "records_budget": self.rejected["records_budget"],
             },
-        )
+        }
+
+    def _check_records_budget(self) -> None:
+        """Refuse a new turn while the records fill the budget. Turns already past this
+        check still record their replies, so the total can pass the budget by the replies
+        in flight: refusing them after the upstream did the work would waste it, and the
+        client would retry the same turn anyway."""
+        limit = self.settings.max_records_bytes
+        if limit and self.records_bytes >= limit:
+            self.rejected["records_budget"] += 1
+            raise RecordsBudgetFull(
+                f"records memory budget of {self.settings.label} is full ({self.records_bytes} "
+                f"of {limit} bytes in {len(self.sessions)} sessions, --max-records-bytes); "
+                "fetch and delete finished sessions"
+            )
+
+    async def _health(self, request: CoreRequest) -> CoreReply:
+        document: dict[str, object] = {
+            "status": "ok",
+            "sessions": len(self.sessions),
+            "turns_recorded": self.turns_recorded,
+            "turns_aborted": self.turns_aborted,
+            "r3_missing_turns": self.r3_missing_turns,
+            **self.limits_status(),
+            **self.upstream.status(),  # "upstream": "ok" | "down", "upstreams": [...]
+        }
+        status = 200
+        if self.upstream.all_down:
+            # 200 by default: restarting the gateway cannot fix the engine and would drop every
+            # session's records (docs/reliability.md, "Upstream outages").
+            document["status"] = "degraded"
+            document["reason"] = self.upstream.down_reason()
+            status = 503 if upstream_required(request.query) else 200
+        return json_reply(status, document)
 
     async def _create(self, request: CoreRequest) -> CoreReply:
         parent: Session | None = None
@@ -309,6 +382,7 @@ class SessionCore:
         await session.idle.wait()
         if self.sessions.pop(session.session_id, None) is None:
             return
+        self.records_bytes -= session.records_bytes
         if session.parent_id is None:
             # Pins are rendezvous-derived, so a child created later re-pins identically.
             self.upstream.forget(session.root_id)
@@ -320,19 +394,39 @@ class SessionCore:
             except Exception:  # a hook must not break session bookkeeping
                 logger.exception("session end hook failed for %s", session.session_id)
 
-    async def _expire_idle_header_sessions(self) -> None:
-        ttl = self.settings.header_session_ttl
+    async def _expire_idle_sessions(self, shortest_ttl: float) -> None:
+        # A session outlives its TTL by at most a quarter of it (30 s at most).
         while True:
-            await asyncio.sleep(min(max(ttl / 4, 0.05), 30.0))
-            now = time.monotonic()
-            for session in list(self.sessions.values()):
-                if (
-                    session.from_header
-                    and not session.closing
-                    and session.inflight == 0
-                    and now - session.last_active > ttl
-                ):
-                    await self._close(session, "expired")
+            await asyncio.sleep(min(max(shortest_ttl / 4, 0.05), 30.0))
+            try:
+                await self.expire_idle(time.monotonic())
+            except Exception:  # one bad close must not stop expiry for good
+                logger.exception("idle session expiry failed; retrying next round")
+
+    async def expire_idle(self, now: float) -> int:
+        """Close the sessions idle longer than their TTL at monotonic time `now`: header
+        sessions after --header-session-ttl, path-created ones after --session-ttl."""
+        expired = 0
+        for session in list(self.sessions.values()):
+            ttl = (
+                self.settings.header_session_ttl
+                if session.from_header
+                else self.settings.session_ttl
+            )
+            if (
+                ttl > 0
+                and not session.closing
+                and session.inflight == 0
+                and now - session.last_active > ttl
+            ):
+                await self._close(session, "expired")
+                self.sessions_expired += 1
+                expired += 1
+                self.expired_ids[session.session_id] = ttl
+                self.expired_ids.move_to_end(session.session_id)
+                if len(self.expired_ids) > EXPIRED_IDS_KEPT:
+                    self.expired_ids.popitem(last=False)
+        return expired
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:
         root_id = None
@@ -363,6 +457,7 @@ class SessionCore:
         request_timestamp = time.time()
         session_id = self._session_id(request)
         body = parse_json_object(request.body, "request body")
+        check_turn_fields(body)
         messages = validate_messages(body.get("messages"))
         tools = body.get("tools")
         wants_stream = bool(body.get("stream"))
@@ -370,10 +465,13 @@ class SessionCore:
         template_kwargs = self.tito.resolve_chat_template_kwargs(body.get("chat_template_kwargs"))
 
         session = self.sessions.get(session_id)
-        if session is None and request.auto_create:
-            session = self._add_session(session_id, None, from_header=True)
+        if session is None and not request.auto_create:
+            raise self._not_found(session_id)
+        # Before the session is created and long before the upstream is asked: a refused
+        # turn costs the engine nothing and leaves no empty session behind.
+        self._check_records_budget()
         if session is None:
-            raise SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
+            session = self._add_session(session_id, None, from_header=True)
 
         # Phase 1, under the session lock: validate against the history and build the prompt.
         async with session.lock:
@@ -570,6 +668,8 @@ class SessionCore:
             session.checkpoints = [*session.checkpoints[:kept], new_ids]
             session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
             finish = finish_reason_text(parsed.finish_reason)
+            # A rollback replaces the records past the kept checkpoints: they stop counting.
+            dropped = sum(record.size for record in session.records[kept:])
             session.records = [
                 *session.records[:kept],
                 TurnRecord(
@@ -591,6 +691,9 @@ class SessionCore:
                     request_timestamp=turn.request_timestamp,
                 ),
             ]
+            change = session.records[-1].size - dropped
+            session.records_bytes += change
+            self.records_bytes += change
             session.tools = turn.tools
             session.template_kwargs = turn.template_kwargs
             session.version += 1

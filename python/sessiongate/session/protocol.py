@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessiongate.session.errors import BadRequest, GatewayError
+from sessiongate.session.json_safety import MAX_JSON_DEPTH, NotUnicode, TooDeep, loads_checked
 
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 SSE_HEADERS: list[tuple[str, str]] = [
@@ -18,6 +19,17 @@ SSE_HEADERS: list[tuple[str, str]] = [
     ("cache-control", "no-cache"),
 ]
 RECORDED_HEADER = "x-sessiongate-recorded"
+# The router's `/health` carries this header with the per-run token the supervisor put in
+# INSTANCE_ENV, so the supervisor's readiness check cannot be answered by another process
+# that happens to listen on the port.
+INSTANCE_HEADER = "x-sessiongate-instance"
+INSTANCE_ENV = "SESSIONGATE_INSTANCE_TOKEN"
+
+
+def upstream_required(query: str) -> bool:
+    """`GET /health?upstream=required`: 503 instead of 200 "degraded" while every upstream is
+    down, for load balancers that should stop routing during an engine outage (docs/api.md)."""
+    return "upstream=required" in query.split("&")
 
 
 @dataclass
@@ -47,7 +59,11 @@ class CoreReply:
 def json_reply(
     status: int, document: object, headers: list[tuple[str, str]] | None = None
 ) -> CoreReply:
-    body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    try:
+        body = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (client text echoed in an error): \u escapes are still valid JSON.
+        body = json.dumps(document, separators=(",", ":")).encode()
     return CoreReply(status, [*JSON_HEADERS, *(headers or [])], body)
 
 
@@ -56,8 +72,22 @@ def error_reply(error: GatewayError) -> CoreReply:
 
 
 def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
+    """A client's JSON object body, or BadRequest (400) naming what is wrong with it.
+
+    Nesting deeper than MAX_JSON_DEPTH and strings that are not valid Unicode are refused
+    here (docs/api.md, "Hostile input"), so no code downstream meets them.
+    """
     try:
-        document = json.loads(body)
+        document = loads_checked(body)
+    except TooDeep as exc:
+        raise BadRequest(
+            f"{what} is nested too deeply (more than {MAX_JSON_DEPTH} levels of arrays and objects)"
+        ) from exc
+    except NotUnicode as exc:
+        raise BadRequest(
+            f"{what}: {exc.where} is not valid Unicode (it holds a lone UTF-16 surrogate such "
+            "as \\ud800; text must be encodable as UTF-8)"
+        ) from exc
     except ValueError as exc:
         raise BadRequest(f"{what} is not valid JSON: {exc}") from exc
     if not isinstance(document, dict):
