@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -171,6 +173,113 @@ def reply_case(rng: random.Random) -> tuple[Any, ...]:
     if results[0] != results[1]:
         raise FuzzFailure(f"extract_reply disagrees on {body[:120]!r}: {results!r:.400}")
     return ("reply", results[0][0])
+
+
+# -- malformed HTTP against a running gateway ------------------------------------------
+
+_SID = "0123456789abcdef0123456789abcdef"
+_PATHS = [
+    "/health",
+    "/sessions",
+    f"/sessions/{_SID}",
+    f"/sessions/{_SID}/v1/chat/completions",
+    f"/sessions/{_SID}/samples",
+    f"/sessions/{_SID}/trajectory",
+    "/sessions/%zz",
+    "/sessions/%2e%2e",
+    "/sessions/..",
+    "/sessions/" + "a" * 5000,
+    "/sessions/%e2%28/v1/chat/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/nope",
+    "*",
+]
+_BODIES = [
+    b"",
+    b"{",
+    b"[1,2]",
+    b"null",
+    b'{"messages":"hi"}',
+    b'{"messages":[{"role":"user","content":"\\ud800"}]}',
+    b'{"messages":[{"role":"user","content":"a\\u0000b"}],"stream":"yes"}',
+    b'{"messages":[{"role":"user","content":"hi"}],"tools":{}}',
+    b'{"max_seq_len":"x"}',
+    b'{"parent_session_id":5}',
+    b'{"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    b"\xff\xfe\x00",
+]
+
+
+def http_request_case(rng: random.Random) -> bytes:
+    """One raw HTTP/1.1 request, malformed or hostile in one or more ways, that a server
+    must answer (every case has a request line)."""
+    method = rng.choice(["GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS", "BREW"])
+    path = rng.choice(_PATHS)
+    body = rng.choice(_BODIES)
+    headers = [("Host", "fuzz"), ("Content-Type", "application/json")]
+    framing = rng.random()
+    if framing < 0.6:
+        headers.append(("Content-Length", str(len(body))))
+    elif framing < 0.7:  # a lying length: longer than the body (the body timeout answers)
+        headers.append(("Content-Length", str(len(body) + rng.randrange(1, 100))))
+    elif framing < 0.8:
+        headers.append(("Content-Length", rng.choice(["-1", "abc", "1e3", "99999999999999999999"])))
+    elif framing < 0.9:  # chunked, sometimes with a bad size
+        size = rng.choice([f"{len(body):x}", "zz", "-5", "fffffffffffffffffff"])
+        headers.append(("Transfer-Encoding", "chunked"))
+        body = size.encode() + b"\r\n" + body + b"\r\n0\r\n\r\n"
+    else:  # both framings at once
+        headers += [("Content-Length", str(len(body))), ("Transfer-Encoding", "chunked")]
+    extra = rng.random()
+    if extra < 0.15:
+        headers.append(("X-Session-ID", rng.choice(["", " ", "a" * 300, "\x01", _SID])))
+    elif extra < 0.25:
+        headers += [("X-Repeated", str(i)) for i in range(rng.randrange(1, 200))]
+    elif extra < 0.3:
+        headers.append(("X-Big", "v" * rng.choice([100, 10_000, 70_000])))
+    elif extra < 0.35:
+        headers.append(("Bad Header", "x"))
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+    return head.encode("latin-1") + b"\r\n" + body
+
+
+# 5xx a hostile request may legitimately get: the upstream's or a worker's failure.
+UPSTREAM_5XX = frozenset({502, 503, 504})
+
+
+def http_exchange(port: int, request: bytes, timeout: float) -> int | None:
+    """Send one raw request; the response's status, or None when the server closed the
+    connection without answering within `timeout` seconds."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(request)
+        except OSError:
+            pass  # the server may answer (and close) before the whole request is sent
+        received = b""
+        deadline = time.monotonic() + timeout
+        while b"\r\n" not in received and time.monotonic() < deadline:
+            try:
+                piece = sock.recv(65536)
+            except (TimeoutError, OSError):
+                break
+            if not piece:
+                break
+            received += piece
+    line = received.split(b"\r\n", 1)[0].split(b" ")
+    return int(line[1]) if len(line) >= 2 and line[1].isdigit() else None
+
+
+def http_case(rng: random.Random, port: int, timeout: float) -> tuple[Any, ...]:
+    """One hostile request against the gateway on `port`: answered, and not with a 5xx of
+    the gateway's own (502/503/504 are the upstream's or a worker's, documented)."""
+    request = http_request_case(rng)
+    status = http_exchange(port, request, timeout)
+    if status is None:
+        raise FuzzFailure(f"no response within {timeout} s to {request[:200]!r}")
+    if status >= 500 and status not in UPSTREAM_5XX:
+        raise FuzzFailure(f"status {status} for {request[:200]!r}")
+    return ("http", "ok" if status < 400 else "err")
 
 
 TARGETS: dict[str, Callable[[random.Random], tuple[Any, ...]]] = {

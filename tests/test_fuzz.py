@@ -33,3 +33,26 @@ def test_deeply_nested_bodies_are_refused_not_crashed(depth: int) -> None:
         if depth > 1000:
             with pytest.raises(RequestRewriteError, match="nested too deeply"):
                 impl.rewrite_request(b'{"a":' + nested + b"}", {"input_ids": [1]})
+
+
+def test_http_fuzz_against_a_real_gateway() -> None:
+    # Short read timeouts so a lying Content-Length is answered (408) within the case.
+    import random
+
+    import httpx
+
+    from fuzz_cases import http_case
+    from procs import ServerProcess, free_port
+
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", "1"]
+    argv += ["--header-timeout", "2", "--body-timeout", "1"]
+    with ServerProcess(argv, port, timeout=60) as gateway:
+        counts = {"ok": 0, "err": 0}
+        for index in range(150):
+            _, kind = http_case(random.Random(f"http:20261201:{index}"), port, timeout=20)
+            counts[kind] += 1
+            if index % 25 == 0:
+                assert httpx.get(gateway.url + "/health", timeout=5).status_code == 200
+        assert httpx.get(gateway.url + "/health", timeout=5).status_code == 200
+        assert counts["err"] > 0
