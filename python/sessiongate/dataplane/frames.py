@@ -31,6 +31,11 @@ CHUNK_SIZE = 256 * 1024
 # BODY frames a worker may send ahead of the router's consumption, per stream: bounds the
 # router's memory to CREDIT_WINDOW x CHUNK_SIZE per streamed reply.
 CREDIT_WINDOW = 8
+# Seconds between a worker's heartbeats. The router calls a worker whose last beat is older
+# than STALL_AFTER (two beats missed) "stalled" in /health: stopped (SIGSTOP, a debugger) or
+# its event loop blocked. Two missed beats, not one, so a loaded worker does not flap.
+HEARTBEAT_INTERVAL = 0.5
+STALL_AFTER = 3 * HEARTBEAT_INTERVAL
 
 _U32 = struct.Struct(">I")
 

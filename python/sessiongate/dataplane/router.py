@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.dataplane.connection import FrameConnection
+from sessiongate.dataplane.frames import STALL_AFTER
 from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.primitives import (
@@ -59,6 +60,9 @@ LIMIT_FIELDS = (
 )
 # `POST /sessions` bodies are `{"parent_session_id": ...}`: anything larger is not one.
 MAX_CREATE_BODY = 64 * 1024
+# Root ids minted before giving up on finding a live worker: with one of two workers out,
+# 32 draws all land on it with probability 2**-32.
+MINT_ATTEMPTS = 32
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
 
@@ -157,7 +161,7 @@ class Router:
         """Root ids are minted here; a child's id embeds its root so it lands on the root's
         worker. The worker still checks that the parent exists."""
         if not body.strip():
-            return new_session_id()
+            return self._new_root_id()
         if len(body) > MAX_CREATE_BODY:
             raise PayloadTooLarge(
                 f"POST /sessions body is {len(body)} bytes, over the limit of {MAX_CREATE_BODY}"
@@ -165,7 +169,7 @@ class Router:
         document = parse_json_object(body, "request body")
         parent = document.get("parent_session_id")
         if parent is None:
-            return new_session_id()
+            return self._new_root_id()
         if not isinstance(parent, str):
             raise BadRequest("field 'parent_session_id' must be a string")
         try:
@@ -173,6 +177,24 @@ class Router:
         except ValueError as exc:
             raise BadRequest(f"invalid parent_session_id: {exc}") from exc
         return new_session_id(parent)
+
+    def _new_root_id(self) -> str:
+        """A fresh root id whose worker can serve it now. A root id is random, so while a
+        worker is down (restarting after a crash) or stalled, minting again places the new
+        session on a live worker instead of failing it with a 503 or parking it behind a
+        stopped process. With every worker out, the last id stands and fails as before."""
+        session_id = new_session_id()
+        for _ in range(MINT_ATTEMPTS):
+            if self._placeable(self._owner(session_id)):
+                break
+            session_id = new_session_id()
+        return session_id
+
+    def _placeable(self, index: int) -> bool:
+        channel = self.channels[index]
+        if channel is None or not channel.up or channel.last_heartbeat is None:
+            return False
+        return time.monotonic() - channel.last_heartbeat <= STALL_AFTER
 
     # -- remote workers -----------------------------------------------------------------
 
@@ -183,6 +205,11 @@ class Router:
         """`worker 1`, or `worker 1 (HOST:PORT)` for a remote worker."""
         remote = self.remote(index)
         return f"worker {index}" + (f" ({remote.endpoint})" if remote is not None else "")
+
+    def _name(self, index: int) -> str:
+        """`worker 1 (pid 123)`: the pid lets an operator find the stuck process."""
+        channel = self.channels[index]
+        return channel.name if channel is not None else self.describe(index)
 
     def down_reason(self, index: int) -> str:
         remote = self.remote(index)
@@ -223,13 +250,22 @@ class Router:
                 states.append({"index": index, "state": "starting"})
                 continue
             beat = channel.heartbeat
+            age = now - channel.last_heartbeat if channel.last_heartbeat is not None else None
+            state = "up" if channel.up else ("down" if channel.down_reason else "starting")
+            reason = channel.down_reason
+            if state == "up" and age is not None and age > STALL_AFTER:
+                # Connected but silent: stopped (SIGSTOP) or its event loop is blocked. Its
+                # requests wait; say so at once instead of "up" until a timeout fires.
+                state = "stalled"
+                reason = (
+                    f"no heartbeat for {age:.1f} s: the process is stopped or its event loop "
+                    "is blocked; its requests wait"
+                )
             states.append(
                 {
                     "index": index,
-                    "state": "up"
-                    if channel.up
-                    else ("down" if channel.down_reason else "starting"),
-                    "reason": channel.down_reason,
+                    "state": state,
+                    "reason": reason,
                     "pid": beat.get("pid"),
                     "generation": channel.generation,
                     "sessions": beat.get("sessions", 0),
@@ -244,11 +280,7 @@ class Router:
                     # first heartbeat or from a worker too old to say.
                     "upstream": beat.get("upstream"),
                     "upstreams": beat.get("upstreams", []),
-                    "heartbeat_age_s": (
-                        round(now - channel.last_heartbeat, 3)
-                        if channel.last_heartbeat is not None
-                        else None
-                    ),
+                    "heartbeat_age_s": round(age, 3) if age is not None else None,
                     **extra,
                 }
             )
@@ -260,7 +292,10 @@ class Router:
         # Workers that cannot reach any upstream: every turn they own fails with a 502.
         cut_off = [s for s in states if s.get("upstream") == "down"]
         upstream = "down" if cut_off else "ok"
-        down = [s for s in states if s["state"] != "up"]
+        # A stalled worker is not down: it holds its sessions and may resume (a long blocking
+        # step, SIGSTOP); a liveness 503 would restart the gateway and drop every session.
+        stalled = [s for s in states if s["state"] == "stalled"]
+        down = [s for s in states if s["state"] not in ("up", "stalled")]
         if down:
             first = down[0]
             reason = first.get("reason") or first["state"]
@@ -289,6 +324,11 @@ class Router:
                 f"{self.describe(s['index'])}: {_upstream_reason(s)}" for s in cut_off
             )
             status = 503 if upstream_required(query) else 200
+        if stalled:
+            document["status"] = "degraded"
+            reasons = [document["reason"]] if "reason" in document else []
+            reasons += [f"{self._name(s['index'])} is stalled ({s['reason']})" for s in stalled]
+            document["reason"] = "; ".join(reasons)
         return json_reply(status, document, headers)
 
     def gauges(self) -> list[WorkerGauge]:

@@ -28,6 +28,7 @@ from sessiongate.dataplane.frames import (
     FRAME_REPLY,
     FRAME_REPLY_HEAD,
     FRAME_REQUEST,
+    HEARTBEAT_INTERVAL,
     decode_credit,
 )
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
@@ -36,7 +37,6 @@ from sessiongate.session.protocol import CoreReply, CoreRequest
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
-HEARTBEAT_INTERVAL = 0.5
 
 
 class _Credit:
