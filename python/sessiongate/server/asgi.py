@@ -103,6 +103,8 @@ class GatewayApp:
         self._api_key = (
             self.settings.api_key.encode() if self.settings.api_key is not None else None
         )
+        # The FastAPI app of /openapi.json and /docs, built on their first request.
+        self._docs_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
 
     def _check_auth(self, headers: list[tuple[str, str]]) -> None:
         if self._api_key is None:
@@ -126,6 +128,11 @@ class GatewayApp:
         try:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op != "health":
+                if route.op == "docs":
+                    # Open like /health: a browser fetches the schema without the key, and
+                    # the schema holds nothing the docs do not publish.
+                    await self._serve_docs(scope, receive, send)
+                    return
                 self._check_auth(headers)
             declared = next((v for k, v in headers if k == "content-length"), None)
             body = await _read_body(
@@ -162,6 +169,15 @@ class GatewayApp:
             reply = error_reply(GatewayError(f"internal error: {type(exc).__name__}: {exc}"))
         await send_reply(send, reply, head_only=method == "HEAD")
 
+    async def _serve_docs(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """/openapi.json and /docs, delegated whole to FastAPI (server/openapi.py)."""
+        app = self._docs_app
+        if app is None:
+            # In a thread: importing FastAPI and generating the schema take a few hundred ms
+            # that must not stall this loop's other requests (the router's /health).
+            app = self._docs_app = await asyncio.to_thread(_build_docs_app)
+        await app(scope, receive, send)
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
@@ -170,3 +186,13 @@ class GatewayApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _build_docs_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    # Imported here, never at module level: the router must not load FastAPI unless asked
+    # for its documentation (tests/test_dataplane.py).
+    from sessiongate.server.openapi import build_app
+
+    app = build_app()
+    app.openapi()  # generated now, in the worker thread, not on the first request's loop
+    return app

@@ -21,6 +21,8 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Correlation-ID",
 )
 CHAT_PATH = "/v1/chat/completions"
+# The documented surface (server/openapi.py), answered by the front end itself.
+DOCS_PATHS = ("/openapi.json", "/docs")
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -121,4 +123,9 @@ def classify(
         return Route("proxy", None, upstream_path=path)
     if path.startswith("/v1/"):
         return Route("proxy", None, upstream_path=path)
+    # Last, so the hot routes above never pay for these two comparisons.
+    if path in DOCS_PATHS:
+        if method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(f"{method} is not allowed on {path} (use GET)")
+        return Route("docs")
     raise SessionNotFound(f"no route for {method} {path}")
