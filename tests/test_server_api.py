@@ -426,6 +426,9 @@ def test_session_scoped_proxy(client: httpx.Client) -> None:
     models = client.get(f"/sessions/{session_id}/v1/models")
     assert models.status_code == 200 and models.json()["data"]
     assert len(client.get(f"/sessions/{session_id}").json()["records"]) == 0
+    # One Date and one Server header: the gateway's, not the upstream's as well.
+    names = [name.lower() for name, _ in models.headers.multi_items()]
+    assert names.count("date") <= 1 and names.count("server") <= 1
 
 
 def test_chat_vs_chat_leaves_a_consistent_session(gateway: ServerProcess) -> None:

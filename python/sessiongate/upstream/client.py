@@ -41,8 +41,22 @@ MAX_UPSTREAM_REPLY = 2 << 30
 _IDENTITY = ("accept-encoding", "identity")
 
 
+# Reply headers the gateway's own HTTP server sets: relaying the upstream's too would put
+# two of each on the wire (some clients, e.g. aiohttp, refuse a duplicate Server header).
+_OWN_REPLY_HEADERS = frozenset({"date", "server"})
+
+
 def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers if k.lower() not in _DROP_HEADERS]
+
+
+def relayable_reply_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """An upstream reply's headers as the gateway relays them."""
+    return [
+        (k, v)
+        for k, v in headers
+        if k.lower() not in _DROP_HEADERS and k.lower() not in _OWN_REPLY_HEADERS
+    ]
 
 
 class UpstreamTransportError(UpstreamError):
@@ -187,7 +201,7 @@ class UpstreamClient:
             raise self._error("POST", path, exc) from exc
         return UpstreamReply(
             status=response.status,
-            headers=forwardable_headers(response.headers.items()),
+            headers=relayable_reply_headers(response.headers.items()),
             body=content,
         )
 
@@ -220,7 +234,7 @@ class UpstreamClient:
             raise
         return UpstreamStream(
             status=response.status,
-            headers=forwardable_headers(response.headers.items()),
+            headers=relayable_reply_headers(response.headers.items()),
             response=response,
             exchange=exchange,
             timeout=self.timeout,
