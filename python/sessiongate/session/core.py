@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sessiongate.primitives import new_session_id, rewrite_request, shard_key, validate_session_id
+from sessiongate.process.memory import FreedMemoryTrimmer, release_free_memory
 from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.errors import (
     BadRequest,
@@ -102,6 +103,9 @@ class SessionCore:
         # Bytes of every stored TurnRecord (TurnRecord.size) over all sessions, kept up to
         # date by each commit and close so the budget check never scans the sessions.
         self.records_bytes = 0
+        # Freed records go back to the OS in batches (process/memory.py).
+        self._trimmer = FreedMemoryTrimmer()
+        self._tasks: set[asyncio.Future[None]] = set()
         # Requests refused by a limit, by reason ("max_sessions", "records_budget").
         self.rejected: Counter[str] = Counter()
         self.sessions_expired = 0
@@ -383,6 +387,8 @@ class SessionCore:
         if self.sessions.pop(session.session_id, None) is None:
             return
         self.records_bytes -= session.records_bytes
+        if self._trimmer.freed(session.records_bytes, idle=not self.sessions):
+            self._background(self._trim_freed_memory())
         if session.parent_id is None:
             # Pins are rendezvous-derived, so a child created later re-pins identically.
             self.upstream.forget(session.root_id)
@@ -393,6 +399,18 @@ class SessionCore:
                 hook(session.session_id, reason)
             except Exception:  # a hook must not break session bookkeeping
                 logger.exception("session end hook failed for %s", session.session_id)
+
+    async def _trim_freed_memory(self) -> None:
+        try:
+            await asyncio.to_thread(release_free_memory)
+        finally:
+            self._trimmer.done()
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        # Keep a reference until done: the loop holds tasks only weakly.
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _expire_idle_sessions(self, shortest_ttl: float) -> None:
         # A session outlives its TTL by at most a quarter of it (30 s at most).
