@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.dataplane.connection import FrameConnection
-from sessiongate.dataplane.frames import STALL_AFTER
+from sessiongate.dataplane.frames import HEARTBEAT_INTERVAL, STALL_AFTER
 from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.primitives import (
@@ -63,6 +63,8 @@ MAX_CREATE_BODY = 64 * 1024
 # Root ids minted before giving up on finding a live worker: with one of two workers out,
 # 32 draws all land on it with probability 2**-32.
 MINT_ATTEMPTS = 32
+# Heartbeat silence after which new sessions are minted onto other workers (10 beats).
+AVOID_FOR_NEW_SESSIONS_AFTER = 10 * HEARTBEAT_INTERVAL
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
 
@@ -192,9 +194,13 @@ class Router:
 
     def _placeable(self, index: int) -> bool:
         channel = self.channels[index]
-        if channel is None or not channel.up or channel.last_heartbeat is None:
+        if channel is None or not channel.up:
             return False
-        return time.monotonic() - channel.last_heartbeat <= STALL_AFTER
+        if channel.last_heartbeat is None:
+            return True  # up and not yet beating: just started
+        # A heartbeat a little late is a busy machine, not a stopped worker: only a long
+        # silence moves new sessions elsewhere (else load would skew placement to one worker).
+        return time.monotonic() - channel.last_heartbeat <= AVOID_FOR_NEW_SESSIONS_AFTER
 
     # -- remote workers -----------------------------------------------------------------
 
