@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -406,9 +407,11 @@ async def run_case(
     sessions: int,
     turns: int,
     affected: int | None,
+    finish: Callable[[HealthPoller, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Steady load, `await fault(extra)` (it fills `extra` with its own figures), steady
-    load; then the load drains and the figures are taken."""
+    load; then the load drains, `finish(health, extra)` adds what needs the /health
+    samples, and the figures are taken."""
     extra: dict[str, Any] = {}
     load = Load(rig.url, sessions=sessions, turns=turns)
     with HealthPoller(rig.url) as health:
@@ -421,6 +424,8 @@ async def run_case(
         finally:
             await load.stop()
         end = time.monotonic()
+    if finish is not None:
+        finish(health, extra)
     return {**summarize(load, health, start, end, affected=affected), **extra}
 
 
@@ -499,25 +504,24 @@ async def stop_worker_case(
     rig: Rig, *, steady: float, sessions: int, turns: int, stopped_for: float
 ) -> dict[str, Any]:
     """The stop_worker case, with /health's verdict while the worker was stopped."""
-    extra: dict[str, Any] = {}
-    load = Load(rig.url, sessions=sessions, turns=turns)
-    with HealthPoller(rig.url) as health:
-        start = time.monotonic()
-        load.start()
-        try:
-            await asyncio.sleep(steady)
-            await stop_worker(rig, stopped_for)(extra)
-            await asyncio.sleep(steady)
-        finally:
-            await load.stop()
-        end = time.monotonic()
-    stopped, resumed = extra.pop("_stopped_at"), extra.pop("_resumed_at")
-    during = health.window(stopped, resumed)
-    extra["stalled_named_after_s"] = stalled_seen(during, stopped)
-    extra["health_during_stop"] = dict(Counter(p[2] for p in during))
-    reasons = [p[3].get("reason", "") for p in during if p[3].get("status") == "degraded"]
-    extra["health_reason"] = reasons[-1][:200] if reasons else None
-    return {**summarize(load, health, start, end, affected=VICTIM), **extra}
+
+    def verdict(health: HealthPoller, extra: dict[str, Any]) -> None:
+        stopped, resumed = extra.pop("_stopped_at"), extra.pop("_resumed_at")
+        during = health.window(stopped, resumed)
+        extra["stalled_named_after_s"] = stalled_seen(during, stopped)
+        extra["health_during_stop"] = dict(Counter(p[2] for p in during))
+        reasons = [p[3].get("reason", "") for p in during if p[3].get("status") == "degraded"]
+        extra["health_reason"] = reasons[-1][:200] if reasons else None
+
+    return await run_case(
+        rig,
+        stop_worker(rig, stopped_for),
+        steady=steady,
+        sessions=sessions,
+        turns=turns,
+        affected=VICTIM,
+        finish=verdict,
+    )
 
 
 async def run_all(args: argparse.Namespace, only: set[str]) -> dict[str, Any]:
