@@ -74,9 +74,11 @@ def test_router_never_loads_session_core_or_tokenizer(tmp_path: Path) -> None:
     assert not modules & forbidden, modules & forbidden
 
 
-def _equivalence_script(url: str) -> tuple[list[tuple[Any, ...]], set[int]]:
+def _equivalence_script(url: str, cover: int = 0) -> tuple[list[tuple[Any, ...]], set[int]]:
     """A deterministic script of creates, chats (tool turns, a child), GETs, DELETEs and
-    errors; returns normalised (step, status, content type, body) and the workers used."""
+    errors; returns normalised (step, status, content type, body) and the workers used.
+    Root ids are random, so the script's six sessions may all land on one worker; with
+    `cover`, unrecorded extra sessions then chat until that many workers have served one."""
     volatile = re.compile(
         r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id|parent_session_id)"'
         r':("[^"]*"|[0-9.e-]+)'
@@ -139,6 +141,15 @@ def _equivalence_script(url: str) -> tuple[list[tuple[Any, ...]], set[int]]:
         record("unknown parent", client.post("/sessions", json={"parent_session_id": "f" * 32}))
         record("bad create", client.post("/sessions", content=b"[1]"))
         record("no route", client.get("/nope"))
+        while len(owners) < cover:
+            sid = client.post("/sessions").json()["session_id"]
+            reply = client.post(
+                f"/sessions/{sid}/v1/chat/completions",
+                json={"messages": start_messages("cover"), "max_tokens": 4},
+            )
+            assert reply.status_code == 200, reply.text
+            owners.add(shard_index(shard_key(sid), workers))
+            assert client.delete(f"/sessions/{sid}").status_code == 200
     return steps, owners
 
 
@@ -147,9 +158,9 @@ def test_one_worker_and_three_workers_answer_identically() -> None:
     for workers in (1, 3):
         port = free_port()
         with ServerProcess(["serve", "--port", str(port), "--workers", str(workers)], port) as gw:
-            results.append(_equivalence_script(gw.url))
+            results.append(_equivalence_script(gw.url, cover=workers))
     (one, _), (three, owners) = results
-    assert len(owners) >= 2, "sessions should land on several workers"
+    assert owners == {0, 1, 2}, "every worker should serve sessions"
     assert len(one) == len(three)
     for left, right in zip(one, three, strict=True):
         assert left == right

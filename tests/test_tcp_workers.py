@@ -149,7 +149,7 @@ def test_two_tcp_workers_answer_like_one_local_worker(
         router(secret_file, w0.endpoint, w1.endpoint, env={MODULES_ENV: str(report)}) as gateway,
     ):
         eventually(lambda: health(gateway.url)[0] == 200, "both workers up")
-        steps, owners = _equivalence_script(gateway.url)
+        steps, owners = _equivalence_script(gateway.url, cover=2)
         states = health(gateway.url)[1]["workers"]
     # The router stays thin with remote workers too: no session core, no tokenizer, no Ray.
     modules = set(json.loads(report.read_text()))
