@@ -115,6 +115,12 @@ async def run_phase(url: str, sessions: int, seconds: float, rate: float) -> dic
         "errors": sum(n for status, n in statuses.items() if status >= 400),
         "first_minute_ms": ms(first),
         "last_minute_ms": ms(last),
+        # p99 of each minute, to see when a drift starts.
+        "p99_by_minute_ms": [
+            ms(window)["p99"]
+            for minute in range(int(seconds // 60))
+            if (window := [lat for at, lat in latencies if minute * 60 <= at < minute * 60 + 60])
+        ],
         "delete_all_s": round(delete_s, 1),
         "driver_cpu_share": round((time.process_time() - cpu_before) / seconds, 2),
     }

@@ -17,6 +17,7 @@ import pytest
 
 from procs import ServerProcess, free_port
 from sessiongate.demo.verify import completion_ids, trajectory_problems
+from sessiongate.session.state import Session
 
 TOOLS = [
     {
@@ -172,6 +173,41 @@ def test_rollback_of_one_assistant_step(client: httpx.Client) -> None:
     )
     new_prompt = after["records"][2]["request"]["input_ids"]
     assert new_prompt[: len(second_checkpoint)] == second_checkpoint
+
+
+def test_repeated_retries_after_many_turns_extend_the_kept_checkpoint(
+    client: httpx.Client,
+) -> None:
+    """Only the last two checkpoints are held: retrying the same step again and again, then
+    going on, must still extend the right ones."""
+    session_id = new_session(client)
+    messages = start_messages()
+    for turn in range(6):
+        messages.append(assistant_of(chat(client, session_id, messages)))
+        messages.append({"role": "tool", "content": f"result {turn}"})
+    for attempt in range(3):
+        retry = [*messages[:-1], {"role": "tool", "content": f"result 5, attempt {attempt}"}]
+        assert chat(client, session_id, retry).status_code == 200
+    messages = list(retry)
+    messages.append(assistant_of(chat(client, session_id, messages)))
+    messages.append({"role": "tool", "content": "after the retries"})
+    assert chat(client, session_id, messages).status_code == 200
+    document = client.get(f"/sessions/{session_id}").json()
+    assert len(document["records"]) == 8
+    assert trajectory_problems(document) == []
+
+
+def test_session_holds_only_the_checkpoints_a_rollback_can_reach() -> None:
+    session = Session(session_id="s", parent_id=None, root_id="s", created_at=0.0)
+    for turn in range(5):
+        session.commit_checkpoint(turn, list(range(turn + 1)))
+    assert [c is not None for c in session.checkpoints] == [False] * 3 + [True] * 2
+    assert list(session.checkpoint(4)) == [0, 1, 2, 3]
+    assert list(session.accumulated_ids) == [0, 1, 2, 3, 4]
+    session.commit_checkpoint(4, [7, 2**40])  # a rollback; ids beyond int32 stay exact
+    assert list(session.accumulated_ids) == [7, 2**40]
+    with pytest.raises(LookupError, match="released"):
+        session.checkpoint(3)
 
 
 def test_deep_rollback_is_400_and_changes_nothing(client: httpx.Client) -> None:

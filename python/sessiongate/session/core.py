@@ -15,7 +15,7 @@ import logging
 import time
 from array import array
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -504,12 +504,12 @@ class SessionCore:
                 checkpoint_ends=session.checkpoint_ends,
             )
             if plan.checkpoint_count == 0:
-                base_ids: list[int] = []
+                base_ids: Sequence[int] = ()
                 prompt_ids = self.tito.first_turn_ids(
                     messages, tools, template_kwargs=template_kwargs
                 )
             else:
-                base_ids = session.checkpoints[plan.checkpoint_count - 1]
+                base_ids = session.checkpoint(plan.checkpoint_count)
                 last_assistant = session.messages[plan.base_len - 1]
                 prompt_ids = [
                     *base_ids,
@@ -683,7 +683,7 @@ class SessionCore:
                 self.tito.check_extends(turn.base_ids, new_ids, turn.session_id)
             kept = turn.checkpoint_count
             session.messages = [*turn.messages, parsed.assistant_message]
-            session.checkpoints = [*session.checkpoints[:kept], new_ids]
+            session.commit_checkpoint(kept, new_ids)
             session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
             finish = finish_reason_text(parsed.finish_reason)
             # A rollback replaces the records past the kept checkpoints: they stop counting.
@@ -779,7 +779,7 @@ class _Turn:
     messages: list[Any]
     tools: Any
     prompt_ids: list[int]
-    base_ids: list[int]
+    base_ids: Sequence[int]
     final_turn: bool
     template_kwargs: dict[str, Any]
     request_timestamp: float

@@ -6,9 +6,13 @@ import asyncio
 import json
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessiongate.session.messages import Message
+
+# A turn extends the last checkpoint or rolls back exactly one (plan_history's rule).
+KEPT_CHECKPOINTS = 2
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,12 @@ class Session:
     root_id: str
     created_at: float
     messages: list[Message] = field(default_factory=list)
-    # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that turn.
-    checkpoints: list[list[int]] = field(default_factory=list)
+    # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that
+    # turn. Only the last KEPT_CHECKPOINTS are held (a turn extends the last one or rolls
+    # back one step), older entries are None; as int64 arrays, which the garbage collector
+    # never scans: a list per turn made 1000 long sessions O(turns^2) memory and full
+    # collections long enough to show in p99.
+    checkpoints: list[array[int] | None] = field(default_factory=list)
     records: list[TurnRecord] = field(default_factory=list)
     # sum(r.size for r in records), kept by the core's commits (the worker's records budget).
     records_bytes: int = 0
@@ -120,8 +128,23 @@ class Session:
         self.idle.set()
 
     @property
-    def accumulated_ids(self) -> list[int]:
-        return self.checkpoints[-1] if self.checkpoints else []
+    def accumulated_ids(self) -> array[int]:
+        last = self.checkpoints[-1] if self.checkpoints else None
+        return last if last is not None else array("q")
+
+    def checkpoint(self, count: int) -> array[int]:
+        """The ids after generated turn `count` (1-based), one the rollback rule keeps."""
+        ids = self.checkpoints[count - 1]
+        if ids is None:  # plan_history never rolls back that far
+            raise LookupError(f"checkpoint {count} of session {self.session_id} was released")
+        return ids
+
+    def commit_checkpoint(self, kept: int, ids: Sequence[int]) -> None:
+        """Keep `kept` checkpoints, append `ids`, and release what no rollback can reach."""
+        checkpoints = [*self.checkpoints[:kept], array("q", ids)]
+        for index in range(len(checkpoints) - KEPT_CHECKPOINTS):
+            checkpoints[index] = None
+        self.checkpoints = checkpoints
 
     def turn_started(self) -> None:
         self.inflight += 1
