@@ -461,6 +461,11 @@ def stop_worker(rig: Rig, stopped_for: float) -> Any:
         os.kill(pid, signal.SIGSTOP)
         try:
             await asyncio.sleep(stopped_for)
+            # What a scraper sees just before the worker resumes.
+            async with httpx.AsyncClient(timeout=10) as client:
+                metrics = (await client.get(rig.url + "/metrics")).text
+            gauge = "sessiongate_worker_stalled"
+            extra["metrics_stalled"] = [ln for ln in metrics.splitlines() if ln.startswith(gauge)]
         finally:
             os.kill(pid, signal.SIGCONT)
         resumed = time.monotonic()

@@ -105,6 +105,8 @@ def test_stopped_worker_is_named_stalled_and_other_shard_unaffected(direct: Rig)
     assert result["stalled_named_after_s"] is not None, result
     assert set(result["health_during_stop"]) == {200}, result
     assert f"worker {VICTIM}" in result["health_reason"] and "stalled" in result["health_reason"]
+    assert f'sessiongate_worker_stalled{{worker="{VICTIM}"}} 1' in result["metrics_stalled"]
+    assert f'sessiongate_worker_stalled{{worker="{1 - VICTIM}"}} 0' in result["metrics_stalled"]
     assert result["errors_other_shard"] == 0, result
     # The stopped worker's requests wait and complete after SIGCONT: no error at all.
     assert statuses(result, "affected") <= {200, 204}, result

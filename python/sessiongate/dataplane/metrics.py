@@ -58,6 +58,10 @@ class WorkerGauge:
     rejected: dict[str, int] = field(default_factory=dict)
     # (url, healthy) of each upstream the worker sends turns to.
     upstreams: list[tuple[str, bool]] = field(default_factory=list)
+    # Seconds since the worker's last heartbeat (None before the first), and whether that
+    # silence makes it "stalled" (as /health says).
+    heartbeat_age_s: float | None = None
+    stalled: bool = False
     # Remote (TCP) workers only.
     address: str | None = None
     transport: str = ""
@@ -106,17 +110,33 @@ class RouterMetrics:
             "sessiongate_worker_sessions": ("gauge", "Live sessions (last heartbeat)."),
             "sessiongate_worker_inflight": ("gauge", "Requests being handled (last heartbeat)."),
             "sessiongate_bytes_relayed_total": ("counter", "Reply body bytes relayed."),
+            "sessiongate_worker_stalled": (
+                "gauge",
+                "1 when the worker is connected but has sent no heartbeat for two beats.",
+            ),
         }
         values = {
             "sessiongate_worker_up": lambda w: int(w.up),
             "sessiongate_worker_sessions": lambda w: w.sessions,
             "sessiongate_worker_inflight": lambda w: w.inflight,
             "sessiongate_bytes_relayed_total": lambda w: w.bytes_relayed,
+            "sessiongate_worker_stalled": lambda w: int(w.stalled),
         }
         for name, (kind, text) in per_worker.items():
             _family(
                 lines, name, kind, text, [(f'worker="{w.index}"', values[name](w)) for w in workers]
             )
+        _family(
+            lines,
+            "sessiongate_worker_heartbeat_age_seconds",
+            "gauge",
+            "Seconds since the worker's last heartbeat (absent before the first).",
+            [
+                (f'worker="{w.index}"', round(w.heartbeat_age_s, 3))
+                for w in workers
+                if w.heartbeat_age_s is not None
+            ],
+        )
         _family(
             lines,
             "sessiongate_upstream_affinity_hits_total",

@@ -256,12 +256,10 @@ class Router:
                 states.append({"index": index, "state": "starting"})
                 continue
             beat = channel.heartbeat
-            age = now - channel.last_heartbeat if channel.last_heartbeat is not None else None
+            age = _heartbeat_age(channel, now)
             state = "up" if channel.up else ("down" if channel.down_reason else "starting")
             reason = channel.down_reason
-            if state == "up" and age is not None and age > STALL_AFTER:
-                # Connected but silent: stopped (SIGSTOP) or its event loop is blocked. Its
-                # requests wait; say so at once instead of "up" until a timeout fires.
+            if _stalled(channel, age):
                 state = "stalled"
                 reason = (
                     f"no heartbeat for {age:.1f} s: the process is stopped or its event loop "
@@ -339,6 +337,7 @@ class Router:
 
     def gauges(self) -> list[WorkerGauge]:
         gauges = []
+        now = time.monotonic()
         for index, channel in enumerate(self.channels):
             gauge = WorkerGauge(
                 index=index,
@@ -351,6 +350,9 @@ class Router:
                 **_limit_gauges(channel.heartbeat if channel else {}),
                 upstreams=_upstream_gauges(channel.heartbeat) if channel else [],
             )
+            if channel is not None:
+                gauge.heartbeat_age_s = _heartbeat_age(channel, now)
+                gauge.stalled = _stalled(channel, gauge.heartbeat_age_s)
             remote = self.remote(index)
             if remote is not None:
                 gauge.address = str(remote.endpoint)
@@ -367,6 +369,16 @@ class Router:
         for channel in self.channels:
             if channel is not None:
                 await channel.aclose()
+
+
+def _heartbeat_age(channel: WorkerChannel, now: float) -> float | None:
+    return now - channel.last_heartbeat if channel.last_heartbeat is not None else None
+
+
+def _stalled(channel: WorkerChannel, age: float | None) -> bool:
+    """Connected but silent for two beats: stopped (SIGSTOP) or its event loop is blocked.
+    Its requests wait; /health and /metrics say so at once instead of "up" until a timeout."""
+    return channel.up and age is not None and age > STALL_AFTER
 
 
 def _upstream_reason(state: dict[str, Any]) -> str:
