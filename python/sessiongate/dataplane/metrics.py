@@ -54,6 +54,11 @@ class WorkerGauge:
     max_records_bytes: int = 0
     max_sessions: int = 0
     sessions_expired: int = 0
+    # The records store (--records-dir): record bytes in RAM, records spilled to their files,
+    # writes the directory refused.
+    records_resident_bytes: int = 0
+    records_spilled: int = 0
+    records_write_errors: int = 0
     # Requests refused by a limit, by reason (REJECT_REASONS).
     rejected: dict[str, int] = field(default_factory=dict)
     # (url, healthy) of each upstream the worker sends turns to.
@@ -240,6 +245,27 @@ def _limits_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:
             for w in workers
             for reason in REJECT_REASONS
         ],
+    )
+    _family(
+        lines,
+        "sessiongate_worker_records_resident_bytes",
+        "gauge",
+        "Record bytes a worker holds in RAM (with --records-dir, at most --records-memory).",
+        [(f'worker="{w.index}"', w.records_resident_bytes) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_records_spilled_total",
+        "counter",
+        "Records whose bytes left RAM for their session's file (--records-memory).",
+        [(f'worker="{w.index}"', w.records_spilled) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_records_write_errors_total",
+        "counter",
+        "Writes the records directory refused (the turn got a 507 unless durability none).",
+        [(f'worker="{w.index}"', w.records_write_errors) for w in workers],
     )
     _family(
         lines,

@@ -57,6 +57,10 @@ LIMIT_FIELDS = (
     "max_records_bytes",
     "session_ttl",
     "sessions_expired",
+    "records_resident_bytes",
+    "records_memory",
+    "records_spilled",
+    "records_write_errors",
 )
 # `POST /sessions` bodies are `{"parent_session_id": ...}`: anything larger is not one.
 MAX_CREATE_BODY = 64 * 1024
@@ -405,6 +409,9 @@ def _limit_gauges(heartbeat: dict[str, Any]) -> dict[str, Any]:
         "max_records_bytes": int(heartbeat.get("max_records_bytes", 0)),
         "max_sessions": int(heartbeat.get("max_sessions", 0)),
         "sessions_expired": int(heartbeat.get("sessions_expired", 0)),
+        "records_resident_bytes": int(heartbeat.get("records_resident_bytes", 0)),
+        "records_spilled": int(heartbeat.get("records_spilled", 0)),
+        "records_write_errors": int(heartbeat.get("records_write_errors", 0)),
         "rejected": dict(rejected) if isinstance(rejected, dict) else {},
     }
 

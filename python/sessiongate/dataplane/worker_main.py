@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
 from sessiongate.session.limit_options import add_limit_arguments, limit_settings
+from sessiongate.session.store.options import add_store_arguments, store_settings
 from sessiongate.session.turn_options import add_turn_arguments, turn_settings
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
     add_limit_arguments(parser)
+    add_store_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +119,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     from sessiongate.routing.stamper import SessionStamper
     from sessiongate.session.core import SessionCore
     from sessiongate.session.settings import SessionSettings
+    from sessiongate.session.store.records_store import RecordsStore
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 
@@ -135,12 +138,33 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     )
     # The caller validated the mode already; a failure here is a bug, so let it raise.
     mode = load_mode(args.session_routing, args.session_routing_opt)
-    return SessionCore(
+    store_config = store_settings(args, _store_index(args))
+    core = SessionCore(
         load_tokenizer(args.tokenizer),
         UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
         settings,
         SessionStamper(mode) if mode is not None else None,
+        RecordsStore(store_config) if store_config is not None else None,
     )
+    # Before the caller serves anything: a worker is ready only with its shard recovered.
+    report = core.recover()
+    if report is not None and (report.sessions or report.torn_tails or report.dropped_files):
+        print(
+            f"{settings.label}: recovered {report.sessions} sessions, {report.turns} turns, "
+            f"{report.bytes / 2**20:.1f} MiB from {store_config.directory if store_config else ''}"
+            f" in {report.seconds:.2f} s ({report.torn_tails} torn tails dropped)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return core
+
+
+def _store_index(args: argparse.Namespace) -> int | None:
+    """The shard whose directory a core uses: a supervised worker's index, 0 in-process,
+    None for a standalone `sessiongate worker` (it owns its --records-dir)."""
+    if getattr(args, "index", None) is not None:
+        return int(args.index)
+    return None if getattr(args, "listen", None) else 0
 
 
 def _core_label(args: argparse.Namespace) -> str:
@@ -175,7 +199,9 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     from sessiongate.dataplane.connection import FrameConnection
     from sessiongate.dataplane.worker_loop import WorkerLoop
 
-    core = build_core(args, restart_note(args.index) if args.generation > 0 else "")
+    # Without a records directory a replacement worker starts empty: its 404s say why.
+    lost = args.generation > 0 and not args.records_dir
+    core = build_core(args, restart_note(args.index) if lost else "")
     # Probe the upstreams from the start, not from the first request: /health must say the
     # engine is down even when no traffic has come yet.
     core.start()

@@ -17,6 +17,7 @@ from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYT
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
+from sessiongate.session.store.options import add_store_arguments, store_argv
 from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
 
 MOCK_BACKEND = "mock"
@@ -161,6 +162,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
     add_limit_arguments(parser)
+    add_store_arguments(parser)
     add_remote_arguments(parser)
 
 
@@ -340,6 +342,10 @@ def run(args: argparse.Namespace) -> int:
     if args.worker_endpoints is not None:
         if args.ray:
             raise SystemExit("--worker-endpoints and --ray exclude each other")
+        if args.records_dir:
+            raise SystemExit(
+                "--records-dir belongs to the workers: give each `sessiongate worker` its own"
+            )
         return run_remote(args)
     for option in ("secret_file", "tls_ca", "tls_server_name"):
         if getattr(args, option):
@@ -420,6 +426,11 @@ def run_local(args: argparse.Namespace) -> int:
         raise SystemExit("--worker-num-cpus must be >= 0")
     if not args.ray and args.ray_address:
         raise SystemExit("--ray-address applies to --ray only")
+    if args.records_dir and args.ray:
+        raise SystemExit(
+            "--records-dir keeps records on this host: use it with local workers, or give "
+            "each `sessiongate worker` its own --records-dir"
+        )
     backend_list(args)  # validate before starting anything
     with backend_urls(args) as (upstreams, mock):
         upstream = ", ".join(upstreams)
@@ -452,6 +463,7 @@ def run_local(args: argparse.Namespace) -> int:
             *turn_argv(args),
             # Local workers split this machine's memory; Ray actors size for their host.
             *limit_argv(args, None if args.ray else args.workers),
+            *store_argv(args, args.workers),
         ]
         router_args = router_arguments(args, frontend)
         if args.ray:

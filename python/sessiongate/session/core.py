@@ -49,6 +49,9 @@ from sessiongate.session.request_checks import check_turn_fields
 from sessiongate.session.samples import build_samples_payload
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
+from sessiongate.session.store.records_store import RecordsStore, RecoveryReport
+from sessiongate.session.store.spilled import SpilledRecord
+from sessiongate.session.store.turn_entry import TurnEntry, span_in
 from sessiongate.session.stream import (
     DONE,
     ClosingStream,
@@ -84,8 +87,11 @@ class SessionCore:
         upstream: UpstreamPool,
         settings: SessionSettings | None = None,
         stamper: SessionStamper | None = None,
+        store: RecordsStore | None = None,
     ) -> None:
         self.settings = settings or SessionSettings()
+        # Durable records (--records-dir), or None: in memory only.
+        self.store = store
         # Stamps session identity for an external router (None: no session routing mode).
         self.stamper = stamper
         self.tito = TitoEngine(
@@ -132,6 +138,18 @@ class SessionCore:
         if ttls and self._expiry is None:
             self._expiry = asyncio.create_task(self._expire_idle_sessions(min(ttls)))
 
+    def recover(self) -> RecoveryReport | None:
+        """Load the records directory's sessions (before serving: a worker reports ready
+        only after this). Returns what was recovered, or None without a store."""
+        if self.store is None:
+            return None
+        for session in self.store.recover():
+            self.sessions[session.session_id] = session
+            self.records_bytes += session.records_bytes
+            if self.stamper is not None:
+                self.stamper.register(session.session_id, session.parent_id)
+        return self.store.recovery
+
     async def handle(self, request: CoreRequest) -> CoreReply:
         self.start()
         handler = self._ops.get(request.op)
@@ -157,6 +175,8 @@ class SessionCore:
         if self.stamper is not None:
             self.stamper.release_all()
         await self.upstream.aclose()
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -205,11 +225,23 @@ class SessionCore:
             from_header=from_header,
         )
         self.sessions[session_id] = session
+        if self.store is not None:
+            # Queued before any turn of the session: the writer keeps the order.
+            session.opened = self.store.append_open(session)
         if parent is not None:
             parent.children.append(session_id)
         if self.stamper is not None:
             self.stamper.register(session_id, session.parent_id)
         return session
+
+    def _forget_session(self, session: Session) -> None:
+        """Undo _add_session for a session whose OPEN entry could not be written."""
+        self.sessions.pop(session.session_id, None)
+        parent = self.sessions.get(session.parent_id) if session.parent_id else None
+        if parent is not None and session.session_id in parent.children:
+            parent.children.remove(session.session_id)
+        if self.stamper is not None:
+            self.stamper.end(session.session_id)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -221,10 +253,28 @@ class SessionCore:
             "max_records_bytes": self.settings.max_records_bytes,
             "session_ttl": self.settings.session_ttl,
             "sessions_expired": self.sessions_expired,
+            # The records store (--records-dir): bytes in RAM, records read from files.
+            **self._store_status(),
             "rejected": {
                 "max_sessions": self.rejected["max_sessions"],
                 "records_budget": self.rejected["records_budget"],
             },
+        }
+
+    def _store_status(self) -> dict[str, int]:
+        store = self.store
+        if store is None:
+            return {
+                "records_resident_bytes": self.records_bytes,
+                "records_memory": 0,
+                "records_spilled": 0,
+                "records_write_errors": 0,
+            }
+        return {
+            "records_resident_bytes": store.resident.bytes,
+            "records_memory": store.settings.memory_budget,
+            "records_spilled": store.resident.spilled,
+            "records_write_errors": store.write_errors,
         }
 
     def _check_records_budget(self) -> None:
@@ -233,7 +283,8 @@ class SessionCore:
         in flight: refusing them after the upstream did the work would waste it, and the
         client would retry the same turn anyway."""
         limit = self.settings.max_records_bytes
-        if limit and self.records_bytes >= limit:
+        # With a records directory, RAM holds at most --records-memory: the disk is the limit.
+        if limit and self.store is None and self.records_bytes >= limit:
             self.rejected["records_budget"] += 1
             raise RecordsBudgetFull(
                 f"records memory budget of {self.settings.label} is full ({self.records_bytes} "
@@ -275,7 +326,13 @@ class SessionCore:
                 raise BadRequest(f"session {session_id} already exists")
         else:
             session_id = new_session_id(parent.session_id if parent else None)
-        self._add_session(session_id, parent)
+        session = self._add_session(session_id, parent)
+        if session.opened is not None and self.store is not None:
+            try:
+                await self.store.settle(session.opened)
+            except GatewayError:
+                self._forget_session(session)
+                raise
         return json_reply(200, {"session_id": session_id})
 
     async def _snapshot(
@@ -387,6 +444,10 @@ class SessionCore:
         if self.sessions.pop(session.session_id, None) is None:
             return
         self.records_bytes -= session.records_bytes
+        if self.store is not None:
+            self.store.resident.drop(session.records)
+            if reason != "shutdown":  # a shutdown keeps the files: the next start recovers
+                await self.store.settle(self.store.remove(session.session_id))
         if self._trimmer.freed(session.records_bytes, idle=not self.sessions):
             self._background(self._trim_freed_memory())
         if session.parent_id is None:
@@ -531,6 +592,7 @@ class SessionCore:
             session_id=session_id,
             version=version,
             checkpoint_count=plan.checkpoint_count,
+            base_len=plan.base_len,
             # The stored spelling of the kept history (a loose matcher may have accepted a
             # re-serialised echo of it), then the appended messages.
             messages=plan.messages,
@@ -682,33 +744,38 @@ class SessionCore:
             if turn.base_ids:
                 self.tito.check_extends(turn.base_ids, new_ids, turn.session_id)
             kept = turn.checkpoint_count
-            session.messages = [*turn.messages, parsed.assistant_message]
+            finish = finish_reason_text(parsed.finish_reason)
+            record = TurnRecord(
+                timestamp=time.time(),
+                method="POST",
+                path=self.settings.chat_path,
+                status_code=200,
+                request=turn.request_bytes,
+                response=reply_body,
+                prompt_len=len(turn.prompt_ids),
+                completion_ids=array("i", parsed.completion_ids),
+                logprobs=array("d", parsed.logprobs),
+                finish_reason=finish,
+                routed_experts=parsed.routed_experts,
+                r3_start_row=turn.r3_start_row,
+                indexer_topk=parsed.indexer_topk,
+                weight_version=parsed.weight_version,
+                cached_tokens=parsed.cached_tokens,
+                request_timestamp=turn.request_timestamp,
+            )
+            messages = [*turn.messages, parsed.assistant_message]
+            if self.store is not None:
+                # Written (per --records-durability) before anything changes: a turn the
+                # disk refused is not recorded at all.
+                await self._persist_turn(turn, record, messages, reply_body, parsed)
+            session.messages = messages
             session.commit_checkpoint(kept, new_ids)
             session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
-            finish = finish_reason_text(parsed.finish_reason)
             # A rollback replaces the records past the kept checkpoints: they stop counting.
-            dropped = sum(record.size for record in session.records[kept:])
-            session.records = [
-                *session.records[:kept],
-                TurnRecord(
-                    timestamp=time.time(),
-                    method="POST",
-                    path=self.settings.chat_path,
-                    status_code=200,
-                    request=turn.request_bytes,
-                    response=reply_body,
-                    prompt_len=len(turn.prompt_ids),
-                    completion_ids=array("i", parsed.completion_ids),
-                    logprobs=array("d", parsed.logprobs),
-                    finish_reason=finish,
-                    routed_experts=parsed.routed_experts,
-                    r3_start_row=turn.r3_start_row,
-                    indexer_topk=parsed.indexer_topk,
-                    weight_version=parsed.weight_version,
-                    cached_tokens=parsed.cached_tokens,
-                    request_timestamp=turn.request_timestamp,
-                ),
-            ]
+            dropped = sum(r.size for r in session.records[kept:])
+            if self.store is not None:
+                self.store.resident.drop(session.records[kept:])
+            session.records = [*session.records[:kept], record]
             change = session.records[-1].size - dropped
             session.records_bytes += change
             self.records_bytes += change
@@ -718,7 +785,46 @@ class SessionCore:
             self.turns_recorded += 1
             if finish == "abort":
                 self.turns_aborted += 1
+            if self.store is not None:
+                self.store.resident.enforce()
             return True
+
+    async def _persist_turn(
+        self,
+        turn: _Turn,
+        record: TurnRecord,
+        messages: list[Any],
+        reply_body: bytes,
+        parsed: ParsedReply,
+    ) -> None:
+        assert self.store is not None
+        entry = TurnEntry(
+            kept=turn.checkpoint_count,
+            base_len=turn.base_len,
+            messages=messages[turn.base_len :],
+            tools=turn.tools,
+            template_kwargs=turn.template_kwargs,
+            prompt_tail=array("q", turn.prompt_ids[len(turn.base_ids) :]),
+            record=record,
+            routed_span=span_in(reply_body, parsed.routed_experts, b"routed_experts"),
+            indexer_span=span_in(reply_body, parsed.indexer_topk, b"indexer_topk"),
+        )
+        future, location_of = self.store.append_turn(turn.session_id, entry)
+        offset = await self.store.settle(future)
+        resident = self.store.resident
+        if offset is not None:
+            resident.add(turn.session, record, location_of(offset))
+            return
+        resident.add(turn.session, record, None)
+        loop = asyncio.get_running_loop()
+
+        def written(done: Any) -> None:
+            if not done.cancelled() and done.exception() is None:
+                located = location_of(done.result())
+                with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                    loop.call_soon_threadsafe(resident.located, record, located)
+
+        future.add_done_callback(written)
 
     async def _end_turn(self, turn: _Turn, succeeded: bool) -> None:
         async with turn.session.lock:
@@ -776,6 +882,7 @@ class _Turn:
     session_id: str
     version: int
     checkpoint_count: int
+    base_len: int
     messages: list[Any]
     tools: Any
     prompt_ids: list[int]
@@ -796,6 +903,10 @@ async def _session_document_parts(
     for index, record in enumerate(records):
         if index:
             yield b","
+        if isinstance(record, SpilledRecord):
+            async for chunk in record.json_chunks():  # from its file, off the event loop
+                yield chunk
+            continue
         for part in record.json_parts():
             yield part
     yield b'],"metadata":' + metadata + b"}"

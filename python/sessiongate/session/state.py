@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 from array import array
@@ -70,6 +71,10 @@ class TurnRecord:
 
     def json_parts(self) -> tuple[bytes, ...]:
         """The record's JSON object as parts to concatenate (the bodies are not copied)."""
+        return (self.json_head(), self.request, b',"response":', self.response, b"}")
+
+    def json_head(self) -> bytes:
+        """The record's JSON up to its request body: `{...,"request":`."""
         head = json.dumps(
             {
                 "timestamp": self.timestamp,
@@ -85,7 +90,7 @@ class TurnRecord:
             },
             separators=(",", ":"),
         ).encode()
-        return (head[:-1] + b',"request":', self.request, b',"response":', self.response, b"}")
+        return head[:-1] + b',"request":'
 
     def to_json(self) -> bytes:
         return b"".join(self.json_parts())
@@ -121,6 +126,8 @@ class Session:
     version: int = 0
     closing: bool = False
     inflight: int = 0
+    # The write of its OPEN entry to the records directory, if there is one.
+    opened: concurrent.futures.Future[int] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 

@@ -1,0 +1,367 @@
+"""The records store of one worker: one append-only file per session under DIR/sessions,
+written by one writer thread (so a session's entries land in commit order), acknowledged
+per `--records-durability`, read back on restart, and the RAM budget of record bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sessiongate.session.errors import GatewayError
+from sessiongate.session.state import Session, TurnRecord
+from sessiongate.session.store.entry_file import (
+    HEADER,
+    KIND_OPEN,
+    KIND_TURN,
+    Buffer,
+    entry_header,
+    read_exact,
+    scan,
+    write_all,
+)
+from sessiongate.session.store.spilled import BodyLocation, SpilledRecord, spill
+from sessiongate.session.store.turn_entry import (
+    OpenEntry,
+    TurnEntry,
+    blob_offsets,
+    decode_open,
+    decode_turn,
+    decode_turn_head,
+    encode_open,
+    encode_turn,
+    head_bytes_needed,
+)
+
+logger = logging.getLogger(__name__)
+
+Durability = Literal["none", "flush", "fsync"]
+DURABILITIES: tuple[Durability, ...] = ("none", "flush", "fsync")
+FORMAT = 1
+MANIFEST = "store.json"
+
+
+class StoreWriteFailed(GatewayError):
+    """The records directory refused a write (disk full, permissions): nothing recorded."""
+
+    status = 507
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    directory: Path
+    durability: Durability = "flush"
+    memory_budget: int = 0  # record bytes kept in RAM; older ones are read from their files
+    shard: str | None = None  # "I/N" of a supervised worker: a restart must match it
+
+
+@dataclass
+class RecoveryReport:
+    sessions: int = 0
+    turns: int = 0
+    bytes: int = 0
+    torn_tails: int = 0
+    dropped_files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sessions": self.sessions,
+            "turns": self.turns,
+            "bytes": self.bytes,
+            "torn_tails": self.torn_tails,
+            "dropped_files": self.dropped_files,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class RecordsStore:
+    def __init__(self, settings: StoreSettings) -> None:
+        self.settings = settings
+        self.sessions_dir = settings.directory / "sessions"
+        self._writer = concurrent.futures.ThreadPoolExecutor(1, "records-writer")
+        self.resident = ResidentRecords(settings.memory_budget)
+        self.write_errors = 0
+        self.bytes_written = 0
+        self.recovery = RecoveryReport()
+        self._prepare()
+
+    # -- layout --------------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        manifest = self.settings.directory / MANIFEST
+        wanted = {"format": FORMAT, "shard": self.settings.shard}
+        if manifest.exists():
+            found = json.loads(manifest.read_text())
+            if found.get("format") != FORMAT:
+                raise SystemExit(
+                    f"--records-dir {self.settings.directory}: store format "
+                    f"{found.get('format')!r}, this sessiongate reads format {FORMAT}"
+                )
+            if self.settings.shard and found.get("shard") not in (None, self.settings.shard):
+                raise SystemExit(
+                    f"--records-dir {self.settings.directory} holds shard {found['shard']} of "
+                    f"an earlier run, this worker is shard {self.settings.shard}: sessions "
+                    "are placed by the worker count, so restart with the same --workers"
+                )
+        manifest.write_text(json.dumps(wanted) + "\n")
+
+    def path_of(self, session_id: str) -> Path:
+        # Ids are any visible ASCII up to 256 characters: hashed into a safe file name.
+        digest = hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
+        return self.sessions_dir / f"{digest}.rec"
+
+    # -- writes (one writer thread: per-session order is commit order) --------------------
+
+    def append_open(self, session: Session) -> concurrent.futures.Future[int]:
+        payload = encode_open(
+            OpenEntry(
+                session_id=session.session_id,
+                parent_id=session.parent_id,
+                root_id=session.root_id,
+                created_at=session.created_at,
+                from_header=session.from_header,
+            )
+        )
+        return self._writer.submit(self._append, session.session_id, KIND_OPEN, [payload], True)
+
+    def append_turn(
+        self, session_id: str, entry: TurnEntry
+    ) -> tuple[concurrent.futures.Future[int], Callable[[int], BodyLocation]]:
+        """Queue the turn's entry; returns the write (resolving to the payload's offset)
+        and how to turn that offset into where the record's bodies are."""
+        parts = encode_turn(entry)
+        request_at, response_at = blob_offsets(parts)
+        path = str(self.path_of(session_id))
+        record = entry.record
+
+        def location(payload_offset: int) -> BodyLocation:
+            return BodyLocation(
+                path=path,
+                request_offset=payload_offset + request_at,
+                request_len=len(record.request),
+                response_offset=payload_offset + response_at,
+                response_len=len(record.response),
+                routed_span=entry.routed_span,
+                indexer_span=entry.indexer_span,
+            )
+
+        future = self._writer.submit(self._append, session_id, KIND_TURN, parts, False)
+        return future, location
+
+    def remove(self, session_id: str) -> concurrent.futures.Future[None]:
+        return self._writer.submit(self._remove, session_id)
+
+    async def settle(self, future: concurrent.futures.Future[Any]) -> Any:
+        """Wait for a write as the durability setting says (none: do not wait)."""
+        if self.settings.durability == "none":
+            future.add_done_callback(self._log_failure)
+            return None
+        try:
+            return await asyncio.wrap_future(future)
+        except OSError as exc:
+            raise StoreWriteFailed(
+                f"records directory write failed ({exc}); the turn was not recorded"
+            ) from exc
+
+    def _log_failure(self, future: concurrent.futures.Future[Any]) -> None:
+        exc = future.exception()
+        if exc is not None:
+            logger.error("records directory write failed (--records-durability none): %s", exc)
+
+    def _append(self, session_id: str, kind: int, parts: Sequence[Buffer], create: bool) -> int:
+        path = self.path_of(session_id)
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError:
+            self.write_errors += 1
+            raise
+        try:
+            offset = os.lseek(fd, 0, os.SEEK_END) + HEADER.size
+            written = write_all(fd, [entry_header(kind, parts), *parts])
+            if self.settings.durability == "fsync":
+                os.fdatasync(fd)
+        except OSError:
+            self.write_errors += 1
+            raise
+        finally:
+            os.close(fd)
+        if create and self.settings.durability == "fsync":
+            _fsync_dir(self.sessions_dir)  # the new file's name survives a host crash too
+        self.bytes_written += written
+        return offset
+
+    def _remove(self, session_id: str) -> None:
+        try:
+            self.path_of(session_id).unlink()
+        except FileNotFoundError:
+            pass
+        if self.settings.durability == "fsync":
+            _fsync_dir(self.sessions_dir)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def recover(self) -> list[Session]:
+        """Every session of the directory as it was last committed, records on disk. Torn
+        tails are cut off; a file that is not a session (no whole OPEN entry) is removed."""
+        started = time.monotonic()
+        report = RecoveryReport()
+        sessions: list[Session] = []
+        for path in sorted(self.sessions_dir.glob("*.rec")):
+            session = self._recover_file(path, report)
+            if session is not None:
+                sessions.append(session)
+        by_id = {s.session_id: s for s in sessions}
+        for session in sorted(sessions, key=lambda s: s.created_at):
+            parent = by_id.get(session.parent_id) if session.parent_id else None
+            if parent is not None:
+                parent.children.append(session.session_id)
+        report.sessions = len(sessions)
+        report.seconds = time.monotonic() - started
+        self.recovery = report
+        return sessions
+
+    def _recover_file(self, path: Path, report: RecoveryReport) -> Session | None:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            found = scan(fd)
+            if found.torn:
+                report.torn_tails += 1
+                logger.warning(
+                    "%s: %s; dropping the last %d bytes (a write cut off by a crash)",
+                    path,
+                    found.problem,
+                    found.size - found.valid_end,
+                )
+                os.ftruncate(fd, found.valid_end)
+            entries = found.entries
+            if not entries or entries[0].kind != KIND_OPEN:
+                report.dropped_files.append(path.name)
+                os.close(fd)
+                fd = -1
+                path.unlink()
+                return None
+            opened = decode_open(read_exact(fd, entries[0].offset, entries[0].length))
+            session = Session(
+                session_id=opened.session_id,
+                parent_id=opened.parent_id,
+                root_id=opened.root_id,
+                created_at=opened.created_at,
+                from_header=opened.from_header,
+            )
+            for entry in entries[1:]:
+                turn = _read_turn(fd, entry.offset, entry.length)
+                location = BodyLocation(
+                    path=str(path),
+                    request_offset=entry.offset + turn.request_offset,
+                    request_len=turn.response_offset - turn.request_offset,
+                    response_offset=entry.offset + turn.response_offset,
+                    response_len=entry.length - turn.response_offset,
+                    routed_span=turn.routed_span,
+                    indexer_span=turn.indexer_span,
+                )
+                replay_turn(session, turn, spill(turn.record, location))
+                report.turns += 1
+            report.bytes += found.valid_end
+            return session
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+
+def _read_turn(fd: int, offset: int, length: int) -> TurnEntry:
+    prefix = read_exact(fd, offset, min(length, 4))
+    head_len = head_bytes_needed(prefix)
+    head, blobs_start = decode_turn_head(read_exact(fd, offset, head_len))
+    arrays_len = sum(int(n) for n in head["lengths"][:3])
+    arrays = read_exact(fd, offset + blobs_start, arrays_len)
+    return decode_turn(head, blobs_start, arrays, b"", b"")
+
+
+def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
+    """Apply one committed turn to a session, as SessionCore._commit did."""
+    kept = turn.kept
+    base = session.checkpoint(kept) if kept else ()
+    new_ids = [*base, *turn.prompt_tail, *record.completion_ids]
+    session.messages = [*session.messages[: turn.base_len], *turn.messages]
+    session.commit_checkpoint(kept, new_ids)
+    session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
+    session.records = [*session.records[:kept], record]
+    session.records_bytes = sum(r.size for r in session.records)
+    session.tools = turn.tools
+    session.template_kwargs = turn.template_kwargs
+    session.version += 1
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ResidentRecords:
+    """Record bytes held in RAM, oldest first; over the budget, the oldest written ones are
+    replaced by SpilledRecords (their bytes stay in the session's file only)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self.spilled = 0
+        self._held: OrderedDict[int, tuple[Session, TurnRecord, BodyLocation | None]] = (
+            OrderedDict()
+        )
+
+    def add(self, session: Session, record: TurnRecord, location: BodyLocation | None) -> None:
+        self._held[id(record)] = (session, record, location)
+        self.bytes += record.size
+
+    def located(self, record: TurnRecord, location: BodyLocation) -> None:
+        held = self._held.get(id(record))
+        if held is not None and held[1] is record:
+            self._held[id(record)] = (held[0], record, location)
+
+    def drop(self, records: Iterable[TurnRecord]) -> None:
+        for record in records:
+            held = self._held.get(id(record))
+            if held is not None and held[1] is record:
+                del self._held[id(record)]
+                self.bytes -= record.size
+
+    def enforce(self) -> int:
+        """Spill the oldest written records until the rest fit; returns how many."""
+        count = 0
+        for key in list(self._held):
+            if self.bytes <= self.budget:
+                break
+            session, record, location = self._held[key]
+            if location is None:
+                continue  # still being written (--records-durability none)
+            del self._held[key]
+            self.bytes -= record.size
+            for index, held in enumerate(session.records):
+                if held is record:
+                    session.records[index] = spill(record, location)
+                    count += 1
+                    break
+        self.spilled += count
+        return count
+
+
+__all__ = ["DURABILITIES", "RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]

@@ -1,0 +1,222 @@
+"""Durable records (`--records-dir`), with real processes on loopback: a SIGKILLed worker's
+replacement recovers its shard byte for byte and the next turn continues token-exactly; the
+same for a restarted `sessiongate worker`; a torn last entry is dropped, never served;
+records over `--records-memory` are served from their files; DELETE removes the file."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from procs import ServerProcess, free_port
+from sessiongate.demo.verify import trajectory_problems
+from sessiongate.primitives import shard_index, shard_key
+from test_samples import decode_samples_payload
+from test_tcp_workers import SECRET, WorkerProcess, eventually, router
+
+R3_MOCK = "--r3-layers 8 --r3-topk 2"
+VOLATILE = re.compile(
+    r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id)":("[^"]*"|[0-9.e-]+)'
+)
+SESSIONS = 20
+TURNS = 5
+
+
+def serve(records: Path, *extra: str, workers: int = 2) -> ServerProcess:
+    port = free_port()
+    args = ["serve", "--port", str(port), "--workers", str(workers), "--records-dir"]
+    return ServerProcess([*args, str(records), "--r3", "--mock-args", R3_MOCK, *extra], port)
+
+
+def turn(client: httpx.Client, sid: str, messages: list[dict[str, Any]], n: int) -> None:
+    """One tool-loop turn; appends the reply and the next tool result to `messages`."""
+    reply = client.post(
+        f"/sessions/{sid}/v1/chat/completions",
+        json={"messages": messages, "max_tokens": 8, "seed": n},
+    )
+    assert reply.status_code == 200, reply.text
+    messages.append(reply.json()["choices"][0]["message"])
+    messages.append({"role": "tool", "content": f"result {n}"})
+
+
+def rollouts(url: str, sessions: int, turns: int) -> dict[str, list[dict[str, Any]]]:
+    histories: dict[str, list[dict[str, Any]]] = {}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for index in range(sessions):
+            sid = client.post("/sessions").json()["session_id"]
+            histories[sid] = [{"role": "user", "content": f"task {index}"}]
+        for n in range(turns):
+            for sid, messages in histories.items():
+                turn(client, sid, messages, n)
+    return histories
+
+
+def fetch(url: str, sid: str) -> tuple[bytes, bytes]:
+    """The session's GET body and its trajectory export."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        got = client.get(f"/sessions/{sid}")
+        trajectory = client.get(f"/sessions/{sid}/trajectory")
+    assert got.status_code == 200 and trajectory.status_code == 200, (got.text, trajectory.text)
+    return got.content, trajectory.content
+
+
+def wait_healthy(url: str) -> None:
+    eventually(lambda: httpx.get(url + "/health", timeout=5).status_code == 200, "healthy")
+
+
+@pytest.fixture()
+def records(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "records"
+
+
+def test_killed_worker_recovers_its_shard_and_sessions_continue(records: Path) -> None:
+    with serve(records) as gateway:
+        histories = rollouts(gateway.url, SESSIONS, TURNS)
+        before = {sid: fetch(gateway.url, sid) for sid in histories}
+        victim = 1
+        pid = httpx.get(gateway.url + "/health").json()["workers"][victim]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        eventually(
+            lambda: (
+                httpx.get(gateway.url + "/health").json()["workers"][victim].get("pid")
+                not in (None, pid)
+            ),
+            "the worker restarted",
+        )
+        wait_healthy(gateway.url)
+        on_victim = [s for s in histories if shard_index(shard_key(s), 2) == victim]
+        assert on_victim, "no session landed on the killed worker"
+        for sid in histories:
+            assert fetch(gateway.url, sid) == before[sid], sid
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            for sid in on_victim:
+                turn(client, sid, histories[sid], TURNS)
+                document = client.get(f"/sessions/{sid}").json()
+                assert len(document["records"]) == TURNS + 1
+                assert trajectory_problems(document) == []
+                assert document["metadata"]["tito_session_mismatch"] == []
+        assert f"worker {victim}: recovered {len(on_victim)} sessions" in gateway.output()
+        # DELETE removes the session's file.
+        files = list((records / f"worker-{victim}" / "sessions").glob("*.rec"))
+        assert len(files) == len(on_victim)
+        assert httpx.delete(f"{gateway.url}/sessions/{on_victim[0]}").status_code == 204
+        assert len(list(files[0].parent.glob("*.rec"))) == len(on_victim) - 1
+
+
+def test_restarted_standalone_worker_recovers(records: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    secret.chmod(0o600)
+    port = free_port()
+    with ServerProcess(["mock-engine", "--port", str(port), *R3_MOCK.split()], port) as engine:
+        worker_port = free_port()
+        extra = ("--records-dir", str(records), "--r3")
+        with WorkerProcess(worker_port, secret, engine.url, *extra) as worker:
+            with router(secret, worker.endpoint) as gateway:
+                wait_healthy(gateway.url)
+                histories = rollouts(gateway.url, 4, 3)
+                before = {sid: fetch(gateway.url, sid) for sid in histories}
+                assert worker.proc is not None
+                os.kill(worker.proc.pid, signal.SIGKILL)
+                worker.proc.wait()
+                with WorkerProcess(worker_port, secret, engine.url, *extra) as again:
+                    wait_healthy(gateway.url)
+                    for sid, messages in histories.items():
+                        assert fetch(gateway.url, sid) == before[sid]
+                        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+                            turn(client, sid, messages, 3)
+                            assert trajectory_problems(client.get(f"/sessions/{sid}").json()) == []
+                    assert "recovered 4 sessions, 12 turns" in again.output()
+
+
+def test_torn_last_entry_is_dropped_on_recovery(records: Path) -> None:
+    with serve(records, workers=1) as gateway:
+        histories = rollouts(gateway.url, 2, 3)
+        full = {sid: httpx.get(f"{gateway.url}/sessions/{sid}").json() for sid in histories}
+    files = sorted((records / "worker-0" / "sessions").glob("*.rec"))
+    assert len(files) == 2
+    # A crash mid-append: the last entry of one file cut short, garbage after the other's.
+    with files[0].open("r+b") as handle:
+        handle.truncate(files[0].stat().st_size - 100)
+    with files[1].open("ab") as handle:
+        handle.write(b"SGRE\x02\x00\x00\x00" + os.urandom(64))
+    with serve(records, workers=1) as gateway:
+        output = gateway.output()
+        assert "2 torn tails dropped" in output, output
+        counts = sorted(
+            len(httpx.get(f"{gateway.url}/sessions/{sid}").json()["records"]) for sid in histories
+        )
+        assert counts == [2, 3]
+        for sid, messages in histories.items():
+            document = httpx.get(f"{gateway.url}/sessions/{sid}").json()
+            kept = len(document["records"])
+            assert document["records"] == full[sid]["records"][:kept]
+            # The torn session rolled back to its last whole turn: redo the lost one, go on.
+            with httpx.Client(base_url=gateway.url, timeout=60) as client:
+                resumed = messages[: 1 + 2 * kept]
+                turn(client, sid, resumed, 10)
+                assert trajectory_problems(client.get(f"/sessions/{sid}").json()) == []
+    assert all(f.stat().st_size > 0 for f in files)
+
+
+@pytest.mark.parametrize("durability", ["none", "fsync"])
+def test_durability_modes_record_and_recover(records: Path, durability: str) -> None:
+    with serve(records, "--records-durability", durability, workers=1) as gateway:
+        histories = rollouts(gateway.url, 3, 2)
+        before = {sid: fetch(gateway.url, sid) for sid in histories}
+    with serve(records, "--records-durability", durability, workers=1) as gateway:
+        for sid in histories:
+            assert fetch(gateway.url, sid) == before[sid]
+
+
+def test_records_over_the_memory_budget_are_served_from_disk(records: Path) -> None:
+    """--records-memory 0: every record is read back from its file for GET, trajectory and
+    samples, and the answers equal those of a gateway that keeps everything in memory (the
+    mock engine is deterministic per seed; ids and clocks are masked)."""
+    answers: list[list[str]] = []
+    for extra in (("--records-memory", "0"), ("--records-memory", "1G")):
+        with serve(records / str(len(answers)), *extra, "--r3-topk", "2") as gateway:
+            histories = rollouts(gateway.url, 3, 3)
+            texts = []
+            with httpx.Client(base_url=gateway.url, timeout=60) as client:
+                for sid in histories:
+                    texts.append(VOLATILE.sub(r'"\1":0', client.get(f"/sessions/{sid}").text))
+                    samples = client.post(f"/sessions/{sid}/samples", json={})
+                    assert samples.status_code == 200, samples.text
+                    decoded = decode_samples_payload(samples.content)
+                    texts.append(repr([s["tokens"] for s in decoded["samples"]]))
+                    texts.append(repr([s["rollout_routed_experts"] for s in decoded["samples"]]))
+            # Budget 0: all 9 records live in their files only; 1 GiB: all in RAM.
+            wanted = (9, True) if extra[1] == "0" else (0, False)
+
+            def store_state(url: str = gateway.url, wanted: tuple[int, bool] = wanted) -> bool:
+                workers = httpx.get(url + "/health").json()["workers"]
+                spilled = sum(w["records_spilled"] for w in workers)
+                resident = sum(w["records_resident_bytes"] for w in workers)
+                return (spilled, resident == 0) == wanted
+
+            eventually(store_state, f"heartbeats report {wanted}")
+            answers.append(texts)
+    assert answers[0] == answers[1]
+
+
+def test_records_dir_options_are_checked(tmp_path: Path) -> None:
+    port = free_port()
+    process = ServerProcess(
+        ["serve", "--port", str(port), "--ray", "--records-dir", str(tmp_path)], port, timeout=5
+    )
+    with pytest.raises(RuntimeError, match="records-dir"):
+        process.start()
+    # A directory written by 2 workers refuses a different worker count.
+    with serve(tmp_path / "r", workers=2):
+        pass
+    process = serve(tmp_path / "r", workers=1)
+    with pytest.raises(RuntimeError, match="same --workers"):
+        process.start()
