@@ -5,6 +5,7 @@ records over `--records-memory` are served from their files; DELETE removes the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,12 +19,15 @@ import pytest
 from procs import ServerProcess, free_port
 from sessiongate.demo.verify import trajectory_problems
 from sessiongate.primitives import shard_index, shard_key
+from sessiongate.session.store.records_store import session_file_name
 from test_samples import decode_samples_payload
 from test_tcp_workers import SECRET, WorkerProcess, eventually, router
 
 R3_MOCK = "--r3-layers 8 --r3-topk 2"
+CHILDREN = re.compile(r'"child_session_ids":\[[^\]]*\]')
 VOLATILE = re.compile(
-    r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id)":("[^"]*"|[0-9.e-]+)'
+    r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id|parent_session_id)":'
+    r'("[^"]*"|[0-9.e-]+|\[[^\]]*\])'
 )
 SESSIONS = 20
 TURNS = 5
@@ -47,14 +51,24 @@ def turn(client: httpx.Client, sid: str, messages: list[dict[str, Any]], n: int)
 
 
 def rollouts(url: str, sessions: int, turns: int) -> dict[str, list[dict[str, Any]]]:
+    """Tool loops; the first session also retries its second turn (a rollback, recorded as
+    a replacing entry) and gets a child session with a turn of its own."""
     histories: dict[str, list[dict[str, Any]]] = {}
     with httpx.Client(base_url=url, timeout=60) as client:
         for index in range(sessions):
             sid = client.post("/sessions").json()["session_id"]
             histories[sid] = [{"role": "user", "content": f"task {index}"}]
+        first = next(iter(histories))
         for n in range(turns):
             for sid, messages in histories.items():
                 turn(client, sid, messages, n)
+            if n == 1 and turns > 2:
+                retried = [*histories[first][:-3], {"role": "tool", "content": "retried"}]
+                turn(client, first, retried, 100)
+                histories[first] = retried
+        child = client.post("/sessions", json={"parent_session_id": first}).json()["session_id"]
+        histories[child] = [{"role": "user", "content": "child task"}]
+        turn(client, child, histories[child], 0)
     return histories
 
 
@@ -99,7 +113,7 @@ def test_killed_worker_recovers_its_shard_and_sessions_continue(records: Path) -
             for sid in on_victim:
                 turn(client, sid, histories[sid], TURNS)
                 document = client.get(f"/sessions/{sid}").json()
-                assert len(document["records"]) == TURNS + 1
+                assert len(document["records"]) == len(json.loads(before[sid][0])["records"]) + 1
                 assert trajectory_problems(document) == []
                 assert document["metadata"]["tito_session_mismatch"] == []
         assert f"worker {victim}: recovered {len(on_victim)} sessions" in gateway.output()
@@ -133,37 +147,34 @@ def test_restarted_standalone_worker_recovers(records: Path, tmp_path: Path) -> 
                         with httpx.Client(base_url=gateway.url, timeout=60) as client:
                             turn(client, sid, messages, 3)
                             assert trajectory_problems(client.get(f"/sessions/{sid}").json()) == []
-                    assert "recovered 4 sessions, 12 turns" in again.output()
+                    assert "recovered 5 sessions" in again.output()
 
 
 def test_torn_last_entry_is_dropped_on_recovery(records: Path) -> None:
     with serve(records, workers=1) as gateway:
         histories = rollouts(gateway.url, 2, 3)
         full = {sid: httpx.get(f"{gateway.url}/sessions/{sid}").json() for sid in histories}
-    files = sorted((records / "worker-0" / "sessions").glob("*.rec"))
-    assert len(files) == 2
-    # A crash mid-append: the last entry of one file cut short, garbage after the other's.
-    with files[0].open("r+b") as handle:
-        handle.truncate(files[0].stat().st_size - 100)
-    with files[1].open("ab") as handle:
+    first, second, child = histories
+    sessions = records / "worker-0" / "sessions"
+    # A crash mid-append: the second session's last entry cut short; half an entry header
+    # and garbage after the child's only turn.
+    cut = sessions / session_file_name(second)
+    with cut.open("r+b") as handle:
+        handle.truncate(cut.stat().st_size - 100)
+    with (sessions / session_file_name(child)).open("ab") as handle:
         handle.write(b"SGRE\x02\x00\x00\x00" + os.urandom(64))
     with serve(records, workers=1) as gateway:
         output = gateway.output()
         assert "2 torn tails dropped" in output, output
-        counts = sorted(
-            len(httpx.get(f"{gateway.url}/sessions/{sid}").json()["records"]) for sid in histories
-        )
-        assert counts == [2, 3]
         for sid, messages in histories.items():
             document = httpx.get(f"{gateway.url}/sessions/{sid}").json()
             kept = len(document["records"])
+            assert kept == {first: 3, second: 2, child: 1}[sid]
             assert document["records"] == full[sid]["records"][:kept]
-            # The torn session rolled back to its last whole turn: redo the lost one, go on.
+            # The torn session is back at its last whole turn: redo the lost one and go on.
             with httpx.Client(base_url=gateway.url, timeout=60) as client:
-                resumed = messages[: 1 + 2 * kept]
-                turn(client, sid, resumed, 10)
+                turn(client, sid, messages[: 1 + 2 * kept], 10)
                 assert trajectory_problems(client.get(f"/sessions/{sid}").json()) == []
-    assert all(f.stat().st_size > 0 for f in files)
 
 
 @pytest.mark.parametrize("durability", ["none", "fsync"])
@@ -187,14 +198,19 @@ def test_records_over_the_memory_budget_are_served_from_disk(records: Path) -> N
             texts = []
             with httpx.Client(base_url=gateway.url, timeout=60) as client:
                 for sid in histories:
-                    texts.append(VOLATILE.sub(r'"\1":0', client.get(f"/sessions/{sid}").text))
+                    texts.append(
+                        VOLATILE.sub(
+                            r'"\1":0', CHILDREN.sub("", client.get(f"/sessions/{sid}").text)
+                        )
+                    )
                     samples = client.post(f"/sessions/{sid}/samples", json={})
                     assert samples.status_code == 200, samples.text
                     decoded = decode_samples_payload(samples.content)
                     texts.append(repr([s["tokens"] for s in decoded["samples"]]))
                     texts.append(repr([s["rollout_routed_experts"] for s in decoded["samples"]]))
-            # Budget 0: all 9 records live in their files only; 1 GiB: all in RAM.
-            wanted = (9, True) if extra[1] == "0" else (0, False)
+            # Budget 0: every record lives in its file only; 1 GiB: all in RAM.
+            # 3 sessions x 3 turns, a retried turn and a child's turn: 11 commits.
+            wanted = (11, True) if extra[1] == "0" else (0, False)
 
             def store_state(url: str = gateway.url, wanted: tuple[int, bool] = wanted) -> bool:
                 workers = httpx.get(url + "/health").json()["workers"]

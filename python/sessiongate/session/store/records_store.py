@@ -51,6 +51,11 @@ FORMAT = 1
 MANIFEST = "store.json"
 
 
+def session_file_name(session_id: str) -> str:
+    """Ids are any visible ASCII up to 256 characters: hashed into a safe file name."""
+    return hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest() + ".rec"
+
+
 class StoreWriteFailed(GatewayError):
     """The records directory refused a write (disk full, permissions): nothing recorded."""
 
@@ -118,9 +123,7 @@ class RecordsStore:
         manifest.write_text(json.dumps(wanted) + "\n")
 
     def path_of(self, session_id: str) -> Path:
-        # Ids are any visible ASCII up to 256 characters: hashed into a safe file name.
-        digest = hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest()
-        return self.sessions_dir / f"{digest}.rec"
+        return self.sessions_dir / session_file_name(session_id)
 
     # -- writes (one writer thread: per-session order is commit order) --------------------
 
