@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,3 +237,37 @@ def test_records_dir_options_are_checked(tmp_path: Path) -> None:
     process = serve(tmp_path / "r", workers=1)
     with pytest.raises(RuntimeError, match="same --workers"):
         process.start()
+
+
+def test_a_refused_write_is_a_507_and_records_nothing(records: Path) -> None:
+    """The disk refuses the entry (here: a file size limit on the worker, EFBIG): the turn
+    is a 507, the session is unchanged, and once writes succeed again it goes on, with
+    nothing torn left in its file for recovery to trip over."""
+    with serve(records, workers=1) as gateway:
+        histories = rollouts(gateway.url, 1, 1)
+        sid = next(s for s in histories if "." not in s)
+        before = fetch(gateway.url, sid)
+        pid = httpx.get(gateway.url + "/health").json()["workers"][0]["pid"]
+        size = (records / "worker-0" / "sessions" / session_file_name(sid)).stat().st_size
+        limits = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (size + 64, limits[1]))
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            refused = client.post(
+                f"/sessions/{sid}/v1/chat/completions",
+                json={"messages": histories[sid], "max_tokens": 8},
+            )
+            assert refused.status_code == 507, refused.text
+            assert "records directory write failed" in refused.json()["error"]
+            assert fetch(gateway.url, sid) == before
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, limits)
+            turn(client, sid, histories[sid], 1)
+        after = fetch(gateway.url, sid)
+        eventually(
+            lambda: (
+                httpx.get(gateway.url + "/health").json()["workers"][0]["records_write_errors"] == 1
+            ),
+            "the error is counted",
+        )
+    with serve(records, workers=1) as gateway:
+        assert fetch(gateway.url, sid) == after
+        assert "(0 torn tails dropped)" in gateway.output()

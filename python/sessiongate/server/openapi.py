@@ -49,6 +49,7 @@ _WHY = {
     502: "Upstream transport error, or a reply that breaks the contract; or the worker failed "
     "the request with an internal error.",
     503: "The session's worker is down, or its records fill `--max-records-bytes`.",
+    507: "`--records-dir` refused the write (disk full, permissions): nothing was recorded.",
 }
 # Every request can meet these before it is routed.
 _ALWAYS = (400, 401, 408, 413, 431)
@@ -230,7 +231,7 @@ def _declare(app: FastAPI) -> None:
         operation_id="createSession",
         summary="Create a session (a child with `parent_session_id`)",
         response_model=SessionCreated,
-        responses=_errors(*_ALWAYS, 404, 429, 502, 503),
+        responses=_errors(*_ALWAYS, 404, 429, 502, 503, 507),
     )
     def create_session(body: Annotated[CreateSession | None, Body()] = None) -> SessionCreated:
         _never_called()
@@ -255,7 +256,7 @@ def _declare(app: FastAPI) -> None:
         summary="Close a session (waits for an in-flight turn)",
         status_code=204,
         response_class=_Empty,
-        responses=_errors(*_SESSION),
+        responses=_errors(*_SESSION, 507),
     )
     def delete_session(session_id: SessionId) -> None:
         _never_called()
@@ -266,7 +267,7 @@ def _declare(app: FastAPI) -> None:
         operation_id="sessionChat",
         summary="One recorded TITO turn through the upstream",
         response_model=ChatCompletion,
-        responses={**_CHAT_OK, **_errors(*_SESSION, 500, upstream=True)},
+        responses={**_CHAT_OK, **_errors(*_SESSION, 500, 507, upstream=True)},
     )
     def session_chat(
         session_id: SessionId,
@@ -326,7 +327,7 @@ def _declare(app: FastAPI) -> None:
         summary="A TITO turn on the session a header names (created on first use); "
         "without one, a stateless proxy",
         response_model=ChatCompletion,
-        responses={**_CHAT_OK, **_errors(*_SESSION, 429, 500, upstream=True)},
+        responses={**_CHAT_OK, **_errors(*_SESSION, 429, 500, 507, upstream=True)},
     )
     def chat(
         body: ChatBody,

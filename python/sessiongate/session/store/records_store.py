@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import logging
@@ -191,16 +192,21 @@ class RecordsStore:
         except OSError:
             self.write_errors += 1
             raise
+        start = os.lseek(fd, 0, os.SEEK_END)
         try:
-            offset = os.lseek(fd, 0, os.SEEK_END) + HEADER.size
             written = write_all(fd, [entry_header(kind, parts), *parts])
             if self.settings.durability == "fsync":
                 os.fdatasync(fd)
         except OSError:
             self.write_errors += 1
+            # Cut a partial entry off at once: later entries must not follow a torn one
+            # (recovery stops at the first bad entry).
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
             raise
         finally:
             os.close(fd)
+        offset = start + HEADER.size
         if create and self.settings.durability == "fsync":
             _fsync_dir(self.sessions_dir)  # the new file's name survives a host crash too
         self.bytes_written += written
