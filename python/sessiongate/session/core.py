@@ -786,7 +786,10 @@ class SessionCore:
             if finish == "abort":
                 self.turns_aborted += 1
             if self.store is not None:
-                self.store.resident.enforce()
+                # Spilled bodies are freed memory like a closed session's: give it back.
+                freed = self.store.resident.enforce()
+                if freed and self._trimmer.freed(freed):
+                    self._background(self._trim_freed_memory())
             return True
 
     async def _persist_turn(

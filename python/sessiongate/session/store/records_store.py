@@ -354,8 +354,9 @@ class ResidentRecords:
                 self.bytes -= record.size
 
     def enforce(self) -> int:
-        """Spill the oldest written records until the rest fit; returns how many."""
+        """Spill the oldest written records until the rest fit; returns the bytes freed."""
         count = 0
+        freed = 0
         for key in list(self._held):
             if self.bytes <= self.budget:
                 break
@@ -368,9 +369,10 @@ class ResidentRecords:
                 if held is record:
                     session.records[index] = spill(record, location)
                     count += 1
+                    freed += record.size
                     break
         self.spilled += count
-        return count
+        return freed
 
 
 __all__ = ["DURABILITIES", "RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]
