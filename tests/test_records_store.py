@@ -271,3 +271,29 @@ def test_a_refused_write_is_a_507_and_records_nothing(records: Path) -> None:
     with serve(records, workers=1) as gateway:
         assert fetch(gateway.url, sid) == after
         assert "(0 torn tails dropped)" in gateway.output()
+
+
+def test_reads_from_disk_survive_a_delete_and_fail_clearly_without_their_file(
+    records: Path,
+) -> None:
+    """Regressions: a DELETE during a records GET served from disk cut the GET off and the
+    worker dropped the request silently (the client hung); a records file gone from under a
+    live session hung the GET too. Now the GET reads through a descriptor it opened under
+    the session's lock, and an unreadable file is a clear 500."""
+    mock = "--r3-layers 256 --r3-topk 8"
+    with serve(records, "--records-memory", "0", "--mock-args", mock, workers=1) as gateway:
+        histories = rollouts(gateway.url, 2, 2)
+        big, other = (s for s in histories if "." not in s)
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            with client.stream("GET", f"/sessions/{big}") as reply:
+                chunks = reply.iter_bytes()
+                first = next(chunks)
+                assert client.delete(f"/sessions/{big}").status_code == 204
+                document = json.loads(first + b"".join(chunks))
+            assert len(document["records"]) == 2
+            assert client.get(f"/sessions/{big}").status_code == 404
+            (records / "worker-0" / "sessions" / session_file_name(other)).unlink()
+            broken = client.get(f"/sessions/{other}")
+            assert broken.status_code == 500
+            assert "cannot be opened" in broken.json()["error"]
+            assert client.get("/health").status_code == 200

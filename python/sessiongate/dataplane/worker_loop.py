@@ -86,6 +86,10 @@ def _request_from(meta: dict[str, Any], body: bytes) -> CoreRequest:
     )
 
 
+class RouterGone(Exception):
+    """The channel to the router failed while sending."""
+
+
 class WorkerLoop:
     def __init__(
         self,
@@ -151,8 +155,8 @@ class WorkerLoop:
             await self._send_reply(request_id, reply)
         except asyncio.CancelledError:
             pass
-        except (ConnectionError, OSError):
-            pass  # the router is gone; run() ends on EOF
+        except RouterGone:
+            pass  # run() ends on EOF
         except Exception as exc:  # a bad request must cost one request, never the worker
             logger.exception("worker %d: request %d failed", self.index, request_id)
             message = f"internal error in worker {self.index}: {type(exc).__name__}: {exc}"
@@ -167,17 +171,29 @@ class WorkerLoop:
                 with contextlib.suppress(Exception):
                     await aclose()
 
+    async def _send(
+        self, frame_type: int, request_id: int, payload: bytes | memoryview = b""
+    ) -> None:
+        """Send one frame; a failing channel is RouterGone, told apart from the reply's own
+        errors (a records file that cannot be read must fail the request, not hang it)."""
+        try:
+            await self.conn.send(frame_type, request_id, payload)
+        except FrameTooLarge:
+            raise
+        except (ConnectionError, OSError) as exc:
+            raise RouterGone(str(exc)) from exc
+
     async def _send_reply(self, request_id: int, reply: CoreReply) -> None:
         meta = {"status": reply.status, "headers": [list(h) for h in reply.headers]}
         if reply.stream is None and len(reply.body) <= CHUNK_SIZE:
             try:
-                await self.conn.send(FRAME_REPLY, request_id, encode_envelope(meta, reply.body))
+                await self._send(FRAME_REPLY, request_id, encode_envelope(meta, reply.body))
             except FrameTooLarge as exc:
-                await self.conn.send(FRAME_ERROR, request_id, f"reply too large: {exc}".encode())
+                await self._send(FRAME_ERROR, request_id, f"reply too large: {exc}".encode())
             return
         credit = _Credit(CREDIT_WINDOW)
         self.credits[request_id] = credit
-        await self.conn.send(FRAME_REPLY_HEAD, request_id, encode_envelope(meta, b""))
+        await self._send(FRAME_REPLY_HEAD, request_id, encode_envelope(meta, b""))
         if reply.stream is None:
             parts = _single(reply.body)
         elif reply.coalesce:
@@ -186,8 +202,8 @@ class WorkerLoop:
             parts = _split(reply.stream, CHUNK_SIZE)
         async for chunk in parts:
             await credit.take()
-            await self.conn.send(FRAME_BODY, request_id, chunk)
-        await self.conn.send(FRAME_END, request_id)
+            await self._send(FRAME_BODY, request_id, chunk)
+        await self._send(FRAME_END, request_id)
 
 
 async def _single(body: bytes) -> AsyncIterator[bytes]:

@@ -50,7 +50,7 @@ from sessiongate.session.samples import build_samples_payload
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.records_store import RecordsStore, RecoveryReport
-from sessiongate.session.store.spilled import SpilledRecord
+from sessiongate.session.store.spilled import SpilledRecord, pin_files
 from sessiongate.session.store.turn_entry import TurnEntry, span_in
 from sessiongate.session.stream import (
     DONE,
@@ -342,7 +342,7 @@ class SessionCore:
         fresh render of its history gives (computed off the event loop)."""
         session = self._open_session(self._session_id(request))
         async with session.lock:
-            records = list(session.records)
+            records = pin_files(session.records)
             messages = list(session.messages)
             accumulated = list(session.accumulated_ids)
             tools = session.tools

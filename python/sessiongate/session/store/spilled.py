@@ -15,11 +15,36 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from sessiongate.session.errors import GatewayError
 from sessiongate.session.state import TurnRecord
 from sessiongate.session.store.entry_file import read_exact, read_range
 
 _BODIES = ("request", "response", "routed_experts", "indexer_topk")
 CHUNK = 1 << 20
+
+
+class RecordsFileError(GatewayError):
+    """A record's file could not be read (removed underneath, an I/O error)."""
+
+    status = 500
+
+
+class OpenFile:
+    """One read-only descriptor of a session's file, closed when the last record read
+    through it is gone: a GET that started keeps reading even if a DELETE unlinks it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise RecordsFileError(f"records file {path} cannot be opened: {exc}") from exc
+
+    def __del__(self) -> None:
+        fd = getattr(self, "fd", None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -37,6 +62,7 @@ class SpilledRecord(TurnRecord):
     """Built by `spill()`, never by TurnRecord's constructor (its bodies are properties)."""
 
     location: BodyLocation
+    file: OpenFile | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use spill(record, location)")
@@ -66,7 +92,7 @@ class SpilledRecord(TurnRecord):
         """The record's JSON (blocking reads; `json_chunks` is the event loop's way)."""
         head = self.json_head()
         yield head
-        with _opened(self.location.path) as fd:
+        with self._opened() as fd:
             yield from read_range(fd, self.location.request_offset, self.location.request_len)
             yield b',"response":'
             yield from read_range(fd, self.location.response_offset, self.location.response_len)
@@ -75,7 +101,7 @@ class SpilledRecord(TurnRecord):
     async def json_chunks(self) -> AsyncIterator[bytes]:
         """The record's JSON in chunks of at most 1 MiB, each read off the event loop."""
         yield self.json_head()
-        with _opened(self.location.path) as fd:
+        with self._opened() as fd:
             for label, offset, length in (
                 (b"", self.location.request_offset, self.location.request_len),
                 (b',"response":', self.location.response_offset, self.location.response_len),
@@ -91,8 +117,27 @@ class SpilledRecord(TurnRecord):
         yield b"}"
 
     def _read(self, offset: int, length: int) -> bytes:
-        with _opened(self.location.path) as fd:
-            return read_exact(fd, offset, length)
+        with self._opened() as fd:
+            try:
+                return read_exact(fd, offset, length)
+            except (OSError, EOFError) as exc:
+                raise RecordsFileError(f"records file {self.location.path}: {exc}") from exc
+
+    def pinned(self, file: OpenFile) -> SpilledRecord:
+        """This record, read through `file` (see pin_files)."""
+        copy = object.__new__(SpilledRecord)
+        copy.__dict__.update(self.__dict__)
+        object.__setattr__(copy, "file", file)
+        return copy
+
+    @contextlib.contextmanager
+    def _opened(self) -> Iterator[int]:
+        if self.file is not None:
+            yield self.file.fd
+            return
+        opened = OpenFile(self.location.path)
+        yield opened.fd
+        del opened
 
     def _read_span(self, span: tuple[int, int] | None) -> memoryview | None:
         if span is None:
@@ -117,13 +162,22 @@ def spill(record: TurnRecord, location: BodyLocation) -> SpilledRecord:
         if item.name not in _BODIES:
             object.__setattr__(spilled, item.name, getattr(record, item.name))
     object.__setattr__(spilled, "location", location)
+    object.__setattr__(spilled, "file", None)
     return spilled
 
 
-@contextlib.contextmanager
-def _opened(path: str) -> Iterator[int]:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
+def pin_files(records: list[TurnRecord]) -> list[TurnRecord]:
+    """The records, with each spilled one reading through one descriptor of its file opened
+    now. Called under the session's lock, so a DELETE that comes later cannot pull the file
+    away from a GET, trajectory export or /samples already under way."""
+    files: dict[str, OpenFile] = {}
+    pinned: list[TurnRecord] = []
+    for record in records:
+        if isinstance(record, SpilledRecord):
+            path = record.location.path
+            file = files.get(path)
+            if file is None:
+                file = files[path] = OpenFile(path)
+            record = record.pinned(file)
+        pinned.append(record)
+    return pinned
