@@ -136,12 +136,20 @@ def soak(label: str, args: argparse.Namespace, minutes: float, *extra: str) -> d
         figures = asyncio.run(run_phase(gw.url, args.sessions, 60 * minutes, args.rate))
         time.sleep(2)  # let the workers finish closing
         after = snapshot(roles)
+        # More rounds of the same load on the same gateway: memory that keeps growing round
+        # after round is a leak; memory that settles is the allocator's high-water mark.
+        later = []
+        for _ in range(args.repeat):
+            asyncio.run(run_phase(gw.url, args.sessions, 60 * minutes, args.rate))
+            time.sleep(2)
+            later.append(snapshot(roles))
         health = httpx.get(gw.url + "/health").json()
     return {
         "phase": label,
         **figures,
         "start": start,
         "after_deletes": after,
+        "after_deletes_of_repeats": later,
         "sessions_left": health["sessions"],
     }
 
@@ -152,6 +160,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--r3-minutes", type=float, default=2.0)
     parser.add_argument("--rate", type=float, default=100.0, help="turns/s over the gateway")
+    parser.add_argument(
+        "--repeat", type=int, default=0, help="run each phase again N times on the same gateway"
+    )
     args = parser.parse_args()
     print(json.dumps(soak("no R3", args, args.minutes)), flush=True)
     if args.r3_minutes > 0:
