@@ -45,6 +45,25 @@ from sessiongate.http.client import HttpClient
 R3_MOCK = "--r3-layers 512 --r3-topk 8 --completion-tokens 24 --completion-tokens-jitter 0"
 
 
+async def curl_get(url: str) -> tuple[int, int]:
+    """A GET read by curl into /dev/null: (status, bytes received). curl, not Python, reads
+    large dumps: a trainer reads them from another process, and a Python reader would
+    compete with the gateway for the 2 cores."""
+    proc = await asyncio.create_subprocess_exec(
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code} %{size_download}",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    code, _, size = out.decode().partition(" ")
+    return int(code or 0), int(float(size or 0))
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
@@ -194,20 +213,7 @@ def scenario_get(quick: bool) -> dict[str, Any]:
             nonlocal peak_rss
 
             async def reader(sid: str) -> None:
-                # curl, not Python, reads the dumps: a trainer reads them from another
-                # process, and a Python reader would compete with the gateway for the CPU.
-                proc = await asyncio.create_subprocess_exec(
-                    "curl",
-                    "-sS",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{size_download}",
-                    f"{gw.url}/sessions/{sid}",
-                    stdout=asyncio.subprocess.PIPE,
-                )
-                out, _ = await proc.communicate()
-                get_bytes.append(int(out or 0))
+                get_bytes.append((await curl_get(f"{gw.url}/sessions/{sid}"))[1])
 
             async def sample_rss(stop: asyncio.Event) -> None:
                 nonlocal peak_rss

@@ -65,7 +65,15 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_dataplane import R3_MOCK, cpu_seconds, gateway, pct, process_roles, rss_mib
+from e2e_dataplane import (
+    R3_MOCK,
+    cpu_seconds,
+    curl_get,
+    gateway,
+    pct,
+    process_roles,
+    rss_mib,
+)
 from procs import ServerProcess, free_port
 from sessiongate.http.client import HttpClient
 from sessiongate.primitives import shard_index, shard_key
@@ -394,23 +402,11 @@ async def with_api(url: str, work: Callable[[Api], Awaitable[T]]) -> T:
 
 
 async def curl_size(url: str) -> int:
-    """A GET read by curl into /dev/null (a trainer reads from another process; a Python
-    reader would compete with the gateway for the 2 cores); the bytes received."""
-    proc = await asyncio.create_subprocess_exec(
-        "curl",
-        "-sS",
-        "-o",
-        "/dev/null",
-        "-w",
-        "%{http_code} %{size_download}",
-        url,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await proc.communicate()
-    code, size = out.decode().split()
-    if code != "200":
+    """A GET read by curl (e2e_dataplane.curl_get); the bytes received."""
+    code, size = await curl_get(url)
+    if code != 200:
         raise RuntimeError(f"GET {url}: {code}")
-    return int(size)
+    return size
 
 
 async def curl_gets(base: str, sids: list[str], concurrent: bool) -> tuple[int, float]:

@@ -87,13 +87,19 @@ def auto_records_bytes(workers: int) -> int:
 
 def records_budget(args: argparse.Namespace, workers: int = 1) -> int:
     """--max-records-bytes in bytes (`auto` sized for `workers` on this machine)."""
-    value = str(args.max_records_bytes)
-    if value.strip().lower() == AUTO:
+    return memory_option(args.max_records_bytes, "--max-records-bytes", workers)
+
+
+def memory_option(value: object, flag: str, workers: int = 1) -> int:
+    """A byte-count option that may be `auto` (each of `workers` workers' share of this
+    machine's memory); SystemExit naming `flag` when it is neither."""
+    text = str(value)
+    if text.strip().lower() == AUTO:
         return auto_records_bytes(workers)
     try:
-        return parse_size(value)
+        return parse_size(text)
     except ValueError as exc:
-        raise SystemExit(f"--max-records-bytes: {exc}") from None
+        raise SystemExit(f"{flag}: {exc}") from None
 
 
 def limit_settings(args: argparse.Namespace) -> dict[str, Any]:

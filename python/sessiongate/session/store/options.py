@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from sessiongate.session.limit_options import AUTO, auto_records_bytes, parse_size
+from sessiongate.session.limit_options import AUTO, memory_option
 from sessiongate.session.store.records_store import DURABILITIES, MANIFEST, StoreSettings
 
 
@@ -41,13 +41,7 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_budget(args: argparse.Namespace, workers: int = 1) -> int:
-    value = str(args.records_memory)
-    if value.strip().lower() == AUTO:
-        return auto_records_bytes(workers)
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise SystemExit(f"--records-memory: {exc}") from None
+    return memory_option(args.records_memory, "--records-memory", workers)
 
 
 def store_settings(args: argparse.Namespace, index: int | None) -> StoreSettings | None:
