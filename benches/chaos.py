@@ -38,6 +38,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -167,20 +168,26 @@ def signal_quietly(pid: int, sig: signal.Signals) -> None:
 # The poller's own process: a thread of the load's process would measure the load
 # generator's GIL contention, not the gateway. One JSON line per poll; stops at stdin EOF.
 _POLLER = """
-import json, sys, threading, time, httpx
-url, interval = sys.argv[1], float(sys.argv[2])
+import http.client, json, sys, threading, time, urllib.parse
+url, interval = urllib.parse.urlsplit(sys.argv[1]), float(sys.argv[2])
 done = threading.Event()
 threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
 while not done.is_set():
     started = time.monotonic()
     try:
-        reply = httpx.get(url, timeout=10)
-        sample = [started, time.monotonic() - started, reply.status_code, reply.json()]
-    except (httpx.HTTPError, ValueError) as exc:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+        conn.request("GET", url.path)
+        reply = conn.getresponse()
+        document = json.loads(reply.read())
+        conn.close()
+        sample = [started, time.monotonic() - started, reply.status, document]
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         sample = [started, time.monotonic() - started, 0, {"error": str(exc)}]
     print(json.dumps(sample), flush=True)
     done.wait(interval)
 """
+# http.client, not httpx: httpx.get builds a client (and an SSL context) per call, ~50 ms of
+# the poller's own CPU that earlier runs reported as /health latency.
 
 
 class HealthPoller:
@@ -197,16 +204,28 @@ class HealthPoller:
         self._proc = subprocess.Popen(
             self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+        # Drained as it comes: a full pipe would block the poller and hide the samples of
+        # the very window a fault is in.
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
         return self
 
+    def _drain(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.append(line)
+
     def __exit__(self, *exc: object) -> None:
-        assert self._proc is not None
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.close()
         try:
-            out, _ = self._proc.communicate(input="", timeout=15)
+            self._proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            out, _ = self._proc.communicate()
-        self.samples = [tuple(json.loads(line)) for line in out.splitlines() if line]  # type: ignore[misc]
+            self._proc.wait()
+        self._reader.join(timeout=15)
+        self.samples = [tuple(json.loads(line)) for line in self._lines if line.strip()]  # type: ignore[misc]
 
     def window(self, start: float, end: float) -> list[tuple[float, float, int, dict[str, Any]]]:
         return [s for s in self.samples if start <= s[0] <= end]

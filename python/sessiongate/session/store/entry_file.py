@@ -92,9 +92,17 @@ def scan(fd: int) -> Scan:
 
 
 def _crc(fd: int, start: int, length: int) -> int:
+    # One reused buffer: recovery reads every byte once, and fresh 8 MiB bytes objects
+    # cost as much as the reads themselves.
+    buffer = memoryview(bytearray(min(length, _READ_CHUNK) or 1))
     crc = 0
-    for chunk in read_range(fd, start, length):
-        crc = zlib.crc32(chunk, crc)
+    end = start + length
+    while start < end:
+        got = os.preadv(fd, [buffer[: min(len(buffer), end - start)]], start)
+        if got <= 0:
+            raise EOFError(f"file ends at byte {start}, before {end}")
+        crc = zlib.crc32(buffer[:got], crc)
+        start += got
     return crc
 
 
