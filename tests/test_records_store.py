@@ -297,3 +297,25 @@ def test_reads_from_disk_survive_a_delete_and_fail_clearly_without_their_file(
             assert broken.status_code == 500
             assert "cannot be opened" in broken.json()["error"]
             assert client.get("/health").status_code == 200
+
+
+def test_in_process_gateway_recovers_header_sessions(records: Path) -> None:
+    """`serve --workers 0` keeps its records in DIR/worker-0; a session created by its
+    X-Session-ID header comes back as one (it may expire by --header-session-ttl)."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hello"}]
+    headers = {"X-Session-ID": "agent-7/run-1"}
+    with serve(records, workers=0) as gateway:
+        with httpx.Client(base_url=gateway.url, timeout=60, headers=headers) as client:
+            reply = client.post("/v1/chat/completions", json={"messages": messages})
+            assert reply.status_code == 200, reply.text
+            messages += [reply.json()["choices"][0]["message"], {"role": "user", "content": "go"}]
+        before = fetch(gateway.url, "agent-7%2Frun-1")
+    assert (records / "worker-0" / "sessions").is_dir()
+    with serve(records, workers=0) as gateway:
+        assert fetch(gateway.url, "agent-7%2Frun-1") == before
+        with httpx.Client(base_url=gateway.url, timeout=60, headers=headers) as client:
+            assert (
+                client.post("/v1/chat/completions", json={"messages": messages}).status_code == 200
+            )
+            document = client.get("/sessions/agent-7%2Frun-1").json()
+        assert len(document["records"]) == 2 and trajectory_problems(document) == []
