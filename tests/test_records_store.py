@@ -231,6 +231,11 @@ def test_records_dir_options_are_checked(tmp_path: Path) -> None:
     )
     with pytest.raises(RuntimeError, match="records-dir"):
         process.start()
+    # The store's options without a directory are a mistake, not a no-op.
+    port = free_port()
+    process = ServerProcess(["serve", "--port", str(port), "--records-memory", "1G"], port)
+    with pytest.raises(RuntimeError, match="apply with --records-dir only"):
+        process.start()
     # A directory written by 2 workers refuses a different worker count.
     with serve(tmp_path / "r", workers=2):
         pass

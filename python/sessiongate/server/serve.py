@@ -17,7 +17,11 @@ from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYT
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
-from sessiongate.session.store.options import add_store_arguments, store_argv
+from sessiongate.session.store.options import (
+    add_store_arguments,
+    check_store_options,
+    store_argv,
+)
 from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
 
 MOCK_BACKEND = "mock"
@@ -339,6 +343,7 @@ def remote_router_arguments(args: argparse.Namespace, endpoints: str) -> list[st
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper())
+    check_store_options(args)
     if args.worker_endpoints is not None:
         if args.ray:
             raise SystemExit("--worker-endpoints and --ray exclude each other")

@@ -23,14 +23,14 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--records-durability",
         choices=DURABILITIES,
-        default="flush",
+        default=None,
         help="when a turn is acknowledged: none (queued for writing; a worker crash may lose "
         "the last turns), flush (written to the OS before the reply: survives a worker "
         "crash; default), fsync (on the disk before the reply: survives a host crash)",
     )
     group.add_argument(
         "--records-memory",
-        default=AUTO,
+        default=None,
         metavar="BYTES",
         help="with --records-dir, record bytes a worker keeps in RAM; older records are read "
         "from their files (auto: as --max-records-bytes auto; K/M/G suffixes)",
@@ -41,12 +41,29 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def memory_budget(args: argparse.Namespace, workers: int = 1) -> int:
-    return memory_option(args.records_memory, "--records-memory", workers)
+    return memory_option(args.records_memory or AUTO, "--records-memory", workers)
+
+
+def check_store_options(args: argparse.Namespace) -> None:
+    """The store's options mean nothing without a directory: say so instead of ignoring."""
+    if args.records_dir:
+        return
+    given = [
+        flag
+        for flag, value in (
+            ("--records-durability", args.records_durability),
+            ("--records-memory", args.records_memory),
+        )
+        if value is not None
+    ]
+    if given:
+        raise SystemExit(f"{' and '.join(given)} apply with --records-dir only")
 
 
 def store_settings(args: argparse.Namespace, index: int | None) -> StoreSettings | None:
     """The worker's store: `index` is its shard under a supervisor (DIR/worker-N), None for
     a standalone `sessiongate worker`, which owns DIR itself."""
+    check_store_options(args)
     if not args.records_dir:
         return None
     directory = Path(args.records_dir)
@@ -56,7 +73,7 @@ def store_settings(args: argparse.Namespace, index: int | None) -> StoreSettings
         shard = f"{index}/{max(1, args.records_shards)}"
     return StoreSettings(
         directory=directory,
-        durability=args.records_durability,
+        durability=args.records_durability or "flush",
         memory_budget=memory_budget(args),
         shard=shard,
     )
@@ -93,7 +110,7 @@ def store_argv(args: argparse.Namespace, local_workers: int) -> list[str]:
         "--records-dir",
         str(Path(args.records_dir).resolve()),
         "--records-durability",
-        args.records_durability,
+        args.records_durability or "flush",
         "--records-memory",
         str(memory_budget(args, local_workers)),
         "--records-shards",
