@@ -149,7 +149,7 @@ def _equivalence_script(url: str, cover: int = 0) -> tuple[list[tuple[Any, ...]]
             )
             assert reply.status_code == 200, reply.text
             owners.add(shard_index(shard_key(sid), workers))
-            assert client.delete(f"/sessions/{sid}").status_code == 200
+            assert client.delete(f"/sessions/{sid}").status_code == 204
     return steps, owners
 
 
