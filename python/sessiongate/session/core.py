@@ -767,7 +767,7 @@ class SessionCore:
             if self.store is not None:
                 # Written (per --records-durability) before anything changes: a turn the
                 # disk refused is not recorded at all.
-                await self._persist_turn(turn, record, messages, reply_body, parsed)
+                await _persist_turn(self.store, turn, record, messages, reply_body, parsed)
             session.messages = messages
             session.commit_checkpoint(kept, new_ids)
             session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
@@ -791,43 +791,6 @@ class SessionCore:
                 if freed and self._trimmer.freed(freed):
                     self._background(self._trim_freed_memory())
             return True
-
-    async def _persist_turn(
-        self,
-        turn: _Turn,
-        record: TurnRecord,
-        messages: list[Any],
-        reply_body: bytes,
-        parsed: ParsedReply,
-    ) -> None:
-        assert self.store is not None
-        entry = TurnEntry(
-            kept=turn.checkpoint_count,
-            base_len=turn.base_len,
-            messages=messages[turn.base_len :],
-            tools=turn.tools,
-            template_kwargs=turn.template_kwargs,
-            prompt_tail=array("q", turn.prompt_ids[len(turn.base_ids) :]),
-            record=record,
-            routed_span=span_in(reply_body, parsed.routed_experts, b"routed_experts"),
-            indexer_span=span_in(reply_body, parsed.indexer_topk, b"indexer_topk"),
-        )
-        future, location_of = self.store.append_turn(turn.session_id, entry)
-        offset = await self.store.settle(future)
-        resident = self.store.resident
-        if offset is not None:
-            resident.add(turn.session, record, location_of(offset))
-            return
-        resident.add(turn.session, record, None)
-        loop = asyncio.get_running_loop()
-
-        def written(done: Any) -> None:
-            if not done.cancelled() and done.exception() is None:
-                located = location_of(done.result())
-                with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
-                    loop.call_soon_threadsafe(resident.located, record, located)
-
-        future.add_done_callback(written)
 
     async def _end_turn(self, turn: _Turn, succeeded: bool) -> None:
         async with turn.session.lock:
@@ -897,6 +860,45 @@ class _Turn:
     request_bytes: bytes = b""
     succeeded: bool = False  # a relayed turn: recorded and answered in full
     ended: bool = False  # a relayed turn: _end_relay ran
+
+
+async def _persist_turn(
+    store: RecordsStore,
+    turn: _Turn,
+    record: TurnRecord,
+    messages: list[Any],
+    reply_body: bytes,
+    parsed: ParsedReply,
+) -> None:
+    """Append the turn's entry; acknowledged as --records-durability says. The record is
+    then counted against the RAM budget (located once its write is done)."""
+    entry = TurnEntry(
+        kept=turn.checkpoint_count,
+        base_len=turn.base_len,
+        messages=messages[turn.base_len :],
+        tools=turn.tools,
+        template_kwargs=turn.template_kwargs,
+        prompt_tail=array("q", turn.prompt_ids[len(turn.base_ids) :]),
+        record=record,
+        routed_span=span_in(reply_body, parsed.routed_experts, b"routed_experts"),
+        indexer_span=span_in(reply_body, parsed.indexer_topk, b"indexer_topk"),
+    )
+    future, location_of = store.append_turn(turn.session_id, entry)
+    offset = await store.settle(future)
+    resident = store.resident
+    if offset is not None:
+        resident.add(turn.session, record, location_of(offset))
+        return
+    resident.add(turn.session, record, None)
+    loop = asyncio.get_running_loop()
+
+    def written(done: Any) -> None:
+        if not done.cancelled() and done.exception() is None:
+            located = location_of(done.result())
+            with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                loop.call_soon_threadsafe(resident.located, record, located)
+
+    future.add_done_callback(written)
 
 
 async def _session_document_parts(

@@ -310,8 +310,9 @@ def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
     session.messages = [*session.messages[: turn.base_len], *turn.messages]
     session.commit_checkpoint(kept, new_ids)
     session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
+    dropped = sum(r.size for r in session.records[kept:])  # a rollback's replaced records
     session.records = [*session.records[:kept], record]
-    session.records_bytes = sum(r.size for r in session.records)
+    session.records_bytes += record.size - dropped
     session.tools = turn.tools
     session.template_kwargs = turn.template_kwargs
     session.version += 1
