@@ -236,6 +236,19 @@ def test_records_dir_options_are_checked(tmp_path: Path) -> None:
     process = ServerProcess(["serve", "--port", str(port), "--records-memory", "1G"], port)
     with pytest.raises(RuntimeError, match="apply with --records-dir only"):
         process.start()
+    # Not a directory, or a manifest that is not ours: one clear message before any worker.
+    (tmp_path / "a-file").write_text("x")
+    process = serve(tmp_path / "a-file", workers=2)
+    with pytest.raises(RuntimeError, match=r"--records-dir .*a-file"):
+        process.start()
+    assert "Traceback" not in process.output()
+    (tmp_path / "bad" / "worker-0").mkdir(parents=True)
+    (tmp_path / "bad" / "worker-0" / "store.json").write_text("{not json")
+    for workers in (1, 0):
+        process = serve(tmp_path / "bad", workers=workers)
+        with pytest.raises(RuntimeError, match=r"store\.json"):
+            process.start()
+        assert "Traceback" not in process.output()
     # A directory written by 2 workers refuses a different worker count.
     with serve(tmp_path / "r", workers=2):
         pass

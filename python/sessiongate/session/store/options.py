@@ -82,6 +82,13 @@ def store_settings(args: argparse.Namespace, index: int | None) -> StoreSettings
 def check_layout(records_dir: Path, workers: int) -> None:
     """Refuse a records directory written by a different number of workers: sessions are
     placed by the worker count, so its shards would be served by the wrong workers."""
+    try:  # before any worker starts: a bad directory is one clear message, not N crashes
+        records_dir.mkdir(parents=True, exist_ok=True)
+        probe = records_dir / ".write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SystemExit(f"--records-dir {records_dir}: {exc}") from None
     found = sorted(p.name for p in records_dir.glob("worker-*") if p.is_dir())
     wanted = {f"worker-{index}" for index in range(workers)}
     extra = [name for name in found if name not in wanted]
@@ -89,7 +96,10 @@ def check_layout(records_dir: Path, workers: int) -> None:
     for name in found:
         manifest = records_dir / name / MANIFEST
         if name in wanted and manifest.exists():
-            shard = json.loads(manifest.read_text()).get("shard")
+            try:
+                shard = json.loads(manifest.read_text()).get("shard")
+            except (OSError, ValueError, AttributeError) as exc:
+                raise SystemExit(f"--records-dir {records_dir}: {manifest}: {exc}") from None
             if shard not in (None, f"{name.removeprefix('worker-')}/{workers}"):
                 mismatched.append(f"{name} is shard {shard}")
     if extra or mismatched:

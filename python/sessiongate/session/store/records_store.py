@@ -105,15 +105,24 @@ class RecordsStore:
     # -- layout --------------------------------------------------------------------------
 
     def _prepare(self) -> None:
+        try:
+            self._check_manifest()
+        except OSError as exc:  # not a directory, unwritable
+            raise SystemExit(f"--records-dir {self.settings.directory}: {exc}") from None
+
+    def _check_manifest(self) -> None:
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         manifest = self.settings.directory / MANIFEST
         wanted = {"format": FORMAT, "shard": self.settings.shard}
         if manifest.exists():
-            found = json.loads(manifest.read_text())
-            if found.get("format") != FORMAT:
+            try:
+                found = json.loads(manifest.read_text())
+            except ValueError as exc:
+                raise SystemExit(f"--records-dir: {manifest} is not JSON: {exc}") from None
+            if not isinstance(found, dict) or found.get("format") != FORMAT:
                 raise SystemExit(
-                    f"--records-dir {self.settings.directory}: store format "
-                    f"{found.get('format')!r}, this sessiongate reads format {FORMAT}"
+                    f"--records-dir {self.settings.directory}: {MANIFEST} is not a store of "
+                    f"format {FORMAT} (found {str(found)[:80]!r})"
                 )
             if self.settings.shard and found.get("shard") not in (None, self.settings.shard):
                 raise SystemExit(
