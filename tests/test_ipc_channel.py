@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from sessiongate.dataplane.connection import FrameConnection
-from sessiongate.dataplane.frames import CHUNK_SIZE, CREDIT_WINDOW
-from sessiongate.dataplane.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
-from sessiongate.dataplane.worker_loop import WorkerLoop
+from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
+from sessiongate.dataplane.transport.connection import FrameConnection
+from sessiongate.dataplane.transport.frames import CHUNK_SIZE, CREDIT_WINDOW
+from sessiongate.dataplane.worker.loop import WorkerLoop
 from sessiongate.primitives import FrameTooLarge
 from sessiongate.session.protocol import CoreReply, CoreRequest
 

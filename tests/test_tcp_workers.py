@@ -21,10 +21,14 @@ import httpx
 import pytest
 
 from procs import _STARTED, ServerProcess, free_port
-from sessiongate.dataplane import handshake
-from sessiongate.dataplane.frames import FRAME_HEARTBEAT
-from sessiongate.dataplane.handshake import HandshakeError, client_handshake, server_handshake
-from sessiongate.dataplane.tcp import Endpoint, parse_endpoint, parse_endpoints
+from sessiongate.dataplane.transport import handshake
+from sessiongate.dataplane.transport.frames import FRAME_HEARTBEAT
+from sessiongate.dataplane.transport.handshake import (
+    HandshakeError,
+    client_handshake,
+    server_handshake,
+)
+from sessiongate.dataplane.transport.tcp import Endpoint, parse_endpoint, parse_endpoints
 from sessiongate.primitives import FrameDecoder, shard_index, shard_key
 from test_dataplane import _equivalence_script, start_messages
 
@@ -153,7 +157,7 @@ def test_two_tcp_workers_answer_like_one_local_worker(
         states = health(gateway.url)[1]["workers"]
     # The router stays thin with remote workers too: no session core, no tokenizer, no Ray.
     modules = set(json.loads(report.read_text()))
-    assert "sessiongate.dataplane.remote" in modules
+    assert "sessiongate.dataplane.placement.remote" in modules
     forbidden = {"sessiongate.session.core", "sessiongate.tokenizer", "tokenizers", "ray"}
     assert not modules & forbidden, modules & forbidden
     assert owners == {0, 1}, "sessions should land on both TCP workers"
@@ -475,10 +479,10 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
     and a restarted worker (new boot id) counts as a restart."""
     from types import SimpleNamespace
 
-    from sessiongate.dataplane.remote import RemoteSettings, RemoteWorker
-    from sessiongate.dataplane.router import Router
-    from sessiongate.dataplane.tcp import listen_socket
-    from sessiongate.dataplane.worker_server import WorkerServer
+    from sessiongate.dataplane.placement.remote import RemoteSettings, RemoteWorker
+    from sessiongate.dataplane.router.dispatch import Router
+    from sessiongate.dataplane.transport.tcp import listen_socket
+    from sessiongate.dataplane.worker.server import WorkerServer
     from sessiongate.session.protocol import CoreReply, CoreRequest
 
     secret = SECRET.encode()

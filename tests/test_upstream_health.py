@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from procs import ServerProcess, free_port, mock_engine
-from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
+from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
 from sessiongate.upstream import UpstreamPool, UpstreamUnreachable
 
 HEALTH_INTERVAL = "0.2"

@@ -17,7 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    from sessiongate.dataplane import router_main, worker_main, worker_server
+    from sessiongate.dataplane import router_main
+    from sessiongate.dataplane.worker import main as worker_main
+    from sessiongate.dataplane.worker import server as worker_server
     from sessiongate.demo import run as demo
     from sessiongate.loadgen import cli as bench_cli
     from sessiongate.mock_engine import cli as mock_engine_cli

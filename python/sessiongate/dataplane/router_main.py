@@ -1,6 +1,9 @@
 """`sessiongate _router`: the router process, started by the supervisor with one inherited
 channel socket per local worker (or the endpoints of remote workers) and a control socket
-for replacement channels and moved endpoints."""
+for replacement channels and moved endpoints.
+
+The composition root of the router process: it wires the router package to the placement
+package's remote connectors, so it sits beside both (the router never imports placement)."""
 
 from __future__ import annotations
 
@@ -16,8 +19,8 @@ from typing import TYPE_CHECKING
 from sessiongate.process.children import die_with_parent
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.remote import RemoteSettings
-    from sessiongate.dataplane.tcp import Endpoint
+    from sessiongate.dataplane.placement.remote import RemoteSettings
+    from sessiongate.dataplane.transport.tcp import Endpoint
 
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
 
@@ -48,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from sessiongate.dataplane.router import Router, open_channel, watch_control_socket
+    from sessiongate.dataplane.router.dispatch import Router, open_channel, watch_control_socket
     from sessiongate.process.http_protocol import gateway_protocol
     from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
     from sessiongate.server.asgi import FrontendSettings, GatewayApp
@@ -92,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
         if remote_settings is not None:
-            from sessiongate.dataplane.remote import RemoteWorker
+            from sessiongate.dataplane.placement.remote import RemoteWorker
 
-            router.remotes = [
+            remotes = [
                 RemoteWorker(router, index, endpoint, remote_settings)
                 for index, endpoint in enumerate(endpoints)
             ]
-            for remote in router.remotes:
+            router.remotes = remotes
+            for remote in remotes:
                 remote.start()
         watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
         try:
@@ -115,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, list[Endpoint]]:
-    from sessiongate.dataplane.remote import RemoteSettings
-    from sessiongate.dataplane.tcp import client_tls_context, load_secret, parse_endpoints
+    from sessiongate.dataplane.placement.remote import RemoteSettings
+    from sessiongate.dataplane.transport.tcp import client_tls_context, load_secret, parse_endpoints
 
     # The secret comes from a file or the environment, never argv, so it does not show in `ps`.
     try:

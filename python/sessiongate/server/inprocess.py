@@ -17,9 +17,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
-from sessiongate.dataplane.router import METRICS_HEADERS
-from sessiongate.dataplane.worker_main import build_core
+from sessiongate.dataplane.router.dispatch import METRICS_HEADERS
+from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.worker.main import build_core
 from sessiongate.process.children import listen_problem
 from sessiongate.process.http_protocol import gateway_protocol
 from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config

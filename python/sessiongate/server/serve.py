@@ -363,8 +363,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_remote(args: argparse.Namespace) -> int:
     """A router over standalone workers: no local workers, no embedded engine."""
-    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
-    from sessiongate.dataplane.tcp import load_secret, parse_endpoints
+    from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
+    from sessiongate.dataplane.transport.tcp import load_secret, parse_endpoints
 
     try:
         endpoints = parse_endpoints(args.worker_endpoints)
@@ -412,7 +412,7 @@ def run_remote(args: argparse.Namespace) -> int:
 
 def run_local(args: argparse.Namespace) -> int:
     """Local worker processes, or (--ray) worker actors placed by Ray."""
-    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
+    from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
     from sessiongate.routing import RoutingConfigError, load_mode
 
     session_settings_from(args)  # validate before starting anything
@@ -499,9 +499,9 @@ def _run_ray(
     watched: list[subprocess.Popen[bytes]],
     upstream: str,
 ) -> int:
-    from sessiongate.dataplane.ray_placement import RayPlacement
-    from sessiongate.dataplane.supervisor import Supervisor, SupervisorConfig
-    from sessiongate.dataplane.tcp import SECRET_ENV
+    from sessiongate.dataplane.placement.ray import RayPlacement
+    from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
+    from sessiongate.dataplane.transport.tcp import SECRET_ENV
 
     placement = RayPlacement(
         args.workers,

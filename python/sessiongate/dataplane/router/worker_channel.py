@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.dataplane.connection import FrameConnection
-from sessiongate.dataplane.frames import (
+from sessiongate.dataplane.transport.connection import FrameConnection
+from sessiongate.dataplane.transport.frames import (
     CREDIT_WINDOW,
     FRAME_BODY,
     FRAME_CANCEL,

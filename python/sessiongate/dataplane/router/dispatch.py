@@ -13,13 +13,13 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiongate.dataplane.connection import FrameConnection
-from sessiongate.dataplane.frames import HEARTBEAT_INTERVAL, STALL_AFTER
-from sessiongate.dataplane.metrics import RouterMetrics, WorkerGauge
-from sessiongate.dataplane.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
+from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
+from sessiongate.dataplane.transport.connection import FrameConnection
+from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
 from sessiongate.primitives import (
     FrameTooLarge,
     new_session_id,
@@ -46,7 +46,7 @@ from sessiongate.session.protocol import (
 )
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.remote import RemoteWorker
+    from sessiongate.dataplane.transport.tcp import Endpoint
 
 logger = logging.getLogger(__name__)
 
@@ -72,13 +72,35 @@ AVOID_FOR_NEW_SESSIONS_AFTER = 10 * HEARTBEAT_INTERVAL
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
 
+class RemoteSlot(Protocol):
+    """What the router uses of the connector of a remote (TCP) worker's slot. The connector
+    (`placement/remote.py`) depends on the router, never the other way round."""
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def reconnects(self) -> int: ...
+    @property
+    def connect_failures(self) -> int: ...
+    @property
+    def restarts(self) -> int: ...
+    def status(self) -> dict[str, Any]: ...
+    def reason(self) -> str: ...
+    def set_endpoint(self, endpoint: Endpoint) -> None: ...
+    async def aclose(self) -> None: ...
+
+
 class Router:
     def __init__(self, worker_count: int) -> None:
         if worker_count < 1:
             raise ValueError("the router needs at least one worker")
         self.channels: list[WorkerChannel | None] = [None] * worker_count
         # Connectors of remote (TCP) workers, one per slot; None for local workers.
-        self.remotes: list[RemoteWorker] | None = None
+        self.remotes: Sequence[RemoteSlot] | None = None
         self.metrics = RouterMetrics()
         self._round_robin = itertools.count()
         # The supervisor's per-run token, echoed on /health so its readiness check knows the
@@ -208,7 +230,7 @@ class Router:
 
     # -- remote workers -----------------------------------------------------------------
 
-    def remote(self, index: int) -> RemoteWorker | None:
+    def remote(self, index: int) -> RemoteSlot | None:
         return self.remotes[index] if self.remotes is not None else None
 
     def describe(self, index: int) -> str:
@@ -230,7 +252,7 @@ class Router:
 
     def set_endpoint(self, index: int, endpoint: str) -> None:
         """A remote worker's new address (from the supervisor); ValueError when invalid."""
-        from sessiongate.dataplane.tcp import parse_endpoint
+        from sessiongate.dataplane.transport.tcp import parse_endpoint
 
         remote = self.remote(index) if 0 <= index < self.worker_count else None
         if remote is None:

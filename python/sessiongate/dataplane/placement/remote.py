@@ -15,13 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sessiongate.dataplane.connection import READ_SIZE, FrameConnection
-from sessiongate.dataplane.handshake import HandshakeError, client_handshake
-from sessiongate.dataplane.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint, tune_socket
-from sessiongate.dataplane.worker_channel import WorkerChannel
+from sessiongate.dataplane.router.worker_channel import WorkerChannel
+from sessiongate.dataplane.transport.connection import READ_SIZE, FrameConnection
+from sessiongate.dataplane.transport.handshake import HandshakeError, client_handshake
+from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint, tune_socket
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.router import Router
+    from sessiongate.dataplane.router.dispatch import Router
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
-from sessiongate.dataplane.frames import CHUNK_SIZE
+from sessiongate.dataplane.transport.frames import CHUNK_SIZE
 from sessiongate.primitives import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame_header
 
 READ_SIZE = 256 * 1024

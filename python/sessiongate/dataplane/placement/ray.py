@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from sessiongate.dataplane.tcp import SECRET_ENV, Endpoint
+from sessiongate.dataplane.transport.tcp import SECRET_ENV, Endpoint
 from sessiongate.process.children import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)

@@ -26,12 +26,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sessiongate.dataplane.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint
-from sessiongate.dataplane.worker_main import add_session_arguments
+from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint
+from sessiongate.dataplane.worker.main import add_session_arguments
 from sessiongate.process.children import PARENT_PID_ENV, die_with_parent
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.connection import FrameConnection
+    from sessiongate.dataplane.transport.connection import FrameConnection
     from sessiongate.session.core import SessionCore
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from sessiongate.dataplane.tcp import load_secret, parse_endpoint, server_tls_context
+    from sessiongate.dataplane.transport.tcp import load_secret, parse_endpoint, server_tls_context
     from sessiongate.routing import RoutingConfigError, load_mode
     from sessiongate.server.serve import session_settings_from
 
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
 async def _main(
     args: argparse.Namespace, endpoint: Endpoint, secret: bytes, tls: ssl.SSLContext | None
 ) -> int:
-    from sessiongate.dataplane.tcp import listen_socket
-    from sessiongate.dataplane.worker_main import build_core
+    from sessiongate.dataplane.transport.tcp import listen_socket
+    from sessiongate.dataplane.worker.main import build_core
 
     try:
         listener = listen_socket(endpoint)
@@ -218,13 +218,13 @@ class WorkerServer:
             task.add_done_callback(self._tasks.discard)
 
     async def _handle(self, sock: socket.socket, peer: str) -> None:
-        from sessiongate.dataplane.handshake import (
+        from sessiongate.dataplane.transport.handshake import (
             HandshakeError,
             encode_error,
             refuse,
             server_handshake,
         )
-        from sessiongate.dataplane.tcp import tune_socket
+        from sessiongate.dataplane.transport.tcp import tune_socket
 
         streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         try:
@@ -273,7 +273,7 @@ class WorkerServer:
         self, sock: socket.socket, tls: bool
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Streams over an accepted socket, server-side TLS when the client asked for it."""
-        from sessiongate.dataplane.connection import READ_SIZE
+        from sessiongate.dataplane.transport.connection import READ_SIZE
 
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=READ_SIZE * 4)
@@ -293,9 +293,9 @@ class WorkerServer:
         router: dict[str, Any],
         peer: str,
     ) -> None:
-        from sessiongate.dataplane.connection import FrameConnection
-        from sessiongate.dataplane.worker_loop import WorkerLoop
-        from sessiongate.dataplane.worker_main import core_status, restart_note
+        from sessiongate.dataplane.transport.connection import FrameConnection
+        from sessiongate.dataplane.worker.loop import WorkerLoop
+        from sessiongate.dataplane.worker.main import core_status, restart_note
 
         index = int(router.get("index") or 0)
         previous = router.get("previous_boot")

@@ -196,8 +196,8 @@ def core_status(core: SessionCore) -> dict[str, Any]:
 
 
 async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
-    from sessiongate.dataplane.connection import FrameConnection
-    from sessiongate.dataplane.worker_loop import WorkerLoop
+    from sessiongate.dataplane.transport.connection import FrameConnection
+    from sessiongate.dataplane.worker.loop import WorkerLoop
 
     # Without a records directory a replacement worker starts empty: its 404s say why.
     lost = args.generation > 0 and not args.records_dir

@@ -15,8 +15,8 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from sessiongate.dataplane.connection import FrameConnection
-from sessiongate.dataplane.frames import (
+from sessiongate.dataplane.transport.connection import FrameConnection
+from sessiongate.dataplane.transport.frames import (
     CHUNK_SIZE,
     CREDIT_WINDOW,
     FRAME_BODY,

@@ -1,0 +1,1 @@
+"""Where workers run and how the router reaches them: supervisor, Ray, remote connectors."""

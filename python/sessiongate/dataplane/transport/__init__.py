@@ -1,0 +1,1 @@
+"""The IPC frame channel: frame types, framed connections, and the TCP/handshake layer."""

@@ -1,0 +1,1 @@
+"""A session worker process: its channel loop, its local and TCP entry points."""
