@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 pub mod buffer;
 pub mod bytes_sink;
 pub mod frame;
+pub mod front;
 pub mod json_scan;
 pub mod r3;
 pub mod relay;
@@ -21,5 +22,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     r3::register(m)?;
     stamp::register(m)?;
     bytes_sink::register(m)?;
+    front::register(m)?;
     Ok(())
 }

@@ -182,3 +182,55 @@ class BytesSink:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
+
+# The compiled front door (rust/front/)
+
+@final
+class CompiledFront:
+    """An HTTP/1.1 server on tokio threads that owns the public listening socket: stateless
+    proxy requests (``front_route(...) == "proxy"``) are relayed to the upstreams without
+    Python; any other connection is handed off, its fd plus the bytes already read from the
+    current request on, through ``take_handoffs`` (one byte is written to ``notify_fd`` per
+    hand-off). Serves from construction until ``stop``."""
+
+    def __init__(
+        self,
+        listen_fd: int,
+        notify_fd: int,
+        upstreams: list[str],
+        *,
+        max_body_bytes: int,
+        api_key: str | None,
+        session_headers: list[str],
+        header_timeout: float,
+        body_timeout: float,
+        keepalive_timeout: float,
+        upstream_timeout: float,
+        connect_timeout: float,
+        health_interval: float,
+        health_path: str,
+        threads: int,
+        latency_buckets: list[float],
+    ) -> None:
+        """``listen_fd`` (a bound, listening TCP socket) and ``notify_fd`` (the write end of a
+        non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
+        listening socket is switched to non-blocking mode (a flag it shares with the
+        duplicate). ``upstreams`` are distinct ``http://host:port[/prefix]`` base URLs
+        (trailing "/" stripped); timeouts are positive seconds; ``latency_buckets`` strictly
+        ascending. ValueError (OSError for the fds) otherwise."""
+    def take_handoffs(self) -> list[tuple[int, bytes]]:
+        """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
+    def stats(self) -> dict[str, object]:
+        """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
+        bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned
+        connections, "upstreams": [{"url", "healthy", "last_error"?}]}``."""
+    def stop(self, grace: float) -> None:
+        """Stop accepting (the caller's listening socket stays open), close idle
+        connections, let in-flight requests finish for up to ``grace`` s, then shut the
+        runtime down and close untaken hand-offs. Idempotent; releases the GIL."""
+
+def front_route(
+    method: str, target: str, headers: list[tuple[str, str]], session_headers: list[str]
+) -> str:
+    """``"proxy"`` when the front serves the request itself (GET/POST under ``/v1/``, except
+    a chat POST with a non-empty session header), else ``"handoff"``."""

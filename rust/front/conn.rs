@@ -1,0 +1,453 @@
+//! One client connection: read requests, serve stateless proxy ones, hand the connection to
+//! Python at the first request the front does not serve.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Frame, Incoming};
+use hyper::http::uri::PathAndQuery;
+use hyper::{Method, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::{timeout, timeout_at, Instant};
+
+use super::head;
+use super::reply::{self, Framing};
+use super::route::{decide, has_session_header, target_path, Decision};
+use super::server::{OpenConnection, Shared};
+use super::upstream::{forward_headers, Outgoing};
+
+/// A head this long without its end goes to Python, which has its own cap and 431.
+const MAX_HEAD: usize = 64 << 10;
+/// More headers than this: Python's parser decides.
+const MAX_HEADERS: usize = 128;
+/// Bytes the client may pipeline while its request is upstream before we stop reading.
+const WATCH_LIMIT: usize = 1 << 20;
+/// Replies with a declared length up to this are written in one go, head and body.
+const HOLD_LIMIT: u64 = 64 << 10;
+/// Pending relay output is written once it reaches this, even if more is ready.
+const FLUSH_AT: usize = 64 << 10;
+/// Body pieces at least this large are written from the upstream's buffer, not copied.
+const DIRECT_WRITE: usize = 16 << 10;
+/// Buffers grown past this by a large request or reply are given back between requests,
+/// so an idle kept-alive connection holds only a small one.
+const KEEP_CAPACITY: usize = 256 << 10;
+/// After an error reply, how long input is drained before closing (see `linger`).
+const LINGER: Duration = Duration::from_secs(2);
+const READ_BUF: usize = 8 << 10;
+/// Less free room than this before a read: make some (see `make_room`).
+const MIN_READ: usize = 2 << 10;
+
+enum Exit {
+    Close,
+    /// An error reply went out: half-close and drain before closing.
+    Linger,
+    Handoff,
+}
+
+/// What the front needs of a request it serves.
+struct Prepared {
+    head_len: usize,
+    body_len: usize,
+    close: bool,
+    method: Method,
+    path_and_query: PathAndQuery,
+    headers: hyper::HeaderMap,
+}
+
+enum Parsed {
+    Partial,
+    Handoff,
+    Serve(Prepared),
+}
+
+struct Conn<'a> {
+    shared: &'a Shared,
+    stream: &'a mut TcpStream,
+    buf: &'a mut BytesMut,
+    out: Vec<u8>,
+    shutdown: watch::Receiver<bool>,
+}
+
+pub async fn serve(open: OpenConnection, mut stream: TcpStream, shutdown: watch::Receiver<bool>) {
+    let accepted = Instant::now();
+    let shared = open.shared().as_ref();
+    let mut buf = BytesMut::with_capacity(READ_BUF);
+    let mut conn = Conn {
+        shared,
+        stream: &mut stream,
+        buf: &mut buf,
+        out: Vec::new(),
+        shutdown: shutdown.clone(),
+    };
+    match conn.run(accepted).await {
+        Exit::Close => {}
+        Exit::Linger => linger(&mut stream, shutdown).await,
+        Exit::Handoff => shared.hand_off(stream, buf.freeze()),
+    }
+    drop(open);
+}
+
+/// Half-close after an error reply and drop what the client still sends for a while:
+/// closing with unread input makes the kernel send a reset, which can destroy the reply
+/// before the client reads it.
+/// Ends early on shutdown: the reply is out, nothing is in flight.
+async fn linger(stream: &mut TcpStream, mut shutdown: watch::Receiver<bool>) {
+    let _ = stream.shutdown().await;
+    let deadline = Instant::now() + LINGER;
+    let mut sink = [0u8; 4096];
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|stopping| *stopping) => return,
+            read = timeout_at(deadline, stream.read(&mut sink)) => match read {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            },
+        }
+    }
+}
+
+impl Conn<'_> {
+    async fn run(&mut self, accepted: Instant) -> Exit {
+        let shared: &Shared = self.shared;
+        let config = &shared.config;
+        let mut fresh = true;
+        loop {
+            if self.buf.capacity() > KEEP_CAPACITY && self.buf.len() < READ_BUF {
+                *self.buf = BytesMut::from(&self.buf[..]);
+            }
+            if self.out.capacity() > KEEP_CAPACITY {
+                self.out = Vec::new();
+            }
+            // 1. The first byte of a request: a fresh connection has the header timeout
+            // from its accept, a kept-alive one the keep-alive timeout. Nothing: silent close.
+            let head_deadline = if self.buf.is_empty() {
+                let wait_until = if fresh {
+                    accepted + config.header_timeout
+                } else {
+                    Instant::now() + config.keepalive_timeout
+                };
+                make_room(self.buf);
+                let read = tokio::select! {
+                    biased;
+                    _ = self.shutdown.wait_for(|stopping| *stopping) => return Exit::Close,
+                    read = timeout_at(wait_until, self.stream.read_buf(self.buf)) => read,
+                };
+                if !matches!(read, Ok(Ok(n)) if n > 0) {
+                    return Exit::Close;
+                }
+                if fresh {
+                    wait_until
+                } else {
+                    Instant::now() + config.header_timeout
+                }
+            } else if fresh {
+                accepted + config.header_timeout
+            } else {
+                // Pipelined bytes: the clock starts now.
+                Instant::now() + config.header_timeout
+            };
+            fresh = false;
+
+            // 2. The complete head.
+            let request = loop {
+                match self.parse() {
+                    Parsed::Serve(request) => break request,
+                    Parsed::Handoff => return Exit::Handoff,
+                    Parsed::Partial if self.buf.len() > MAX_HEAD => return Exit::Handoff,
+                    Parsed::Partial => {}
+                }
+                make_room(self.buf);
+                match timeout_at(head_deadline, self.stream.read_buf(self.buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(_) => return Exit::Close,
+                    Err(_) => {
+                        let message = format!(
+                            "request headers not received within {} s",
+                            config.header_timeout_text
+                        );
+                        let _ = self
+                            .stream
+                            .write_all(&reply::error(408, &message, true))
+                            .await;
+                        self.shared.stats.record(408, None);
+                        return Exit::Linger;
+                    }
+                }
+            };
+            let started = Instant::now();
+
+            // 3. The body, each read within the body timeout.
+            let total = request.head_len + request.body_len;
+            if self.buf.len() < total {
+                self.buf.reserve(total - self.buf.len());
+            }
+            while self.buf.len() < total {
+                match timeout(config.body_timeout, self.stream.read_buf(self.buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    Ok(_) => return Exit::Close,
+                    Err(_) => {
+                        let message = format!(
+                            "request body not received within {} s",
+                            config.body_timeout_text
+                        );
+                        let _ = self
+                            .stream
+                            .write_all(&reply::error(408, &message, true))
+                            .await;
+                        self.shared.stats.record(408, Some(started.elapsed()));
+                        return Exit::Linger;
+                    }
+                }
+            }
+            let _head = self.buf.split_to(request.head_len);
+            let body = self.buf.split_to(request.body_len).freeze();
+
+            // 4. Upstream, then the reply.
+            let outgoing = Outgoing {
+                method: request.method,
+                path_and_query: request.path_and_query,
+                headers: request.headers,
+                body,
+            };
+            let Some(result) = self.exchange(outgoing).await else {
+                return Exit::Close; // the client went away; the exchange was dropped
+            };
+            let close = request.close || *self.shutdown.borrow();
+            let (status, intact) = match result {
+                Ok(reply) => self.relay(reply, close).await,
+                Err(message) => (502, self.write_error(502, &message, close).await),
+            };
+            self.shared.stats.record(status, Some(started.elapsed()));
+            if !intact {
+                return Exit::Close;
+            }
+            if close {
+                let _ = self.stream.shutdown().await;
+                return Exit::Close;
+            }
+        }
+    }
+
+    /// Parse the head in the buffer and decide what to do with it.
+    fn parse(&self) -> Parsed {
+        let shared: &Shared = self.shared;
+        let config = &shared.config;
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut head = httparse::Request::new(&mut slots);
+        let head_len = match head.parse(self.buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Parsed::Partial,
+            // Python answers malformed requests (its JSON 400) and too many headers.
+            Err(_) => return Parsed::Handoff,
+        };
+        let (Some(method), Some(target), Some(version)) = (head.method, head.path, head.version)
+        else {
+            return Parsed::Handoff;
+        };
+        // The Python server routes on the path without its fragment, the twin on the target
+        // up to "?": where they could differ, Python decides.
+        if target.contains('#') {
+            return Parsed::Handoff;
+        }
+        let headers = &*head.headers;
+        let wire = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
+        let has_session = || has_session_header(wire(), &config.session_names);
+        if decide(method.as_bytes(), target.as_bytes(), has_session) == Decision::Handoff {
+            return Parsed::Handoff;
+        }
+        let named = || headers.iter().map(|h| (h.name, h.value));
+        let api_key = config.api_key.as_deref();
+        let Some(fast) = head::check(version, named(), config.max_body, api_key) else {
+            return Parsed::Handoff;
+        };
+        let Ok(body_len) = usize::try_from(fast.content_length) else {
+            return Parsed::Handoff;
+        };
+        let method = if method == "GET" {
+            Method::GET
+        } else {
+            Method::POST
+        };
+        // An empty query is no query (the Python side forwards none either).
+        let path = target_path(target.as_bytes());
+        let target = if target.len() == path.len() + 1 {
+            &target[..path.len()]
+        } else {
+            target
+        };
+        // Targets the URL type cannot carry (non-ASCII bytes): Python forwards those.
+        let Ok(path_and_query) = PathAndQuery::try_from(target) else {
+            return Parsed::Handoff;
+        };
+        let Some(headers) = forward_headers(named(), api_key.is_some()) else {
+            return Parsed::Handoff;
+        };
+        Parsed::Serve(Prepared {
+            head_len,
+            body_len,
+            close: fast.close,
+            method,
+            path_and_query,
+            headers,
+        })
+    }
+
+    /// The upstream exchange up to the reply head, watching the client meanwhile: None when
+    /// it hung up (the exchange is dropped, which cancels it). Bytes it sends (a pipelined
+    /// request) are kept for later.
+    async fn exchange(&mut self, outgoing: Outgoing) -> Option<Result<Response<Incoming>, String>> {
+        let pool = &self.shared.pool;
+        let upstream = pool.send(outgoing);
+        tokio::pin!(upstream);
+        let mut watching = self.buf.len() <= WATCH_LIMIT;
+        loop {
+            if watching {
+                make_room(self.buf);
+            }
+            tokio::select! {
+                biased;
+                result = &mut upstream => return Some(result),
+                read = self.stream.read_buf(self.buf), if watching => match read {
+                    Ok(n) if n > 0 => watching = self.buf.len() <= WATCH_LIMIT,
+                    _ => return None,
+                },
+            }
+        }
+    }
+
+    /// A JSON error reply; false when the client could not take it.
+    async fn write_error(&mut self, status: u16, message: &str, close: bool) -> bool {
+        let bytes = reply::error(status, message, close);
+        self.stream.write_all(&bytes).await.is_ok()
+    }
+
+    async fn flush(&mut self) -> bool {
+        let ok = self.stream.write_all(&self.out).await.is_ok();
+        self.out.clear();
+        ok
+    }
+
+    /// Relay an upstream reply; the status the client got, and whether the connection can
+    /// carry another request.
+    async fn relay(&mut self, reply: Response<Incoming>, close: bool) -> (u16, bool) {
+        let (parts, mut body) = reply.into_parts();
+        let status = parts.status.as_u16();
+        let framing = if reply::bodiless(status) {
+            Framing::Empty
+        } else {
+            match body.size_hint().exact() {
+                Some(n) => Framing::Length(n),
+                None => Framing::Chunked,
+            }
+        };
+        self.out.clear();
+        reply::relay_head(&mut self.out, status, &parts.headers, framing, close);
+        if framing == Framing::Empty {
+            return (status, self.flush().await);
+        }
+        let chunked = framing == Framing::Chunked;
+        // A small body of known length is gathered and written with its head at once.
+        let hold = matches!(framing, Framing::Length(n) if n <= HOLD_LIMIT);
+        let upstream_timeout = self.shared.config.upstream_timeout;
+        let mut written = false;
+        loop {
+            let frame: Option<Result<Frame<Bytes>, Option<hyper::Error>>> =
+                if self.out.is_empty() || hold {
+                    match timeout(upstream_timeout, body.frame()).await {
+                        Ok(frame) => frame.map(|r| r.map_err(Some)),
+                        Err(_) => Some(Err(None)),
+                    }
+                } else {
+                    // Output is pending: add to it only what is ready now, else send it.
+                    match ready_now(body.frame()).await {
+                        Some(frame) => frame.map(|r| r.map_err(Some)),
+                        None => {
+                            written = true;
+                            if !self.flush().await {
+                                return (status, false);
+                            }
+                            continue;
+                        }
+                    }
+                };
+            match frame {
+                None => {
+                    if chunked {
+                        self.out.extend_from_slice(reply::LAST_CHUNK);
+                    }
+                    return (status, self.flush().await);
+                }
+                Some(Ok(frame)) => {
+                    // Trailers are not relayed.
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    if !hold && data.len() >= DIRECT_WRITE {
+                        if chunked {
+                            reply::chunk_size(&mut self.out, data.len());
+                        }
+                        written = true;
+                        if !self.flush().await || self.stream.write_all(&data).await.is_err() {
+                            return (status, false);
+                        }
+                        if chunked {
+                            self.out.extend_from_slice(b"\r\n");
+                        }
+                        continue;
+                    }
+                    if chunked {
+                        reply::chunk(&mut self.out, &data);
+                    } else {
+                        self.out.extend_from_slice(&data);
+                    }
+                    if self.out.len() >= FLUSH_AT && !hold {
+                        written = true;
+                        if !self.flush().await {
+                            return (status, false);
+                        }
+                    }
+                }
+                Some(Err(error)) => {
+                    if !written {
+                        // Nothing went out yet: the client can still get a clean 502.
+                        let detail =
+                            error.map_or_else(|| "timed out".to_string(), |e| e.to_string());
+                        let message =
+                            format!("upstream transport error while reading the reply: {detail}");
+                        self.out.clear();
+                        return (502, self.write_error(502, &message, close).await);
+                    }
+                    // The head is out: a cut reply (no terminating chunk, or short of its
+                    // length) is all that can tell the client.
+                    let _ = self.flush().await;
+                    return (status, false);
+                }
+            }
+        }
+    }
+}
+
+/// `read_buf` on a full buffer only adds 64 bytes of room: reserve a useful amount instead
+/// (which also reclaims the space of requests already split off, once they are dropped).
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < MIN_READ {
+        buf.reserve(READ_BUF);
+    }
+}
+
+/// `future`'s output if it is ready without waiting.
+async fn ready_now<F: Future>(future: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        output = future => Some(output),
+        () = std::future::ready(()) => None,
+    }
+}

@@ -1,0 +1,199 @@
+//! Which requests the compiled front serves itself: the twin of
+//! `python/sessiongate/server/routes.py::classify` restricted to what it answers with a
+//! stateless "proxy" route. Everything else goes to the Python server.
+
+/// The one chat path whose session headers make it a session turn.
+pub const CHAT_PATH: &[u8] = b"/v1/chat/completions";
+const PROXY_PREFIX: &[u8] = b"/v1/";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// A stateless proxy request: relayed upstream by the front.
+    Proxy,
+    /// Anything else: the connection goes to Python.
+    Handoff,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Proxy => "proxy",
+            Decision::Handoff => "handoff",
+        }
+    }
+}
+
+/// The path of a request target: up to the first "?", neither decoded nor normalised (the
+/// Python side routes on the raw path too).
+pub fn target_path(target: &[u8]) -> &[u8] {
+    match target.iter().position(|&b| b == b'?') {
+        Some(end) => &target[..end],
+        None => target,
+    }
+}
+
+/// The routing decision. `has_session` says whether a session header is present; it is only
+/// asked for a POST to the chat path, the one route where it matters.
+pub fn decide(method: &[u8], target: &[u8], has_session: impl FnOnce() -> bool) -> Decision {
+    let is_post = method == b"POST";
+    if !(is_post || method == b"GET") {
+        return Decision::Handoff;
+    }
+    let path = target_path(target);
+    if !path.starts_with(PROXY_PREFIX) {
+        return Decision::Handoff;
+    }
+    if is_post && path == CHAT_PATH && has_session() {
+        return Decision::Handoff;
+    }
+    Decision::Proxy
+}
+
+/// Whether a session header is present, as `routes.py::header_session_id` sees it: the first
+/// configured name that is present decides, and it counts only with a non-empty value; names
+/// compare case-insensitively and, as in the dict Python builds, the last duplicate wins.
+///
+/// `names` must already be lowercased as Python's `str.lower()` does. Header names from the
+/// wire are ASCII tokens, whose lowercase is the ASCII one, so an ASCII-insensitive compare
+/// against the lowered name is exact.
+pub fn has_session_header<'h, I>(headers: I, names: &[Vec<u8>]) -> bool
+where
+    I: DoubleEndedIterator<Item = (&'h [u8], &'h [u8])> + Clone,
+{
+    for name in names {
+        let last = headers
+            .clone()
+            .rev()
+            .find(|(header, _)| header.eq_ignore_ascii_case(name));
+        if let Some((_, value)) = last {
+            // An empty value is as good as absent: the next name is consulted.
+            if !value.is_empty() {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<Vec<u8>> {
+        ["x-session-id", "x-smg-routing-key"]
+            .iter()
+            .map(|n| n.as_bytes().to_vec())
+            .collect()
+    }
+
+    fn route(method: &str, target: &str, headers: &[(&str, &str)]) -> Decision {
+        let pairs: Vec<(&[u8], &[u8])> = headers
+            .iter()
+            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+            .collect();
+        let names = names();
+        decide(method.as_bytes(), target.as_bytes(), || {
+            has_session_header(pairs.iter().copied(), &names)
+        })
+    }
+
+    #[test]
+    fn stateless_v1_requests_are_proxied() {
+        assert_eq!(route("POST", "/v1/chat/completions", &[]), Decision::Proxy);
+        assert_eq!(route("GET", "/v1/models", &[]), Decision::Proxy);
+        assert_eq!(route("POST", "/v1/completions?x=1", &[]), Decision::Proxy);
+        assert_eq!(route("GET", "/v1/", &[]), Decision::Proxy);
+        // The query is not part of the path.
+        assert_eq!(
+            route("POST", "/v1/chat/completions?a=/b", &[]),
+            Decision::Proxy
+        );
+    }
+
+    #[test]
+    fn everything_else_is_handed_off() {
+        for (method, target) in [
+            ("GET", "/health"),
+            ("GET", "/metrics"),
+            ("POST", "/sessions"),
+            ("GET", "/sessions/abc/v1/models"),
+            ("GET", "/v1"),
+            ("GET", "/V1/models"),
+            ("get", "/v1/models"),
+            ("HEAD", "/v1/models"),
+            ("PUT", "/v1/models"),
+            ("DELETE", "/v1/models"),
+            ("GET", "?/v1/models"),
+            ("GET", "http://host/v1/models"),
+            ("GET", "*"),
+            ("GET", "/openapi.json"),
+            // Not decoded: "%2F" is not a slash.
+            ("GET", "/v1%2Fmodels"),
+        ] {
+            assert_eq!(
+                route(method, target, &[]),
+                Decision::Handoff,
+                "{method} {target}"
+            );
+        }
+    }
+
+    #[test]
+    fn session_headers_make_a_chat_post_a_session_turn() {
+        let chat = "/v1/chat/completions";
+        assert_eq!(
+            route("POST", chat, &[("X-Session-ID", "s")]),
+            Decision::Handoff
+        );
+        assert_eq!(
+            route("POST", chat, &[("x-smg-routing-key", "k")]),
+            Decision::Handoff
+        );
+        assert_eq!(
+            route("POST", "/v1/chat/completions?q", &[("X-SESSION-ID", "s")]),
+            Decision::Handoff
+        );
+        // Other paths and methods ignore them.
+        assert_eq!(
+            route("GET", chat, &[("X-Session-ID", "s")]),
+            Decision::Proxy
+        );
+        assert_eq!(
+            route("POST", "/v1/completions", &[("X-Session-ID", "s")]),
+            Decision::Proxy
+        );
+        assert_eq!(
+            route("POST", "/v1/chat/completions/", &[("X-Session-ID", "s")]),
+            Decision::Proxy
+        );
+        // Unconfigured names do nothing.
+        assert_eq!(route("POST", chat, &[("X-Other", "s")]), Decision::Proxy);
+    }
+
+    #[test]
+    fn empty_values_and_duplicates_follow_the_python_dict() {
+        let chat = "/v1/chat/completions";
+        assert_eq!(
+            route("POST", chat, &[("X-Session-ID", "")]),
+            Decision::Proxy
+        );
+        // An empty first name falls through to the next one.
+        assert_eq!(
+            route(
+                "POST",
+                chat,
+                &[("X-Session-ID", ""), ("X-SMG-Routing-Key", "k")]
+            ),
+            Decision::Handoff
+        );
+        // The last duplicate wins, whatever the case of its name.
+        assert_eq!(
+            route("POST", chat, &[("X-Session-ID", "s"), ("x-session-id", "")]),
+            Decision::Proxy
+        );
+        assert_eq!(
+            route("POST", chat, &[("X-Session-ID", ""), ("x-session-id", "s")]),
+            Decision::Handoff
+        );
+    }
+}

@@ -1,0 +1,571 @@
+//! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, round robin
+//! over the healthy ones, a retry elsewhere after a connect failure, and a health prober.
+//! Mirrors `python/sessiongate/upstream/pool.py` and `client.py` for stateless traffic.
+
+use std::error::Error as StdError;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderName, HeaderValue, ACCEPT_ENCODING};
+use hyper::http::uri::{Authority, PathAndQuery, Scheme};
+use hyper::{HeaderMap, Method, Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, Error as ClientError};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::shard::blake2b64;
+
+pub type Body = Full<Bytes>;
+
+/// Each health probe's whole exchange (as `UpstreamClient.check`).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an idle pooled upstream connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// Request headers never forwarded: hop-by-hop ones and those the client recomputes
+/// (`upstream/client.py::_DROP_HEADERS`).
+const DROP_REQUEST_HEADERS: [&str; 12] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "content-encoding",
+    "accept-encoding",
+];
+
+/// One upstream base URL, validated: `http://authority[/prefix]`, no trailing "/".
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    authority: Authority,
+    prefix: String,
+}
+
+/// Parse one base URL as the Python side accepts it, or say what is wrong with it.
+pub fn parse_url(raw: &str) -> Result<Target, String> {
+    let url = raw.trim_end_matches('/');
+    let Some(rest) = url.strip_prefix("http://") else {
+        return Err(format!(
+            "upstream URL '{raw}' is not http:// (the compiled front speaks plain HTTP to upstreams)"
+        ));
+    };
+    let (authority, prefix) = match rest.find('/') {
+        Some(slash) => rest.split_at(slash),
+        None => (rest, ""),
+    };
+    let invalid = |why: &str| format!("upstream URL '{raw}' is invalid: {why}");
+    if authority.is_empty() || authority.contains('@') {
+        return Err(invalid("it needs a host[:port] (without user info)"));
+    }
+    let authority: Authority = authority
+        .parse()
+        .map_err(|e| invalid(&format!("bad host[:port] ({e})")))?;
+    if prefix.contains(['?', '#'])
+        || (!prefix.is_empty() && prefix.parse::<PathAndQuery>().is_err())
+    {
+        return Err(invalid("the path prefix is not a plain URL path"));
+    }
+    Ok(Target {
+        url: url.to_string(),
+        authority,
+        prefix: prefix.to_string(),
+    })
+}
+
+/// The request headers as forwarded: `accept-encoding: identity` first, then the client's
+/// minus the drop list (and `authorization` when the gateway checks its own key). None when
+/// one cannot be represented (the Python server then deals with the request).
+pub fn forward_headers<'h, I>(headers: I, drop_authorization: bool) -> Option<HeaderMap>
+where
+    I: ExactSizeIterator<Item = (&'h str, &'h [u8])>,
+{
+    let mut map = HeaderMap::with_capacity(headers.len() + 1);
+    // Replies are relayed verbatim, so never ask for compression.
+    map.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    for (name, value) in headers {
+        let dropped = DROP_REQUEST_HEADERS
+            .iter()
+            .any(|d| name.eq_ignore_ascii_case(d))
+            || (drop_authorization && name.eq_ignore_ascii_case("authorization"));
+        if !dropped {
+            let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+            map.append(name, HeaderValue::from_bytes(value).ok()?);
+        }
+    }
+    Some(map)
+}
+
+struct Upstream {
+    target: Target,
+    client: Client<HttpConnector, Body>,
+    probe_uri: Uri,
+    healthy: AtomicBool,
+    /// Why it was last marked down (kept until it is up again).
+    last_error: Mutex<Option<String>>,
+}
+
+/// One request to relay upstream.
+pub struct Outgoing {
+    pub method: Method,
+    /// The target's path and query (query only when non-empty).
+    pub path_and_query: PathAndQuery,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// What `stats()` shows of an upstream.
+pub struct UpstreamState {
+    pub url: String,
+    pub healthy: bool,
+    pub last_error: Option<String>,
+}
+
+pub struct Pool {
+    upstreams: Vec<Upstream>,
+    round_robin: AtomicUsize,
+    /// Rendezvous order of the key "" over the URLs: where a failed request retries.
+    retry_order: Vec<usize>,
+    timeout: Duration,
+    connect_timeout: Duration,
+    health_path: String,
+}
+
+enum Failure {
+    /// Nothing was sent: a retry elsewhere is safe.
+    Connect(String),
+    Other(String),
+}
+
+impl Pool {
+    /// Needs a tokio runtime context (the clients' pool timers).
+    pub fn new(
+        targets: Vec<Target>,
+        timeout: Duration,
+        connect_timeout: Duration,
+        health_path: &str,
+    ) -> Result<Self, String> {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let mut upstreams = Vec::with_capacity(targets.len());
+        for target in targets {
+            let probe = format!("http://{}{}{health_path}", target.authority, target.prefix);
+            let probe_uri = probe.parse::<Uri>().map_err(|e| {
+                format!(
+                    "health_path '{health_path}' does not make a valid URL with upstream '{}' ({e})",
+                    target.url
+                )
+            })?;
+            let client = Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(POOL_IDLE)
+                .pool_timer(TokioTimer::new())
+                .build(connector.clone());
+            upstreams.push(Upstream {
+                target,
+                client,
+                probe_uri,
+                // Assumed up until a probe or a request says otherwise (as pool.py).
+                healthy: AtomicBool::new(true),
+                last_error: Mutex::new(None),
+            });
+        }
+        let weights: Vec<u64> = upstreams
+            .iter()
+            .map(|u| blake2b64(format!("\0{}", u.target.url).as_bytes()))
+            .collect();
+        let mut retry_order: Vec<usize> = (0..upstreams.len()).collect();
+        // Highest weight first; the digest read big-endian orders as its bytes do.
+        retry_order.sort_by(|&a, &b| weights[b].cmp(&weights[a]));
+        Ok(Self {
+            upstreams,
+            round_robin: AtomicUsize::new(0),
+            retry_order,
+            timeout,
+            connect_timeout,
+            health_path: health_path.to_string(),
+        })
+    }
+
+    pub fn states(&self) -> Vec<UpstreamState> {
+        self.upstreams
+            .iter()
+            .map(|u| UpstreamState {
+                url: u.target.url.clone(),
+                healthy: u.healthy.load(Relaxed),
+                last_error: lock(&u.last_error).clone(),
+            })
+            .collect()
+    }
+
+    /// Record upstream `index` as up (`error` None) or down because of `error`.
+    fn mark(&self, index: usize, error: Option<String>) {
+        let upstream = &self.upstreams[index];
+        let mut last = lock(&upstream.last_error);
+        upstream.healthy.store(error.is_none(), Relaxed);
+        *last = error;
+    }
+
+    /// A reply proves the upstream reachable; a 5xx proves nothing (an engine loading).
+    fn answered(&self, index: usize, status: u16) {
+        if status < 500 && !self.upstreams[index].healthy.load(Relaxed) {
+            self.mark(index, None);
+        }
+    }
+
+    /// Round robin over the healthy upstreams, or over all when none is.
+    fn pick(&self) -> usize {
+        let n = self.upstreams.len();
+        let turn = self.round_robin.fetch_add(1, Relaxed);
+        let healthy = || {
+            self.upstreams
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| u.healthy.load(Relaxed))
+        };
+        let live = healthy().count();
+        if live == 0 {
+            return turn % n;
+        }
+        // A concurrent health change can shorten the list between the two walks.
+        healthy().nth(turn % live).map_or(turn % n, |(i, _)| i)
+    }
+
+    /// Where to retry after `failed` could not be connected to (`pool.py::_failed(None, i)`).
+    fn retry_target(&self, failed: usize) -> Option<usize> {
+        if self.upstreams.len() == 1 {
+            return None;
+        }
+        let order = self.retry_order.iter().copied();
+        order
+            .clone()
+            .find(|&i| i != failed && self.upstreams[i].healthy.load(Relaxed))
+            .or_else(|| order.clone().find(|&i| i != failed))
+    }
+
+    /// Send `request` and wait for the reply head; Err is the 502 message.
+    pub async fn send(&self, request: Outgoing) -> Result<Response<Incoming>, String> {
+        let first = self.pick();
+        // Only kept when a retry is possible at all.
+        let spare = (self.upstreams.len() > 1).then(|| request.headers.clone());
+        let Outgoing {
+            method,
+            path_and_query,
+            headers,
+            body,
+        } = request;
+        let failure = match self
+            .attempt(first, &method, &path_and_query, headers, body.clone())
+            .await
+        {
+            Ok(reply) => return Ok(reply),
+            Err(Failure::Other(message)) => return Err(message),
+            Err(Failure::Connect(message)) => message,
+        };
+        match (self.retry_target(first), spare) {
+            (Some(retry), Some(headers)) => self
+                .attempt(retry, &method, &path_and_query, headers, body)
+                .await
+                .map_err(|f| match f {
+                    Failure::Connect(m) | Failure::Other(m) => m,
+                }),
+            _ => Err(failure),
+        }
+    }
+
+    async fn attempt(
+        &self,
+        index: usize,
+        method: &Method,
+        path_and_query: &PathAndQuery,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, Failure> {
+        let upstream = &self.upstreams[index];
+        let message = |kind: &str, detail: &str| {
+            format!(
+                "upstream transport error: {method} {}{} failed ({kind}: {detail})",
+                upstream.target.url,
+                path_and_query.path()
+            )
+        };
+        let uri = upstream
+            .uri(path_and_query)
+            .map_err(|e| Failure::Other(message("InvalidURL", &e)))?;
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri;
+        *request.headers_mut() = headers;
+        match tokio::time::timeout(self.timeout, upstream.client.request(request)).await {
+            Ok(Ok(reply)) => {
+                self.answered(index, reply.status().as_u16());
+                Ok(reply)
+            }
+            Ok(Err(error)) => {
+                let (kind, detail) = describe(&error, &upstream.target, self.connect_timeout);
+                let text = message(kind, &detail);
+                self.mark(index, Some(text.clone()));
+                Err(if error.is_connect() {
+                    Failure::Connect(text)
+                } else {
+                    Failure::Other(text)
+                })
+            }
+            // A slow engine is not a gone one: the prober decides (pool.py).
+            Err(_) => Err(Failure::Other(message("TimeoutError", "timed out"))),
+        }
+    }
+
+    /// None when upstream `index` answers the health path with a 2xx in time, else why not
+    /// (the messages of `UpstreamClient.check`).
+    async fn check(&self, index: usize) -> Option<String> {
+        let upstream = &self.upstreams[index];
+        let what = format!("GET {}{}", upstream.target.url, self.health_path);
+        let mut request = Request::new(Body::default());
+        *request.uri_mut() = upstream.probe_uri.clone();
+        let exchange = async {
+            let reply = upstream
+                .client
+                .request(request)
+                .await
+                .map_err(|e| describe(&e, &upstream.target, self.connect_timeout))?;
+            let status = reply.status().as_u16();
+            reply
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| describe(&e, &upstream.target, self.connect_timeout))?;
+            Ok::<u16, (&str, String)>(status)
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, exchange).await {
+            Ok(Ok(status)) if (200..300).contains(&status) => None,
+            Ok(Ok(status)) => Some(format!("{what} answered {status}")),
+            Ok(Err((kind, detail))) => Some(format!("{what} failed ({kind}: {detail})")),
+            Err(_) => Some(format!("{what} timed out after 2s")),
+        }
+    }
+
+    /// Probe every upstream now and then every `interval`, until shutdown.
+    pub async fn probe_forever(
+        self: Arc<Self>,
+        interval: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            let mut probes = JoinSet::new();
+            for index in 0..self.upstreams.len() {
+                let pool = Arc::clone(&self);
+                probes.spawn(async move {
+                    let verdict = pool.check(index).await;
+                    pool.mark(index, verdict);
+                });
+            }
+            while probes.join_next().await.is_some() {}
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => return,
+            }
+        }
+    }
+}
+
+impl Upstream {
+    fn uri(&self, path_and_query: &PathAndQuery) -> Result<Uri, String> {
+        let path_and_query = if self.target.prefix.is_empty() {
+            path_and_query.clone()
+        } else {
+            format!("{}{path_and_query}", self.target.prefix)
+                .parse()
+                .map_err(|e| format!("{e}"))?
+        };
+        let mut parts = hyper::http::uri::Parts::default();
+        parts.scheme = Some(Scheme::HTTP);
+        parts.authority = Some(self.target.authority.clone());
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).map_err(|e| format!("{e}"))
+    }
+}
+
+/// A mutex whose holder panicked still holds a valid string: keep using it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The first error of type `T` in `error`'s source chain.
+fn find<'e, T: StdError + 'static>(error: &'e (dyn StdError + 'static)) -> Option<&'e T> {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
+}
+
+/// An OS error as Python words it ("[Errno 111] Connection refused").
+fn io_text(error: &io::Error) -> String {
+    let text = error.to_string();
+    match error.raw_os_error() {
+        Some(code) => {
+            let suffix = format!(" (os error {code})");
+            format!(
+                "[Errno {code}] {}",
+                text.strip_suffix(&suffix).unwrap_or(&text)
+            )
+        }
+        None => text,
+    }
+}
+
+/// Python's `str(float)` for the common values a timeout takes ("10.0", "0.5").
+fn py_float(seconds: f64) -> String {
+    format!("{seconds:?}")
+}
+
+/// The exception-like kind and detail of a failed exchange, for the 502 and probe messages.
+fn describe(
+    error: &(dyn StdError + 'static),
+    target: &Target,
+    connect_timeout: Duration,
+) -> (&'static str, String) {
+    if find::<ClientError>(error).is_some_and(ClientError::is_connect) {
+        let port = target.authority.port_u16().unwrap_or(80);
+        let why = match find::<io::Error>(error) {
+            Some(e) if e.kind() == io::ErrorKind::TimedOut => {
+                format!(
+                    "timed out after {}s",
+                    py_float(connect_timeout.as_secs_f64())
+                )
+            }
+            Some(e) => io_text(e),
+            None => innermost(error),
+        };
+        let host = target.authority.host();
+        return (
+            "ConnectFailed",
+            format!("cannot connect to {host}:{port}: {why}"),
+        );
+    }
+    if let Some(e) = find::<io::Error>(error) {
+        return ("ConnectionError", io_text(e));
+    }
+    if let Some(e) = find::<hyper::Error>(error) {
+        return ("RemoteProtocolError", e.to_string());
+    }
+    ("HttpError", innermost(error))
+}
+
+fn innermost(error: &(dyn StdError + 'static)) -> String {
+    let mut current = error;
+    while let Some(next) = current.source() {
+        current = next;
+    }
+    current.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_validated_like_the_python_side() {
+        let t = parse_url("http://127.0.0.1:8000/").map_err(|e| e.to_string());
+        assert_eq!(
+            t.as_ref().map(|t| t.url.as_str()),
+            Ok("http://127.0.0.1:8000")
+        );
+        let t = parse_url("http://h:1/pfx//").map_err(|e| e.to_string());
+        assert_eq!(t.as_ref().map(|t| t.prefix.as_str()), Ok("/pfx"));
+        for bad in [
+            "https://h:1",
+            "h:1",
+            "",
+            "http://",
+            "http:///x",
+            "http://u@h:1",
+            "http://h:1/a?b",
+        ] {
+            let err = parse_url(bad).err().unwrap_or_default();
+            assert!(err.contains(&format!("'{bad}'")), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn forwarded_headers_drop_hop_by_hop_ones() {
+        let headers = [
+            ("Host", &b"front"[..]),
+            ("Content-Type", b"application/json"),
+            ("Connection", b"keep-alive"),
+            ("Accept-Encoding", b"gzip"),
+            ("Authorization", b"Bearer k"),
+            ("X-Trace", b"1"),
+            ("x-trace", b"2"),
+        ];
+        let map = forward_headers(headers.iter().copied(), true).unwrap_or_default();
+        let got: Vec<(String, Vec<u8>)> = map
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect();
+        let want = [
+            ("accept-encoding", &b"identity"[..]),
+            ("content-type", b"application/json"),
+            ("x-trace", b"1"),
+            ("x-trace", b"2"),
+        ];
+        let want: Vec<(String, Vec<u8>)> = want
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_vec()))
+            .collect();
+        assert_eq!(got, want);
+        let kept = forward_headers(headers.iter().copied(), false).unwrap_or_default();
+        assert!(kept.contains_key("authorization"));
+    }
+
+    #[test]
+    fn retry_order_is_rendezvous_of_the_empty_key() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        let Ok(rt) = rt else { return };
+        let _guard = rt.enter();
+        let urls = ["http://a:1", "http://b:2", "http://c:3"];
+        let targets = urls.iter().filter_map(|u| parse_url(u).ok()).collect();
+        let pool = Pool::new(
+            targets,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            "/health",
+        );
+        let Ok(pool) = pool else { panic!("pool") };
+        let mut by_weight: Vec<(u64, usize)> = urls
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (blake2b64(format!("\0{u}").as_bytes()), i))
+            .collect();
+        by_weight.sort_unstable_by(|a, b| b.cmp(a));
+        let order: Vec<usize> = by_weight.iter().map(|&(_, i)| i).collect();
+        assert_eq!(pool.retry_order, order);
+        assert_eq!(pool.retry_target(order[0]), Some(order[1]));
+        assert_eq!(pool.retry_target(order[1]), Some(order[0]));
+        pool.mark(order[0], Some("down".into()));
+        assert_eq!(pool.retry_target(order[1]), Some(order[2]));
+        // Round robin skips the unhealthy one.
+        let picks: Vec<usize> = (0..4).map(|_| pool.pick()).collect();
+        assert!(!picks.contains(&order[0]));
+    }
+}

@@ -1,0 +1,850 @@
+"""The compiled front door (`_core.CompiledFront`, rust/front/) over real loopback sockets.
+
+An in-process threaded HTTP/1.1 server stands in for the engine; clients are raw sockets, so
+the bytes relayed and the bytes handed off to Python are checked exactly. Timeouts here only
+bound a hang (LIVENESS); no test measures time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessiongate._core import CompiledFront, front_route
+from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
+from sessiongate.session.errors import GatewayError
+
+LIVENESS = 10.0
+CHAT = "/v1/chat/completions"
+
+
+# An engine stand-in ------------------------------------------------------------------------
+
+
+class _QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Exchanges the front cancels (a client that left, a stop) end in broken pipes.
+        pass
+
+
+class Upstream:
+    """Threaded HTTP/1.1 server recording each request it gets.
+
+    `/health` answers 200; `/v1/stream` sends one SSE chunk, waits for `release`, then the
+    rest; `/v1/big-stream` sends three chunks of 300 kB; `/v1/slow` waits for `release`
+    before a JSON reply; `/v1/status/N` answers N; anything else echoes the request as JSON
+    (with Server and Date headers, which the front must not relay)."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.replies: list[bytes] = []
+        self.got_request = threading.Event()
+        self.first_chunk_sent = threading.Event()
+        self.release = threading.Event()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                upstream.handle(self)
+
+            do_POST = do_GET
+
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def requests_to(self, path: str) -> list[dict[str, Any]]:
+        return [r for r in self.seen if r["path"].startswith(path)]
+
+    def handle(self, h: BaseHTTPRequestHandler) -> None:
+        length = int(h.headers.get("content-length") or 0)
+        body = h.rfile.read(length)
+        if h.path != "/health":
+            self.seen.append(
+                {
+                    "method": h.command,
+                    "path": h.path,
+                    "headers": [(k.lower(), v) for k, v in h.headers.items()],
+                    "body": body,
+                }
+            )
+            self.got_request.set()
+        if h.path == "/health":
+            self._send(h, 200, b"ok", "text/plain", record=False)
+        elif h.path.startswith("/v1/stream"):
+            h.send_response(200)
+            h.send_header("content-type", "text/event-stream")
+            h.send_header("transfer-encoding", "chunked")
+            h.end_headers()
+            self._chunk(h, b"data: 0\n\n")
+            self.first_chunk_sent.set()
+            self.release.wait(LIVENESS)
+            for i in (1, 2, 3):
+                self._chunk(h, f"data: {i}\n\n".encode())
+            h.wfile.write(b"0\r\n\r\n")
+        elif h.path.startswith("/v1/big-stream"):
+            h.send_response(200)
+            h.send_header("transfer-encoding", "chunked")
+            h.end_headers()
+            for i in range(3):
+                self._chunk(h, bytes([65 + i]) * 300_000)
+            h.wfile.write(b"0\r\n\r\n")
+        elif h.path.startswith("/v1/slow"):
+            self.release.wait(LIVENESS)
+            self._send(h, 200, b'{"slow":true}')
+        elif h.path.startswith("/v1/status/"):
+            status = int(h.path.rsplit("/", 1)[1])
+            self._send(h, status, b"" if status == 204 else b'{"status":true}')
+        else:
+            reply = json.dumps(
+                {"method": h.command, "path": h.path, "echo": body.decode("latin-1")},
+                ensure_ascii=False,
+            ).encode()
+            self._send(h, 200, reply, extra=[("x-upstream", "yes")])
+
+    def _send(
+        self,
+        h: BaseHTTPRequestHandler,
+        status: int,
+        body: bytes,
+        content_type: str = "application/json",
+        extra: list[tuple[str, str]] = [],  # noqa: B006 (never mutated)
+        record: bool = True,
+    ) -> None:
+        if record:  # probes run concurrently with the tests' requests
+            self.replies.append(body)
+        h.send_response(status)
+        h.send_header("content-type", content_type)
+        for name, value in extra:
+            h.send_header(name, value)
+        if status != 204:
+            h.send_header("content-length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    @staticmethod
+    def _chunk(h: BaseHTTPRequestHandler, data: bytes) -> None:
+        h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        h.wfile.flush()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port_url() -> str:
+    """An http:// URL nothing listens on (a port just bound and released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def one_shot_health_server() -> tuple[str, threading.Event]:
+    """A URL that answers exactly one request (the front's first health probe) with 200 and
+    `connection: close`, then stops listening: healthy at start, refused afterwards."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    sock.settimeout(LIVENESS)
+    done = threading.Event()
+
+    def serve() -> None:
+        try:
+            conn, _ = sock.accept()
+            with conn:
+                conn.settimeout(LIVENESS)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        except OSError:
+            pass
+        finally:
+            sock.close()
+            done.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", done
+
+
+# The front and its clients -----------------------------------------------------------------
+
+
+class Front:
+    """A CompiledFront on a fresh listening socket, plus the hand-off pipe."""
+
+    def __init__(self, upstreams: list[str], **overrides: Any) -> None:
+        self.listener = socket.socket()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.adopted: list[socket.socket] = []
+        self.clients: list[socket.socket] = []
+        options: dict[str, Any] = {
+            "max_body_bytes": 1 << 20,
+            "api_key": None,
+            "session_headers": list(DEFAULT_SESSION_HEADERS),
+            "header_timeout": 5.0,
+            "body_timeout": 5.0,
+            "keepalive_timeout": 5.0,
+            "upstream_timeout": LIVENESS,
+            "connect_timeout": 2.0,
+            "health_interval": 3600.0,
+            "health_path": "/health",
+            "threads": 2,
+            "latency_buckets": [0.001, 0.01, 0.1, 1.0],
+            **overrides,
+        }
+        try:
+            self.listener.bind(("127.0.0.1", 0))
+            self.listener.listen(128)
+            self.address = self.listener.getsockname()
+            self.core = CompiledFront(self.listener.fileno(), self.wake_w, upstreams, **options)
+        except BaseException:
+            self._close_fds()
+            raise
+
+    def connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address, timeout=LIVENESS)
+        self.clients.append(sock)
+        return sock
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.core.stats()
+        return stats
+
+    def wait_handoff(self) -> tuple[socket.socket, bytes]:
+        """The next handed-off connection (closed at teardown) and its bytes."""
+        deadline = time.monotonic() + LIVENESS
+        while time.monotonic() < deadline:
+            select.select([self.wake_r], [], [], deadline - time.monotonic())
+            with contextlib.suppress(BlockingIOError):
+                os.read(self.wake_r, 4096)
+            handoffs = self.core.take_handoffs()
+            for fd, _ in handoffs:
+                self.adopted.append(socket.socket(fileno=fd))
+            if handoffs:
+                assert len(handoffs) == 1, handoffs
+                sock = self.adopted[-1]
+                sock.setblocking(True)
+                sock.settimeout(LIVENESS)
+                return sock, handoffs[0][1]
+        raise AssertionError("no hand-off arrived")
+
+    def wait_until(self, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        deadline = time.monotonic() + LIVENESS
+        while True:
+            stats = self.stats()
+            if predicate(stats):
+                return stats
+            assert time.monotonic() < deadline, stats
+            time.sleep(0.01)
+
+    def _close_fds(self) -> None:
+        for sock in self.adopted + self.clients:
+            sock.close()
+        for fd in (self.wake_r, self.wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.listener.close()
+
+    def close(self) -> None:
+        # Clients first, so that stop() has no connection to wait for.
+        for sock in self.adopted + self.clients:
+            sock.close()
+        try:
+            if hasattr(self, "core"):
+                self.core.stop(1.0)
+        finally:
+            self._close_fds()
+
+
+class Reader:
+    """HTTP/1.1 replies read off a client socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise EOFError("connection closed")
+        self.buf += data
+
+    def until(self, sep: bytes) -> bytes:
+        while sep not in self.buf:
+            self._fill()
+        out, _, self.buf = self.buf.partition(sep)
+        return out + sep
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def head(self) -> tuple[int, list[tuple[str, str]], bytes]:
+        raw = self.until(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ")[1])
+        assert lines[0].startswith("HTTP/1.1 ")
+        headers = [
+            (k.lower(), v.strip()) for k, v in (line.split(":", 1) for line in lines[1:] if line)
+        ]
+        return status, headers, raw
+
+    def chunk(self) -> bytes:
+        """One chunk's data; b"" for the terminating chunk."""
+        size = int(self.until(b"\r\n")[:-2], 16)
+        data = self.exactly(size)
+        assert self.exactly(2) == b"\r\n"
+        return data
+
+    def response(self) -> tuple[int, dict[str, str], bytes]:
+        status, headers, _ = self.head()
+        named = dict(headers)
+        if "content-length" in named:
+            body = self.exactly(int(named["content-length"]))
+        elif named.get("transfer-encoding") == "chunked":
+            body = b"".join(iter(self.chunk, b""))
+        else:
+            body = b""
+        return status, named, body
+
+    def at_eof(self) -> bool:
+        if self.buf:
+            return False
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def make_front() -> Iterator[Callable[..., Front]]:
+    fronts: list[Front] = []
+
+    def make(upstreams: list[str], **overrides: Any) -> Front:
+        front = Front(upstreams, **overrides)
+        fronts.append(front)
+        return front
+
+    try:
+        yield make
+    finally:
+        for front in fronts:
+            front.close()
+
+
+def post(path: str, body: bytes, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    head = f"POST {path} HTTP/1.1\r\nHost: front\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+def get(path: str, *headers: str) -> bytes:
+    extra = "".join(f"{h}\r\n" for h in headers)
+    return f"GET {path} HTTP/1.1\r\nHost: front\r\n{extra}\r\n".encode()
+
+
+# The fast path -----------------------------------------------------------------------------
+
+
+def test_stateless_post_is_relayed_byte_exactly(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url + "/"])
+    client = front.connect()
+    body = '{"messages":[{"role":"user","content":"héllo"}]}'.encode()
+    client.sendall(post(CHAT + "?trace=1", body, "Content-Type: application/json", "TE: x"))
+    reader = Reader(client)
+    status, headers, raw_head = reader.head()
+    assert status == 200
+    named = dict(headers)
+    body_out = reader.exactly(int(named["content-length"]))
+    assert body_out == upstream.replies[-1]
+    assert named["content-type"] == "application/json"
+    assert named["x-upstream"] == "yes"
+    # The front's own server answers: the engine's Server and Date are not relayed.
+    assert "server" not in named and "date" not in named
+    assert raw_head.startswith(b"HTTP/1.1 200 OK\r\n")
+
+    [seen] = upstream.seen
+    assert seen["method"] == "POST"
+    assert seen["path"] == CHAT + "?trace=1"
+    assert seen["body"] == body
+    sent = dict(seen["headers"])
+    assert seen["headers"][0] == ("accept-encoding", "identity")
+    assert sent["host"] == upstream.url.removeprefix("http://")
+    assert sent["content-type"] == "application/json"
+    assert sent["content-length"] == str(len(body))
+    assert "te" not in sent
+
+    # Counted once the last byte is written, which may be just after the client read it.
+    stats = front.wait_until(lambda s: s["latency"]["count"] == 1)
+    assert stats["requests"] == {200: 1}
+    assert stats["latency"]["sum"] > 0
+    assert stats["latency"]["buckets"][-1] <= 1
+    assert stats["handoffs"] == 0
+    assert stats["upstreams"] == [{"url": upstream.url, "healthy": True}]
+
+
+def test_a_kept_alive_connection_serves_several_requests(
+    upstream: Upstream, make_front: Any
+) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    reader = Reader(client)
+    for i in range(3):
+        client.sendall(post(CHAT, f'{{"n":{i}}}'.encode()))
+        status, _, body = reader.response()
+        assert status == 200
+        assert json.loads(body)["echo"] == f'{{"n":{i}}}'
+        client.sendall(get("/v1/models"))
+        status, _, body = reader.response()
+        assert (status, json.loads(body)["method"]) == (200, "GET")
+    assert front.stats()["connections"] == 1
+    # Pipelined: both requests in one write, both answered in order.
+    client.sendall(post(CHAT, b'{"a":1}') + get("/v1/models?x=2"))
+    assert json.loads(reader.response()[2])["echo"] == '{"a":1}'
+    assert json.loads(reader.response()[2])["path"] == "/v1/models?x=2"
+    stats = front.wait_until(lambda s: s["latency"]["count"] == 8)
+    assert stats["requests"] == {200: 8}
+    assert stats["handoffs"] == 0
+
+
+def test_a_sse_stream_is_relayed_chunk_by_chunk(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    client.sendall(post("/v1/stream", b'{"stream":true}'))
+    reader = Reader(client)
+    status, headers, _ = reader.head()
+    assert status == 200
+    named = dict(headers)
+    assert named["transfer-encoding"] == "chunked"
+    assert named["content-type"] == "text/event-stream"
+    # The first event arrives while the engine still holds the rest back.
+    assert reader.chunk() == b"data: 0\n\n"
+    assert not upstream.release.is_set()
+    upstream.release.set()
+    rest = b"".join(iter(reader.chunk, b""))
+    assert rest == b"data: 1\n\ndata: 2\n\ndata: 3\n\n"
+    # The connection stays usable after the terminating chunk.
+    client.sendall(get("/v1/models"))
+    assert reader.response()[0] == 200
+
+
+def test_large_bodies_both_ways(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url], max_body_bytes=8 << 20)
+    client = front.connect()
+    reader = Reader(client)
+    body = bytes(range(256)) * 12_000  # 3 MB, every byte value
+    client.sendall(post(CHAT, body))
+    status, _, reply = reader.response()
+    assert status == 200
+    assert reply == upstream.replies[-1]
+    assert upstream.seen[-1]["body"] == body
+    client.sendall(get("/v1/big-stream"))
+    status, headers, reply = reader.response()
+    assert (status, headers["transfer-encoding"]) == (200, "chunked")
+    assert reply == b"A" * 300_000 + b"B" * 300_000 + b"C" * 300_000
+
+
+def test_statuses_and_bodiless_replies_pass_through(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    reader = Reader(client)
+    client.sendall(get("/v1/status/404"))
+    assert reader.response()[:1] == (404,)
+    client.sendall(get("/v1/status/204"))
+    status, headers, body = reader.response()
+    assert (status, body) == (204, b"")
+    assert "content-length" not in headers and "transfer-encoding" not in headers
+    client.sendall(get("/v1/models", "Connection: close"))
+    status, headers, _ = reader.response()
+    assert (status, headers["connection"]) == (200, "close")
+    assert reader.at_eof()
+    front.wait_until(lambda s: s["requests"] == {200: 1, 204: 1, 404: 1})
+
+
+def test_api_key_is_checked_and_not_forwarded(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url], api_key="s3cret")
+    client = front.connect()
+    client.sendall(get("/v1/models", "Authorization: bearer s3cret"))
+    assert Reader(client).response()[0] == 200
+    assert "authorization" not in dict(upstream.seen[-1]["headers"])
+    assert front.stats()["handoffs"] == 0
+
+
+# Upstream failures -------------------------------------------------------------------------
+
+
+def test_502_when_the_only_upstream_refuses(make_front: Any) -> None:
+    url = closed_port_url()
+    port = url.rsplit(":", 1)[1]
+    front = make_front([url])
+    client = front.connect()
+    client.sendall(post(CHAT, b"{}"))
+    status, headers, body = Reader(client).response()
+    assert status == 502
+    assert headers["content-type"] == "application/json"
+    message = json.loads(body)["error"]
+    prefix = (
+        f"upstream transport error: POST {url}{CHAT} failed "
+        f"(ConnectFailed: cannot connect to 127.0.0.1:{port}: "
+    )
+    assert message.startswith(prefix) and message.endswith(")"), message
+    assert body == json.dumps({"error": message}, separators=(",", ":")).encode()
+    [state] = front.stats()["upstreams"]
+    assert state["healthy"] is False
+    assert state["last_error"]
+    front.wait_until(lambda s: s["requests"] == {502: 1})
+    # Still kept alive: the client's connection did nothing wrong.
+    client.sendall(get("/v1/models"))
+    assert Reader(client).response()[0] == 502
+
+
+def test_a_connect_failure_retries_on_the_other_upstream(
+    upstream: Upstream, make_front: Any
+) -> None:
+    first, probed = one_shot_health_server()
+    front = make_front([first, upstream.url])
+    # The first probe found it up; now it is gone, and round robin starts with it.
+    assert probed.wait(LIVENESS)
+    client = front.connect()
+    client.sendall(post(CHAT, b'{"retry":1}'))
+    status, _, body = Reader(client).response()
+    assert status == 200
+    assert json.loads(body)["echo"] == '{"retry":1}'
+    assert len(upstream.requests_to(CHAT)) == 1
+    down, up = front.stats()["upstreams"]
+    assert down["url"] == first and down["healthy"] is False
+    assert down["last_error"].startswith(
+        f"upstream transport error: POST {first}{CHAT} failed (ConnectFailed: "
+    )
+    assert up == {"url": upstream.url, "healthy": True}
+    # Round robin now skips the one that is down.
+    for _ in range(3):
+        client.sendall(get("/v1/models"))
+        assert Reader(client).response()[0] == 200
+
+
+def test_a_client_leaving_during_a_slow_upstream(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    client.sendall(get("/v1/slow"))
+    assert upstream.got_request.wait(LIVENESS)
+    client.close()
+    front.wait_until(lambda s: s["connections"] == 0)
+    upstream.release.set()
+    # The front is unharmed.
+    other = front.connect()
+    other.sendall(get("/v1/models"))
+    assert Reader(other).response()[0] == 200
+
+
+# Hand-offs ---------------------------------------------------------------------------------
+
+HANDOFFS = {
+    "session header": post(CHAT, b'{"m":1}', "X-Session-ID: s-1"),
+    "session header, other name": post(CHAT, b"{}", "x-correlation-id: c"),
+    "health": get("/health"),
+    "session route": post("/sessions", b"{}"),
+    "malformed request line": b"\x00\x01 nonsense\r\n\r\n",
+    "HTTP/1.0": b"GET /v1/models HTTP/1.0\r\nHost: front\r\n\r\n",
+    "chunked body": (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: front\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    ),
+    "expect": post(CHAT, b"{}", "Expect: 100-continue"),
+    "body over the limit": post(CHAT, b"x" * 2000),
+    "HEAD": b"HEAD /v1/models HTTP/1.1\r\nHost: front\r\n\r\n",
+    "fragment": post(CHAT + "#x", b"{}", "X-Session-ID: s-1"),
+    "two content-lengths": (
+        b"POST /v1/models HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}"
+    ),
+}
+
+
+def check_handoff(front: Front, client: socket.socket, sent: bytes) -> None:
+    """`sent` goes to Python whole: the handed-off bytes plus what is still unread on the
+    socket are exactly it, and a reply written on the fd reaches the client."""
+    client.sendall(sent)
+    adopted, data = front.wait_handoff()
+    assert sent.startswith(data)
+    rest = b""
+    while len(data) + len(rest) < len(sent):
+        chunk = adopted.recv(65536)
+        assert chunk, "the handed-off socket closed early"
+        rest += chunk
+    assert data + rest == sent
+    adopted.sendall(b"HTTP/1.1 299 Python\r\ncontent-length: 6\r\n\r\npython")
+    assert Reader(client).response()[::2] == (299, b"python")
+
+
+@pytest.mark.parametrize("case", sorted(HANDOFFS))
+def test_requests_python_serves_are_handed_off(
+    case: str, upstream: Upstream, make_front: Any
+) -> None:
+    front = make_front([upstream.url], max_body_bytes=1000)
+    check_handoff(front, front.connect(), HANDOFFS[case])
+    stats = front.wait_until(lambda s: s["connections"] == 0)
+    assert stats["handoffs"] == 1
+    assert stats["requests"] == {}
+    assert upstream.seen == []
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic s3cret", "Bearers3cret"])
+def test_a_wrong_api_key_is_handed_off(
+    authorization: str | None, upstream: Upstream, make_front: Any
+) -> None:
+    front = make_front([upstream.url], api_key="s3cret")
+    headers = [f"Authorization: {authorization}"] if authorization else []
+    check_handoff(front, front.connect(), get("/v1/models", *headers))
+    assert upstream.seen == []
+
+
+def test_a_session_request_after_a_stateless_one(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    client.sendall(post(CHAT, b'{"first":1}'))
+    assert json.loads(Reader(client).response()[2])["echo"] == '{"first":1}'
+    check_handoff(front, client, post(CHAT, b'{"turn":2}', "X-Session-ID: abc"))
+    assert len(upstream.seen) == 1
+    front.wait_until(lambda s: (s["requests"], s["handoffs"]) == ({200: 1}, 1))
+
+
+def test_a_pipelined_session_request_is_handed_off_with_its_bytes(
+    upstream: Upstream, make_front: Any
+) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    second = post(CHAT, b'{"turn":2}', "X-SMG-Routing-Key: r")
+    client.sendall(post(CHAT, b'{"first":1}') + second)
+    reader = Reader(client)
+    assert json.loads(reader.response()[2])["echo"] == '{"first":1}'
+    adopted, data = front.wait_handoff()
+    rest = b""
+    while len(data) + len(rest) < len(second):
+        rest += adopted.recv(65536)
+    assert data + rest == second
+    assert len(upstream.seen) == 1
+
+
+# Timeouts ----------------------------------------------------------------------------------
+
+
+def test_408_when_the_head_never_completes(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url], header_timeout=0.5)
+    client = front.connect()
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: front\r\n")
+    reader = Reader(client)
+    status, headers, body = reader.response()
+    assert status == 408
+    assert headers["connection"] == "close"
+    assert json.loads(body) == {"error": "request headers not received within 0.5 s"}
+    # Half-closed after the reply: the client sees the end of it.
+    assert reader.at_eof()
+    front.wait_until(lambda s: s["requests"] == {408: 1})
+
+
+def test_408_when_the_body_stalls(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url], body_timeout=0.5)
+    client = front.connect()
+    client.sendall(post(CHAT, b"{}")[:-1])
+    status, headers, body = Reader(client).response()
+    assert (status, headers["connection"]) == (408, "close")
+    assert json.loads(body) == {"error": "request body not received within 0.5 s"}
+    assert upstream.seen == []
+
+
+def test_a_silent_connection_is_closed_without_a_reply(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url], header_timeout=0.3)
+    client = front.connect()
+    assert Reader(client).at_eof()
+    assert front.stats()["requests"] == {}
+
+
+# Lifecycle ---------------------------------------------------------------------------------
+
+
+def test_stop_closes_idle_connections_and_the_port(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    idle = front.connect()
+    idle.sendall(get("/v1/models"))
+    reader = Reader(idle)
+    assert reader.response()[0] == 200
+    front.core.stop(LIVENESS)
+    # An idle kept-alive connection is closed at once, not after the grace period.
+    assert reader.at_eof()
+    front.core.stop(0.0)  # idempotent
+    assert front.core.take_handoffs() == []
+    assert front.stats()["connections"] == 0
+    front.listener.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(front.address, timeout=LIVENESS).close()
+
+
+def test_stop_lets_an_in_flight_request_finish(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    client.sendall(get("/v1/slow"))
+    assert upstream.got_request.wait(LIVENESS)
+    stopper = threading.Thread(target=front.core.stop, args=(LIVENESS,))
+    stopper.start()
+    try:
+        upstream.release.set()
+        reader = Reader(client)
+        assert reader.response()[::2] == (200, b'{"slow":true}')
+        # Then closed (with `connection: close` in the head if stop() began before it).
+        assert reader.at_eof()
+    finally:
+        stopper.join(LIVENESS)
+    assert not stopper.is_alive()
+
+
+def test_stop_closes_untaken_handoffs(upstream: Upstream, make_front: Any) -> None:
+    front = make_front([upstream.url])
+    client = front.connect()
+    client.sendall(get("/health"))
+    front.wait_until(lambda s: s["handoffs"] == 1)
+    front.core.stop(0.0)
+    assert Reader(client).at_eof()
+
+
+@pytest.mark.parametrize(
+    ("upstreams", "fragment"),
+    [
+        ([], "at least one upstream"),
+        (["https://engine:443"], "'https://engine:443'"),
+        (["engine:8000"], "'engine:8000'"),
+        (["http://a:1", "http://a:1/"], "'http://a:1'"),
+    ],
+)
+def test_bad_upstreams_are_refused(upstreams: list[str], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        Front(upstreams)
+
+
+def test_bad_settings_are_refused(upstream: Upstream) -> None:
+    for overrides in (
+        {"threads": 0},
+        {"header_timeout": 0.0},
+        {"body_timeout": float("nan")},
+        {"latency_buckets": [1.0, 0.5]},
+        {"max_body_bytes": -1},
+    ):
+        with pytest.raises(ValueError):
+            Front([upstream.url], **overrides)
+
+
+def test_a_down_upstream_is_reported_by_the_probe(make_front: Any) -> None:
+    url = closed_port_url()
+    front = make_front([url], health_interval=0.05)
+    stats = front.wait_until(lambda s: not s["upstreams"][0]["healthy"])
+    assert stats["upstreams"][0]["last_error"].startswith(
+        f"GET {url}/health failed (ConnectFailed: "
+    )
+
+
+# The routing decision, twinned with routes.classify ----------------------------------------
+
+
+def reference_route(
+    method: str, target: str, headers: list[tuple[str, str]], names: list[str]
+) -> str:
+    """What the Python spec says: served iff a stateless proxy route on GET or POST."""
+    path = target.partition("?")[0]
+    try:
+        route = classify(method, path, headers, names)
+    except GatewayError:
+        return "handoff"
+    served = route.op == "proxy" and route.session_id is None and method in ("GET", "POST")
+    return "proxy" if served else "handoff"
+
+
+_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6)
+_NAMES = ["X-Session-ID", "x-session-id", "X-SMG-Routing-Key", "X-Correlation-ID", "Host"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post"]) | _TEXT,
+    target=st.tuples(
+        st.sampled_from(
+            [
+                CHAT,
+                "/v1/",
+                "/v1/models",
+                "/v1",
+                "/health",
+                "/metrics",
+                "/sessions",
+                "/sessions/a",
+                "/sessions/a/v1/chat/completions",
+                "/openapi.json",
+                "",
+                "/V1/x",
+            ]
+        ),
+        st.sampled_from(["", "?", "?a=1", "/x", "x"]),
+        _TEXT,
+    ).map("".join),
+    headers=st.lists(
+        st.tuples(st.sampled_from(_NAMES) | _TEXT, st.sampled_from(["", "s1"]) | _TEXT),
+        max_size=5,
+    ),
+    names=st.just(list(DEFAULT_SESSION_HEADERS))
+    | st.lists(st.sampled_from(_NAMES) | _TEXT, max_size=3),
+)
+def test_front_route_twins_classify(
+    method: str, target: str, headers: list[tuple[str, str]], names: list[str]
+) -> None:
+    assert front_route(method, target, headers, names) == reference_route(
+        method, target, headers, names
+    )
+
+
+def test_front_route_examples() -> None:
+    names = list(DEFAULT_SESSION_HEADERS)
+    assert front_route("POST", CHAT, [], names) == "proxy"
+    assert front_route("POST", CHAT, [("x-dynamo-session-id", "d")], names) == "handoff"
+    assert front_route("POST", CHAT, [("X-Session-ID", "")], names) == "proxy"
+    assert front_route("POST", CHAT, [("X-Session-ID", "a"), ("x-session-id", "")], names) == (
+        "proxy"
+    )
+    assert front_route("GET", "/v1/models?x", [], names) == "proxy"
+    assert front_route("HEAD", "/v1/models", [], names) == "handoff"
+    assert front_route("GET", "/health", [], names) == "handoff"
