@@ -250,6 +250,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--sessions", action="store_true", help="also session turns at c=1")
     parser.add_argument(
+        "--fronts",
+        default="compiled,python",
+        help="sessiongate front doors to compare, comma list of compiled (the Rust HTTP "
+        "server, the default) and python (uvicorn alone, `--front python`)",
+    )
+    parser.add_argument(
         "--engine",
         choices=("canned", "mock"),
         default="canned",
@@ -288,14 +294,16 @@ def main() -> int:
             cmd += ["--policy", "manual", "--worker-urls", engine_url, "--log-level", "warn"]
             proc = stack.enter_context(started(cmd, port))
             targets["sglang-router"] = (f"http://127.0.0.1:{port}", descendants(proc.pid))
-        for workers in (0, 2):
-            port = free_port()
-            serve = ["serve", "--port", str(port), "--workers", str(workers)]
-            gw = stack.enter_context(
-                ServerProcess([*serve, "--backend", engine_url], port, timeout=60)
-            )
-            assert gw.proc is not None
-            targets[f"sessiongate-w{workers}"] = (gw.url, descendants(gw.proc.pid))
+        fronts = [f.strip() for f in args.fronts.split(",") if f.strip()]
+        for front in fronts:
+            for workers in (0, 2):
+                port = free_port()
+                serve = ["serve", "--port", str(port), "--workers", str(workers)]
+                serve += ["--front", front, "--backend", engine_url]
+                gw = stack.enter_context(ServerProcess(serve, port, timeout=60))
+                assert gw.proc is not None
+                name = f"sg-w{workers}" + ("" if front == "compiled" else "-py")
+                targets[name] = (gw.url, descendants(gw.proc.pid))
         rows: dict[tuple[str, int], list[dict[str, float]]] = {}
         for round_index in range(args.rounds):
             for connections in (1, 64):
@@ -321,8 +329,10 @@ def main() -> int:
         sessions: dict[str, float] = {}
         if args.sessions and args.engine == "mock":
             direct = statistics.median([r["p50_ms"] for r in rows[("engine", 1)]])
-            for name in ("sessiongate-w0", "sessiongate-w2"):
-                sessions[name] = session_p50(targets[name][0], 60 if args.quick else 300) - direct
+            for name in targets:
+                if name.startswith("sg-"):
+                    turns = 60 if args.quick else 300
+                    sessions[name] = session_p50(targets[name][0], turns) - direct
     summary = {
         f"{name} c={c}": {
             key: round(statistics.median(r[key] for r in runs), 3)

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from sessiongate.process.children import die_with_parent
+from sessiongate.process.compiled_front import add_front_arguments
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.placement.remote import RemoteSettings
@@ -45,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--header-timeout", type=float, default=None)
     parser.add_argument("--body-timeout", type=float, default=None)
     parser.add_argument("--log-level", default="warning")
+    # The upstreams, for the compiled front's stateless proxy path (the workers have them too).
+    parser.add_argument("--backend", action="append", default=[])
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--health-interval", type=float, default=5.0)
+    add_front_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -52,8 +58,10 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from sessiongate.dataplane.router.dispatch import Router, open_channel, watch_control_socket
+    from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
+    from sessiongate.process.compiled_front import front_options, open_front_door, serve_with_front
     from sessiongate.process.http_protocol import gateway_protocol
-    from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
+    from sessiongate.process.http_server import QuietServer, uvicorn_config
     from sessiongate.server.asgi import FrontendSettings, GatewayApp
     from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 
@@ -77,7 +85,18 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
     app = GatewayApp(router.dispatch, settings)
     protocol = gateway_protocol(settings.header_timeout)
-    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level, protocol))
+    options = front_options(args, args.backend, LATENCY_BUCKETS)
+    door = None
+    port = args.port
+    if options is not None:
+        try:
+            door = open_front_door(args.host, args.port, settings, options)
+        except OSError as exc:
+            print(f"router: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
+        port = door.port
+        router.front_stats = door.stats
+    server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)
 
     def write_modules_report() -> None:
@@ -106,10 +125,8 @@ def run(args: argparse.Namespace) -> int:
                 remote.start()
         watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
         try:
-            return await serve_until_exit(
-                server,
-                default_port=args.port,
-                on_started=on_started,
+            return await serve_with_front(
+                server, door, default_port=args.port, on_started=on_started
             )
         finally:
             await router.aclose()

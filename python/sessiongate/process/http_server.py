@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from collections.abc import Callable, Generator
 from types import FrameType
 from typing import Any
@@ -84,12 +85,14 @@ async def serve_until_exit(
     *,
     on_started: Callable[[int], None] | None = None,
     default_port: int = 0,
+    sockets: list[socket.socket] | None = None,
 ) -> int:
-    """Serve until signalled (or orphaned); 0 on a clean stop, uvicorn's code if it failed."""
+    """Serve until signalled (or orphaned); 0 on a clean stop, uvicorn's code if it failed.
+    `sockets=[]`: uvicorn listens on nothing (the compiled front hands it connections)."""
 
     async def quietly() -> int:
         try:
-            await server.serve()
+            await server.serve(sockets=sockets)
         except SystemExit as exc:  # uvicorn exits this way when it cannot bind; it logged why
             return exc.code if isinstance(exc.code, int) else 1
         return 0

@@ -15,14 +15,16 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from sessiongate.dataplane.router.dispatch import METRICS_HEADERS
-from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.worker.main import build_core
 from sessiongate.process.children import listen_problem
+from sessiongate.process.compiled_front import front_options, open_front_door, serve_with_front
 from sessiongate.process.http_protocol import gateway_protocol
-from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
+from sessiongate.process.http_server import QuietServer, uvicorn_config
 from sessiongate.server.asgi import FrontendSettings, GatewayApp
 from sessiongate.session.core import SessionCore
 from sessiongate.session.protocol import CoreReply, CoreRequest
@@ -36,11 +38,16 @@ class InProcessGateway:
     def __init__(self, core: SessionCore) -> None:
         self.core = core
         self.metrics = RouterMetrics()
+        # The compiled front's counters, when it serves the port (its proxy requests never
+        # reach this dispatch).
+        self.front_stats: Callable[[], dict[str, Any]] | None = None
 
     async def dispatch(self, request: CoreRequest) -> CoreReply:
         started = time.perf_counter()
         if request.op == "metrics":
-            reply = CoreReply(200, list(METRICS_HEADERS), self.metrics.render([self.gauge()]))
+            front = self.front_stats() if self.front_stats is not None else None
+            body = self.metrics.render([self.gauge()], front)
+            reply = CoreReply(200, list(METRICS_HEADERS), body)
         else:
             reply = await self.core.handle(request)
         self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
@@ -81,11 +88,23 @@ def run_in_process(
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
+    options = front_options(args, args.backend, LATENCY_BUCKETS)
+    door = None
+    port = args.port
+    if options is not None:
+        try:
+            door = open_front_door(args.host, args.port, frontend, options)
+        except OSError as exc:
+            print(f"sessiongate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+            return 1
+        port = door.port
     core = build_core(args)
     gateway = InProcessGateway(core)
+    if door is not None:
+        gateway.front_stats = door.stats
     app = GatewayApp(gateway.dispatch, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
-    server = QuietServer(uvicorn_config(app, args.host, args.port, args.log_level, protocol))
+    server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
 
     def ready(port: int) -> None:
         print(
@@ -113,7 +132,7 @@ def run_in_process(
         core.start()
         watcher = asyncio.create_task(watch()) if watched else None
         try:
-            code = await serve_until_exit(server, on_started=ready, default_port=args.port)
+            code = await serve_with_front(server, door, on_started=ready, default_port=args.port)
             if code != 0 and not server.started:
                 # Lost the race for the port after the check above.
                 problem = listen_problem(args.host, args.port)

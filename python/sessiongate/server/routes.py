@@ -27,6 +27,10 @@ DOCS_PATHS = ("/openapi.json", "/docs")
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
+# Methods of the requests the compiled front serves itself (HEAD and the rest go to Python).
+FRONT_METHODS = ("GET", "POST")
+
+
 class MethodNotAllowed(GatewayError):
     status = 405
 
@@ -129,3 +133,21 @@ def classify(
             raise MethodNotAllowed(f"{method} is not allowed on {path} (use GET)")
         return Route("docs")
     raise SessionNotFound(f"no route for {method} {path}")
+
+
+def served_by_front(
+    method: str,
+    path: str,
+    headers: Sequence[tuple[str, str]],
+    session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS,
+) -> bool:
+    """Whether the compiled front (`_core.front_route`, rust/front/route.rs) answers this
+    request itself: a stateless proxy (no session anywhere) with a method it relays. This is
+    the specification; the twin test proves the compiled decision equal to it."""
+    if method not in FRONT_METHODS:
+        return False
+    try:
+        route = classify(method, path, headers, session_headers)
+    except GatewayError:
+        return False
+    return route.op == "proxy" and route.session_id is None

@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
+from sessiongate.process.compiled_front import (
+    add_front_arguments,
+    front_argv,
+    front_unsupported,
+)
 from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
@@ -168,6 +173,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_arguments(parser)
     add_store_arguments(parser)
     add_remote_arguments(parser)
+    add_front_arguments(parser)
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
@@ -321,7 +327,7 @@ def router_arguments(args: argparse.Namespace, frontend: FrontendSettings) -> li
     ]
     for header in frontend.session_headers:
         router_args += ["--session-header", header]
-    return router_args
+    return [*router_args, *front_argv(args)]
 
 
 def remote_router_arguments(args: argparse.Namespace, endpoints: str) -> list[str]:
@@ -382,6 +388,11 @@ def run_remote(args: argparse.Namespace) -> int:
             "serving the other shards and reconnects; restarting workers is the "
             "orchestrator's job"
         )
+    if args.front == "compiled":
+        raise SystemExit(
+            "--front compiled serves stateless requests from the upstreams, which with "
+            "--worker-endpoints only the workers know: use --front auto or python"
+        )
     if args.workers is not None and args.workers != len(endpoints):
         raise SystemExit(
             f"--workers {args.workers} does not match the {len(endpoints)} --worker-endpoints"
@@ -436,7 +447,12 @@ def run_local(args: argparse.Namespace) -> int:
             "--records-dir keeps records on this host: use it with local workers, or give "
             "each `sessiongate worker` its own --records-dir"
         )
-    backend_list(args)  # validate before starting anything
+    backends = backend_list(args)  # validate before starting anything
+    if args.front == "compiled":
+        urls = [url for url in backends if url != MOCK_BACKEND]  # the mock is plain http
+        problem = front_unsupported(urls) if urls else None
+        if problem is not None:
+            raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
     with backend_urls(args) as (upstreams, mock):
         upstream = ", ".join(upstreams)
         watched = [mock.proc] if mock is not None and mock.proc is not None else []
@@ -470,7 +486,15 @@ def run_local(args: argparse.Namespace) -> int:
             *limit_argv(args, None if args.ray else args.workers),
             *store_argv(args, args.workers),
         ]
-        router_args = router_arguments(args, frontend)
+        router_args = [
+            *router_arguments(args, frontend),
+            # The upstreams, for the compiled front's stateless proxy path.
+            *[arg for url in upstreams for arg in ("--backend", url)],
+            "--timeout",
+            str(args.timeout),
+            "--health-interval",
+            str(args.health_interval),
+        ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)
         supervisor = Supervisor(

@@ -106,6 +106,8 @@ class Router:
         # The supervisor's per-run token, echoed on /health so its readiness check knows the
         # answer came from this router and not from another process on the port.
         self.instance = os.environ.get(INSTANCE_ENV) or None
+        # The compiled front's counters (process/compiled_front.py), when it serves the port.
+        self.front_stats: Callable[[], dict[str, Any]] | None = None
 
     @property
     def worker_count(self) -> int:
@@ -138,7 +140,8 @@ class Router:
         if request.op == "health":
             return self.health(request.query)
         if request.op == "metrics":
-            return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges()))
+            front = self.front_stats() if self.front_stats is not None else None
+            return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges(), front))
         if request.op == "create":
             request.session_id = self._mint_session_id(request.body)
         index = self._owner(request.session_id)

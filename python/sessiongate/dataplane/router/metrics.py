@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # Reasons of sessiongate_rejected_total, always all rendered so a dashboard sees the series.
 REJECT_REASONS = ("max_sessions", "records_budget")
@@ -85,17 +86,24 @@ class RouterMetrics:
         self.requests[(op, status)] += 1
         self.latency.setdefault(op, _Histogram()).observe(seconds)
 
-    def render(self, workers: Sequence[WorkerGauge]) -> bytes:
+    def render(
+        self, workers: Sequence[WorkerGauge], front: Mapping[str, Any] | None = None
+    ) -> bytes:
+        """`front`: the compiled front's counters (`_core.CompiledFront.stats`), whose
+        stateless proxy requests never reach this process's dispatch: counted as op "proxy"."""
+        requests, latency = self.requests, self.latency
+        if front:
+            requests, latency = _with_front(requests, latency, front)
         lines: list[str] = []
         _family(
             lines,
             "sessiongate_requests_total",
             "counter",
             "Requests answered by the router, by operation and status.",
-            [(f'op="{op}",status="{st}"', n) for (op, st), n in sorted(self.requests.items())],
+            [(f'op="{op}",status="{st}"', n) for (op, st), n in sorted(requests.items())],
         )
         samples: list[tuple[str, float]] = []
-        for op, hist in sorted(self.latency.items()):
+        for op, hist in sorted(latency.items()):
             for bound, count in zip(LATENCY_BUCKETS, hist.counts, strict=True):
                 samples.append((f'op="{op}",le="{bound}"', count))  # counts are cumulative
             samples.append((f'op="{op}",le="+Inf"', hist.count))
@@ -107,7 +115,7 @@ class RouterMetrics:
             samples,
             suffix="_bucket",
         )
-        for op, hist in sorted(self.latency.items()):
+        for op, hist in sorted(latency.items()):
             lines.append(f'sessiongate_request_duration_seconds_sum{{op="{op}"}} {hist.total:.6f}')
             lines.append(f'sessiongate_request_duration_seconds_count{{op="{op}"}} {hist.count}')
         per_worker = {
@@ -168,6 +176,8 @@ class RouterMetrics:
             ],
         )
         _limits_families(lines, workers)
+        if front:
+            _front_families(lines, front)
         remote = [w for w in workers if w.address is not None]
         if remote:
             _family(
@@ -289,3 +299,52 @@ def _family(
     for labels, value in samples:
         label_text = f"{{{labels}}}" if labels else ""
         lines.append(f"{name}{suffix}{label_text} {value}")
+
+
+def _with_front(
+    requests: Counter[tuple[str, int]],
+    latency: dict[str, _Histogram],
+    front: Mapping[str, Any],
+) -> tuple[Counter[tuple[str, int]], dict[str, _Histogram]]:
+    """The router's own counts plus the compiled front's, as op "proxy"."""
+    merged = Counter(requests)
+    for status, count in front.get("requests", {}).items():
+        merged[("proxy", int(status))] += int(count)
+    hist = front.get("latency", {})
+    if not hist.get("count"):
+        return merged, latency
+    own = latency.get("proxy", _Histogram())
+    combined = _Histogram(
+        counts=[a + int(b) for a, b in zip(own.counts, hist["buckets"], strict=True)],
+        total=own.total + float(hist["sum"]),
+        count=own.count + int(hist["count"]),
+    )
+    return merged, {**latency, "proxy": combined}
+
+
+def _front_families(lines: list[str], front: Mapping[str, Any]) -> None:
+    _family(
+        lines,
+        "sessiongate_front_connections",
+        "gauge",
+        "Client connections the compiled front is serving itself.",
+        [("", int(front.get("connections", 0)))],
+    )
+    _family(
+        lines,
+        "sessiongate_front_handoffs_total",
+        "counter",
+        "Connections the compiled front handed to the Python server (session traffic, "
+        "health, errors it does not answer itself).",
+        [("", int(front.get("handoffs", 0)))],
+    )
+    _family(
+        lines,
+        "sessiongate_front_upstream_up",
+        "gauge",
+        "1 when the upstream answers the compiled front's probes and requests, by URL.",
+        [
+            (f'url="{_label(str(u.get("url")))}"', int(bool(u.get("healthy"))))
+            for u in front.get("upstreams", [])
+        ],
+    )

@@ -1,0 +1,293 @@
+"""The compiled front door: the Rust HTTP server in `sessiongate._core` owns the public
+socket, answers stateless proxy requests itself (client -> upstream -> client, no Python on
+the path), and hands every other connection, with the bytes it already read, to this
+process's uvicorn server, which serves it exactly as if it had accepted it.
+
+Why a hand-off and not a second hop: session traffic then costs what it cost before (one
+Python event loop, no extra copy), while the stateless path, which is pure bytes, runs on
+tokio threads (docs/performance.md, "The compiled front"). The routing decision is
+`server/routes.py::served_by_front`, twinned by `rust/front/route.rs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from sessiongate.process.http_server import QuietServer, serve_until_exit
+from sessiongate.server.asgi import FrontendSettings
+
+logger = logging.getLogger(__name__)
+
+# uvicorn's default idle time of a kept-alive connection (`timeout_keep_alive`).
+KEEPALIVE_TIMEOUT_S = 5.0
+# Upstream connect timeout, as the Python upstream client's (upstream/client.py).
+CONNECT_TIMEOUT_S = 10.0
+# A listen backlog for bursts of new connections (a load driver opening hundreds at once).
+LISTEN_BACKLOG = 2048
+# How long stop() lets requests the front is serving finish (uvicorn's graceful timeout).
+STOP_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class FrontOptions:
+    """What the front needs beyond the HTTP front-end settings."""
+
+    upstreams: Sequence[str]
+    upstream_timeout: float
+    health_interval: float
+    threads: int
+    # The bounds of the request-duration histogram the front fills (the metrics' buckets).
+    latency_buckets: Sequence[float]
+    health_path: str = "/health"
+
+
+def default_front_threads() -> int:
+    # Two cover a router process next to engine and workers on a small machine; past four,
+    # one process's accept loop and the upstream keep-alive pools are not the limit.
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def front_unsupported(upstreams: Sequence[str]) -> str | None:
+    """Why the compiled front cannot serve this configuration, or None."""
+    if not upstreams:
+        return "the router does not know the upstreams (its workers do)"
+    https = [url for url in upstreams if not url.startswith("http://")]
+    if https:
+        return f"the compiled front speaks plain http:// to upstreams, not {https[0]}"
+    return None
+
+
+def add_front_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--front",
+        choices=("auto", "compiled", "python"),
+        default="auto",
+        help="the HTTP front door: compiled (a Rust server answers stateless proxy requests "
+        "itself and hands session traffic to the Python server), python (uvicorn alone), or "
+        "auto (compiled when it can serve the configuration: http:// upstreams known to "
+        "this process; default)",
+    )
+    parser.add_argument(
+        "--front-threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads of the compiled front (default: cores, at most 4)",
+    )
+
+
+def front_argv(args: argparse.Namespace) -> list[str]:
+    """The front options, to forward to the router process."""
+    argv = ["--front", args.front]
+    if args.front_threads is not None:
+        argv += ["--front-threads", str(args.front_threads)]
+    return argv
+
+
+def front_options(
+    args: argparse.Namespace,
+    upstreams: Sequence[str],
+    latency_buckets: Sequence[float],
+) -> FrontOptions | None:
+    """The compiled front's options, or None for the Python front; SystemExit when
+    `--front compiled` was asked for a configuration it cannot serve."""
+    if args.front == "python":
+        return None
+    problem = front_unsupported(upstreams)
+    if problem is not None:
+        if args.front == "compiled":
+            raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
+        return None
+    threads = args.front_threads if args.front_threads is not None else default_front_threads()
+    if threads < 1:
+        raise SystemExit("--front-threads must be at least 1")
+    return FrontOptions(
+        upstreams=list(upstreams),
+        upstream_timeout=args.timeout,
+        health_interval=args.health_interval,
+        threads=threads,
+        latency_buckets=latency_buckets,
+    )
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The public listening socket (the front and uvicorn share it through the front).
+    One address: the first that `host` resolves to (uvicorn binds the first, too, for a
+    name; "0.0.0.0" and "::" are single addresses)."""
+    family, kind, proto, _name, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class CompiledFrontDoor:
+    """Runs `_core.CompiledFront` on `listener` and adopts its hand-offs into a uvicorn
+    server that accepts nothing itself (`serve_with_front`)."""
+
+    def __init__(
+        self, listener: socket.socket, frontend: FrontendSettings, options: FrontOptions
+    ) -> None:
+        self.server: QuietServer | None = None
+        self.listener = listener
+        self.frontend = frontend
+        self.options = options
+        self._front: Any = None
+        self._wake_read = -1
+        self._wake_write = -1
+        self._adopting: set[asyncio.Task[Any]] = set()
+
+    @property
+    def port(self) -> int:
+        port: int = self.listener.getsockname()[1]
+        return port
+
+    def start(self, server: QuietServer) -> None:
+        """Start serving; hand-offs go to `server` (call on the loop that serves it, once it
+        has started)."""
+        from sessiongate._core import CompiledFront
+
+        self.server = server
+        loop = asyncio.get_running_loop()
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._front = CompiledFront(
+            self.listener.fileno(),
+            self._wake_write,
+            list(self.options.upstreams),
+            max_body_bytes=self.frontend.max_body_bytes,
+            api_key=self.frontend.api_key,
+            session_headers=list(self.frontend.session_headers),
+            header_timeout=self.frontend.header_timeout,
+            body_timeout=self.frontend.body_timeout,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+            upstream_timeout=self.options.upstream_timeout,
+            connect_timeout=min(CONNECT_TIMEOUT_S, self.options.upstream_timeout),
+            health_interval=self.options.health_interval,
+            health_path=self.options.health_path,
+            threads=self.options.threads,
+            latency_buckets=list(self.options.latency_buckets),
+        )
+        loop.add_reader(self._wake_read, self._on_wake)
+
+    def _on_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_read, 4096):
+                pass
+        if self._front is None:
+            return
+        for fd, data in self._front.take_handoffs():
+            self._adopt(fd, data)
+
+    def _adopt(self, fd: int, data: bytes) -> None:
+        """Serve a handed-off connection with uvicorn, `data` first: the protocol gets the
+        bytes inside `connection_made`, before the transport reads anything newer."""
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        server = self.server
+        if server is None or server.should_exit:
+            sock.close()
+            return
+        config: uvicorn.Config = server.config
+        protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
+            config=config,
+            server_state=server.server_state,
+            app_state=server.lifespan.state,
+        )
+        made = protocol.connection_made
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            made(transport)  # type: ignore[arg-type]
+            if data:
+                protocol.data_received(data)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, sock))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopted)
+
+    def _adopted(self, task: asyncio.Task[Any]) -> None:
+        self._adopting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("could not adopt a handed-off connection: %s", task.exception())
+
+    def stats(self) -> dict[str, Any]:
+        """The front's counters (`_core.CompiledFront.stats`); empty before start."""
+        if self._front is None:
+            return {}
+        stats: dict[str, Any] = self._front.stats()
+        return stats
+
+    async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Stop accepting and let the front's requests finish (up to `grace`)."""
+        front, self._front = self._front, None
+        if self._wake_read >= 0:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._wake_read)
+        if front is not None:
+            await asyncio.to_thread(front.stop, grace)
+        for fd in (self._wake_read, self._wake_write):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_read = self._wake_write = -1
+        self.listener.close()
+
+
+def open_front_door(
+    host: str, port: int, frontend: FrontendSettings, options: FrontOptions
+) -> CompiledFrontDoor:
+    """Bind the public socket for a front door (OSError when the address is taken)."""
+    return CompiledFrontDoor(bind_listener(host, port), frontend, options)
+
+
+async def serve_with_front(
+    server: QuietServer,
+    door: CompiledFrontDoor | None,
+    *,
+    on_started: Callable[[int], None],
+    default_port: int,
+) -> int:
+    """`serve_until_exit`, behind `door` when there is one: uvicorn then listens on nothing
+    and serves the connections the door hands it. An exit request stops the door accepting
+    at once, as uvicorn closes its listeners at once."""
+    if door is None:
+        return await serve_until_exit(server, on_started=on_started, default_port=default_port)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+
+    def stop_door() -> None:
+        if not stopping:
+            stopping.append(loop.create_task(door.stop()))
+
+    # From a signal handler, hence threadsafe.
+    server.on_exit = lambda: loop.call_soon_threadsafe(stop_door)
+
+    def started(_port: int) -> None:
+        door.start(server)
+        on_started(door.port)
+
+    try:
+        return await serve_until_exit(
+            server, on_started=started, default_port=door.port, sockets=[]
+        )
+    finally:
+        stop_door()
+        await stopping[0]
