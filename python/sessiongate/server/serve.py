@@ -27,6 +27,11 @@ from sessiongate.session.store.options import (
     check_store_options,
     store_argv,
 )
+from sessiongate.session.tree_options import (
+    add_session_mode_option,
+    session_mode_argv,
+    session_mode_settings,
+)
 from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
 
 MOCK_BACKEND = "mock"
@@ -170,6 +175,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
+    add_session_mode_option(parser)
     add_limit_arguments(parser)
     add_store_arguments(parser)
     add_remote_arguments(parser)
@@ -255,6 +261,7 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         **turn_settings(args),
+        **session_mode_settings(args),
         **limit_settings(args),
     )
 
@@ -482,6 +489,7 @@ def run_local(args: argparse.Namespace) -> int:
             "--r3-topk",
             str(args.r3_topk),
             *turn_argv(args),
+            *session_mode_argv(args),
             # Local workers split this machine's memory; Ray actors size for their host.
             *limit_argv(args, None if args.ray else args.workers),
             *store_argv(args, args.workers),

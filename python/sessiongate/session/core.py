@@ -32,7 +32,12 @@ from sessiongate.session.errors import (
     TooManySessions,
     UpstreamError,
 )
-from sessiongate.session.messages import plan_history, resolve_matcher, validate_messages
+from sessiongate.session.messages import (
+    HistoryPlan,
+    plan_history,
+    resolve_matcher,
+    validate_messages,
+)
 from sessiongate.session.protocol import (
     JSON_HEADERS,
     RECORDED_HEADER,
@@ -51,7 +56,7 @@ from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.records_store import RecordsStore, RecoveryReport
 from sessiongate.session.store.spilled import SpilledRecord, pin_files
-from sessiongate.session.store.turn_entry import TurnEntry, span_in
+from sessiongate.session.store.turn_entry import TreeLink, TurnEntry, span_in
 from sessiongate.session.stream import (
     DONE,
     ClosingStream,
@@ -62,6 +67,13 @@ from sessiongate.session.stream import (
 )
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.trajectory import build_trajectory
+from sessiongate.session.tree import SessionTree, TreeNode, TreePlan, leading_id
+from sessiongate.session.tree_export import (
+    TreeSnapshot,
+    tree_samples_payload,
+    tree_trajectory_parts,
+)
+from sessiongate.session.tree_hooks import load_hook
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
 from sessiongate.upstream.client import UpstreamReply, UpstreamStream, forwardable_headers
@@ -102,6 +114,9 @@ class SessionCore:
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
         self.matcher = resolve_matcher(self.settings.message_matcher)
+        # Tree sessions' sample selection (loaded in any mode: recovered sessions may be trees).
+        self.pick_hook = load_hook("pick", self.settings.tree_pick_hook)
+        self.postprocess_hook = load_hook("postprocess", self.settings.tree_postprocess_hook)
         self.turns_recorded = 0
         self.turns_aborted = 0
         # Turns recorded without R3 under --r3-missing warn.
@@ -223,6 +238,7 @@ class SessionCore:
             root_id=parent.root_id if parent else shard_key(session_id),
             created_at=time.time(),
             from_header=from_header,
+            tree=SessionTree() if self.settings.session_mode == "tree" else None,
         )
         self.sessions[session_id] = session
         if self.store is not None:
@@ -337,16 +353,23 @@ class SessionCore:
 
     async def _snapshot(
         self, request: CoreRequest
-    ) -> tuple[Session, list[TurnRecord], list[int], dict[str, Any]]:
+    ) -> tuple[Session, list[TurnRecord], list[int], dict[str, Any], TreeSnapshot | None]:
         """A consistent copy of a session's records and ids, with the TITO metadata that a
-        fresh render of its history gives (computed off the event loop)."""
+        fresh render of its history gives (computed off the event loop). A tree session's
+        records and ids are its active path's (ending at the latest committed node), and the
+        whole tree comes too (`metadata.tree`, and the snapshot)."""
         session = self._open_session(self._session_id(request))
+        tree: TreeSnapshot | None = None
         async with session.lock:
-            records = pin_files(session.records)
-            messages = list(session.messages)
-            accumulated = list(session.accumulated_ids)
-            tools = session.tools
-            template_kwargs = session.template_kwargs
+            if session.tree is not None:
+                tree = TreeSnapshot.take(session)
+                records, messages, accumulated, tools, template_kwargs = tree.active_view()
+            else:
+                records = pin_files(session.records)
+                messages = list(session.messages)
+                accumulated = list(session.accumulated_ids)
+                tools = session.tools
+                template_kwargs = session.template_kwargs
         metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
         if accumulated:
             try:
@@ -358,10 +381,12 @@ class SessionCore:
                 )
             except (GatewayError, ValueError) as exc:
                 metadata["tito_session_mismatch_error"] = str(exc)
-        return session, records, accumulated, metadata
+        if tree is not None:
+            metadata["tree"] = tree.table
+        return session, records, accumulated, metadata, tree
 
     async def _get(self, request: CoreRequest) -> CoreReply:
-        session, records, accumulated, tito = await self._snapshot(request)
+        session, records, accumulated, tito, _ = await self._snapshot(request)
         metadata: dict[str, Any] = {
             "accumulated_token_ids": accumulated,
             **tito,
@@ -378,15 +403,27 @@ class SessionCore:
         return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
 
     async def _trajectory(self, request: CoreRequest) -> CoreReply:
-        session, records, accumulated, metadata = await self._snapshot(request)
-        parts = await asyncio.to_thread(
-            build_trajectory,
-            session.session_id,
-            records,
-            accumulated,
-            metadata,
-            r3_topk=self.settings.r3_topk,
-        )
+        session, records, accumulated, metadata, tree = await self._snapshot(request)
+        if tree is not None:
+            # One trajectory per leaf the pick hook keeps, in its order.
+            parts = await asyncio.to_thread(
+                tree_trajectory_parts,
+                session.session_id,
+                tree,
+                metadata,
+                self.tito,
+                pick=self.pick_hook,
+                r3_topk=self.settings.r3_topk,
+            )
+        else:
+            parts = await asyncio.to_thread(
+                build_trajectory,
+                session.session_id,
+                records,
+                accumulated,
+                metadata,
+                r3_topk=self.settings.r3_topk,
+            )
         headers = [
             ("content-type", "application/octet-stream"),
             (
@@ -407,6 +444,7 @@ class SessionCore:
         """Trainer-ready samples, assembled here as the rollout framework's session server
         does (docs/samples.md)."""
         max_seq_len: int | None = None
+        agent: object = None
         if request.body.strip():
             document = parse_json_object(request.body, "request body")
             max_seq_len = document.get("max_seq_len")
@@ -414,11 +452,31 @@ class SessionCore:
                 not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1
             ):
                 raise BadRequest("field 'max_seq_len' must be a positive integer or null")
-        _, records, accumulated, metadata = await self._snapshot(request)
+            agent = document.get("metadata")  # tree sessions: the agent's, for the hooks
+        _, records, accumulated, metadata, tree = await self._snapshot(request)
         session_metadata = {
             **metadata,
             "accumulated_token_ids": accumulated,
         }
+        if tree is not None:
+            if agent is not None:
+                if not isinstance(agent, dict):
+                    raise BadRequest("field 'metadata' must be an object or null")
+                session_metadata["agent"] = agent
+            payload = await asyncio.to_thread(
+                functools.partial(
+                    tree_samples_payload,
+                    pick=self.pick_hook,
+                    postprocess=self.postprocess_hook,
+                    max_seq_len=max_seq_len,
+                    r3_topk=self.settings.r3_topk,
+                    indexer_topk=self.settings.indexer_topk,
+                ),
+                tree,
+                session_metadata,
+                self.tito,
+            )
+            return CoreReply(200, [("content-type", "application/octet-stream")], payload)
         payload = await asyncio.to_thread(
             build_samples_payload,
             records,
@@ -556,22 +614,36 @@ class SessionCore:
         async with session.lock:
             if session.closing:
                 raise SessionNotFound(f"session {session_id} is closing")
-            plan = plan_history(
-                session.messages,
-                messages,
-                session_id=session_id,
-                allowed_roles=self.settings.allowed_append_roles,
-                matcher=self.matcher,
-                checkpoint_ends=session.checkpoint_ends,
-            )
-            if plan.checkpoint_count == 0:
-                base_ids: Sequence[int] = ()
+            tree_parent: TreeNode | None = None
+            if session.tree is not None:
+                # Tree mode: attach at the deepest matching node; any node will do.
+                plan: HistoryPlan | TreePlan = session.tree.plan_turn(
+                    messages,
+                    session_id=session_id,
+                    allowed_roles=self.settings.allowed_append_roles,
+                    matcher=self.matcher,
+                )
+                tree_parent = plan.attach
+                base_ids: Sequence[int] = plan.base_ids
+                last_assistant = plan.last_assistant
+            else:
+                plan = plan_history(
+                    session.messages,
+                    messages,
+                    session_id=session_id,
+                    allowed_roles=self.settings.allowed_append_roles,
+                    matcher=self.matcher,
+                    checkpoint_ends=session.checkpoint_ends,
+                )
+                base_ids, last_assistant = (), None
+                if plan.checkpoint_count:
+                    base_ids = session.checkpoint(plan.checkpoint_count)
+                    last_assistant = session.messages[plan.base_len - 1]
+            if last_assistant is None:
                 prompt_ids = self.tito.first_turn_ids(
                     messages, tools, template_kwargs=template_kwargs
                 )
             else:
-                base_ids = session.checkpoint(plan.checkpoint_count)
-                last_assistant = session.messages[plan.base_len - 1]
                 prompt_ids = [
                     *base_ids,
                     *self.tito.junction_ids(base_ids, template_kwargs=template_kwargs),
@@ -579,12 +651,16 @@ class SessionCore:
                         last_assistant, plan.appended, tools, template_kwargs=template_kwargs
                     ),
                 ]
+            if session.tree is not None:
+                session.tree.check_room(session_id)  # 409 at the node cap
             routing_headers: list[tuple[str, str]] = []
             final_turn = False
             if self.stamper is not None:
                 routing_ctx, final_turn = self.stamper.begin_turn(session_id, request.headers)
             version = session.version
             session.turn_started()
+            if session.tree is not None:
+                session.tree.pending += 1  # released by _end_turn, whatever happens
             session.last_active = time.monotonic()
 
         turn = _Turn(
@@ -602,8 +678,10 @@ class SessionCore:
             base_ids=base_ids,
             final_turn=final_turn,
             request_timestamp=request_timestamp,
-            # Addition R3: the checkpoint's rows (all but its last token's) are held already.
+            # Addition R3: the checkpoint's rows (all but its last token's) are held already;
+            # in a tree that is the attach node's checkpoint (rows since the branch point).
             r3_start_row=max(0, len(base_ids) - 1) if self.settings.r3_addition else 0,
+            tree_parent=tree_parent,
         )
         handed_off = False  # a relayed stream ends the turn itself
         succeeded = False
@@ -738,7 +816,9 @@ class SessionCore:
         self._check_reply(parsed)
         session = turn.session
         async with session.lock:
-            if session.closing or session.version != turn.version:
+            # A tree takes concurrent turns as siblings; a line records the first one only.
+            raced = session.tree is None and session.version != turn.version
+            if session.closing or raced:
                 return False
             new_ids = turn.prompt_ids + parsed.completion_ids
             if turn.base_ids:
@@ -764,19 +844,43 @@ class SessionCore:
                 request_timestamp=turn.request_timestamp,
             )
             messages = [*turn.messages, parsed.assistant_message]
+            tree = session.tree
+            link = None
+            if tree is not None:
+                link = TreeLink(
+                    len(tree.nodes),
+                    turn.tree_parent.id if turn.tree_parent is not None else None,
+                    leading_id(reply_body),
+                )
             if self.store is not None:
                 # Written (per --records-durability) before anything changes: a turn the
                 # disk refused is not recorded at all.
-                await _persist_turn(self.store, turn, record, messages, reply_body, parsed)
-            session.messages = messages
-            session.commit_checkpoint(kept, new_ids)
-            session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(session.messages)]
-            # A rollback replaces the records past the kept checkpoints: they stop counting.
-            dropped = sum(r.size for r in session.records[kept:])
-            if self.store is not None:
-                self.store.resident.drop(session.records[kept:])
-            session.records = [*session.records[:kept], record]
-            change = session.records[-1].size - dropped
+                await _persist_turn(self.store, turn, record, messages, reply_body, parsed, link)
+            if tree is not None and link is not None:
+                tree.add(
+                    turn.tree_parent,
+                    delta_messages=messages[turn.base_len :],
+                    segment=array("q", new_ids[len(turn.base_ids) :]),
+                    prompt_len=len(turn.prompt_ids),
+                    finish_reason=finish,
+                    response_id=link.response_id,
+                    committed_at=record.timestamp,
+                    tools=turn.tools,
+                    template_kwargs=turn.template_kwargs,
+                )
+                # Node i's record is records[i]: appended, never replaced.
+                session.records.append(record)
+                change = record.size
+            else:
+                session.messages = messages
+                session.commit_checkpoint(kept, new_ids)
+                session.checkpoint_ends = [*session.checkpoint_ends[:kept], len(messages)]
+                # A rollback replaces the records past the kept checkpoints: they stop counting.
+                dropped = sum(r.size for r in session.records[kept:])
+                if self.store is not None:
+                    self.store.resident.drop(session.records[kept:])
+                session.records = [*session.records[:kept], record]
+                change = record.size - dropped
             session.records_bytes += change
             self.records_bytes += change
             session.tools = turn.tools
@@ -799,6 +903,8 @@ class SessionCore:
                     turn.session_id, final=turn.final_turn, succeeded=succeeded
                 )
             turn.session.turn_finished()
+            if turn.session.tree is not None:
+                turn.session.tree.pending -= 1
             turn.session.last_active = time.monotonic()
 
     async def _relay_turn(
@@ -860,6 +966,7 @@ class _Turn:
     request_bytes: bytes = b""
     succeeded: bool = False  # a relayed turn: recorded and answered in full
     ended: bool = False  # a relayed turn: _end_relay ran
+    tree_parent: TreeNode | None = None  # tree mode: the node it attached to (None: a root)
 
 
 async def _persist_turn(
@@ -869,6 +976,7 @@ async def _persist_turn(
     messages: list[Any],
     reply_body: bytes,
     parsed: ParsedReply,
+    link: TreeLink | None,
 ) -> None:
     """Append the turn's entry; acknowledged as --records-durability says. The record is
     then counted against the RAM budget (located once its write is done)."""
@@ -882,6 +990,7 @@ async def _persist_turn(
         record=record,
         routed_span=span_in(reply_body, parsed.routed_experts, b"routed_experts"),
         indexer_span=span_in(reply_body, parsed.indexer_topk, b"indexer_topk"),
+        tree=link,
     )
     future, location_of = store.append_turn(turn.session_id, entry)
     offset = await store.settle(future)

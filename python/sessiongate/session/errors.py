@@ -29,6 +29,13 @@ class SessionNotFound(GatewayError):
     status = 404
 
 
+class Conflict(GatewayError):
+    """The session's state cannot take this turn (tree mode: a path cut off at the length
+    limit, or a tree at its node cap); resending the same request cannot succeed."""
+
+    status = 409
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
 

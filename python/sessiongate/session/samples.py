@@ -86,6 +86,8 @@ class Sample:
     # (rows, layers, topk) int32, rows = len(tokens) - 1
     rollout_routed_experts: tuple[tuple[int, int, int], ReplayRows] | None = None
     rollout_indexer_topk: tuple[tuple[int, int, int], ReplayRows] | None = None
+    # Tree mode's wire carries it (the framework's v2 `reward`); None keeps the trainer's.
+    reward: float | None = None
 
 
 def build_samples_payload(
@@ -169,19 +171,28 @@ def assemble_samples(
     max_seq_len: int | None,
     r3_topk: int,
     indexer_topk: int = 0,
+    replay: bool = True,
 ) -> tuple[list[Sample], str | None]:
-    """The session's samples (one merged sample, or none) and the reason when none."""
+    """The session's samples (one merged sample, or none) and the reason when none.
+
+    `replay=False` leaves the R3 / indexer rows out (and unchecked): the tree mode's
+    trajectory export picks leaves on such samples and writes its own rows.
+    """
     if not records:
         return [], "no_records"
     try:
         turns = _turns(records, accumulated, max_trim_tokens)
-        _check_turn_payloads(records, turns, r3_topk, indexer_topk)
+        if replay:
+            _check_turn_payloads(records, turns, r3_topk, indexer_topk)
         if max_seq_len is not None:
             turns = _truncate(turns, max_seq_len)
         if not turns:
             return [], "all_truncated"
         merged = _merge(turns)
-        return [_materialize(records, accumulated, merged, tokenizer, r3_topk, indexer_topk)], None
+        sample = _materialize(
+            records, accumulated, merged, tokenizer, r3_topk, indexer_topk, replay
+        )
+        return [sample], None
     except ReplayError as exc:
         raise SamplesError(str(exc)) from exc
 
@@ -330,6 +341,7 @@ def _materialize(
     tokenizer: TokenDecoder,
     r3_topk: int,
     indexer_topk: int,
+    replay: bool = True,
 ) -> Sample:
     first, last = merged[0], merged[-1]
     length = last.length
@@ -368,8 +380,8 @@ def _materialize(
         weight_versions=weight_versions,
         prefix_cache_info={"cached_tokens": cached, "total_prompt_tokens": prompt_tokens},
         metadata=metadata,
-        rollout_routed_experts=_merged_routed(records, last, rows, r3_topk),
-        rollout_indexer_topk=_merged_indexer(records, last, rows, indexer_topk),
+        rollout_routed_experts=_merged_routed(records, last, rows, r3_topk) if replay else None,
+        rollout_indexer_topk=_merged_indexer(records, last, rows, indexer_topk) if replay else None,
     )
 
 
@@ -458,12 +470,17 @@ def _indexer_layers(response: bytes) -> int | None:
 
 
 def encode_samples(
-    samples: Sequence[Sample], session_metadata: dict[str, Any], empty_reason: str | None
+    samples: Sequence[Sample],
+    session_metadata: dict[str, Any],
+    empty_reason: str | None,
+    *,
+    with_reward: bool = False,
 ) -> list[bytes | memoryview]:
     """The framework's samples wire (`encode_samples`): per sample i the tensors
     `tokens.i` int64, `loss_mask.i` uint8, `rollout_log_probs.i` float64 and, when present,
     `rollout_routed_experts.i` / `rollout_indexer_topk.i` int32; the JSON fields and null
-    markers go in `_samples_meta`, a uint8 tensor of compact JSON."""
+    markers go in `_samples_meta`, a uint8 tensor of compact JSON. `with_reward` adds each
+    sample's `reward` after `metadata`, as the framework's tree-serving (v2) wire does."""
     tensors: list[Tensor] = []
     metas: list[dict[str, Any]] = []
     for i, sample in enumerate(samples):
@@ -483,17 +500,18 @@ def encode_samples(
             else:
                 shape, rows = replay
                 tensors.append(Tensor(f"{name}.{i}", "I32", shape, rows.data))
-        metas.append(
-            {
-                "response": sample.response,
-                "response_length": sample.response_length,
-                "status": sample.status,
-                "weight_versions": sample.weight_versions,
-                "prefix_cache_info": sample.prefix_cache_info,
-                "metadata": sample.metadata,
-                "nulls": nulls,
-            }
-        )
+        sample_meta: dict[str, Any] = {
+            "response": sample.response,
+            "response_length": sample.response_length,
+            "status": sample.status,
+            "weight_versions": sample.weight_versions,
+            "prefix_cache_info": sample.prefix_cache_info,
+            "metadata": sample.metadata,
+        }
+        if with_reward:
+            sample_meta["reward"] = sample.reward
+        sample_meta["nulls"] = nulls
+        metas.append(sample_meta)
     meta = {"samples": metas, "session_metadata": session_metadata, "empty_reason": empty_reason}
     text = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode()
     tensors.append(Tensor(SAMPLES_META_KEY, "U8", (len(text),), text))

@@ -9,6 +9,9 @@ from typing import Any, Literal
 DEFAULT_APPEND_ROLES = frozenset({"tool", "user"})
 # How a `stream: true` session turn reaches the upstream (docs/api.md, "Streamed turns").
 StreamUpstream = Literal["buffered", "relay"]
+# How a session's turns relate (docs/trajectory-trees.md): one line with a one-step rollback
+# (linear, the default), or a tree that branches at any depth (tree).
+SessionMode = Literal["linear", "tree"]
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,9 @@ class SessionSettings:
     session_ttl: float = 0.0
     # How limit errors name this core: "worker 3", or the in-process gateway.
     label: str = "the gateway"
+    # Sessions created from now on are lines or trees (recovered ones keep their own mode).
+    session_mode: SessionMode = "linear"
+    # Tree mode's sample selection hooks (session/tree_hooks.py): a built-in name, an import
+    # path ("module:function") or an entry point of group sessiongate.tree_hooks.
+    tree_pick_hook: str = "drop_retries"
+    tree_postprocess_hook: str = "default_postprocess"

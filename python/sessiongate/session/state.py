@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sessiongate.session.messages import Message
+from sessiongate.session.tree import SessionTree
 
 # A turn extends the last checkpoint or rolls back exactly one (plan_history's rule).
 KEPT_CHECKPOINTS = 2
@@ -119,6 +120,9 @@ class Session:
     # The chat template variables the last turn was rendered with.
     template_kwargs: dict[str, object] = field(default_factory=dict)
     children: list[str] = field(default_factory=list)
+    # Tree mode (docs/trajectory-trees.md): the session's nodes; `records[i]` is node i's
+    # record, and messages / checkpoints above stay empty. None: a linear session.
+    tree: SessionTree | None = None
     # Created on first use by a session header: expires after the idle TTL.
     from_header: bool = False
     last_active: float = field(default_factory=time.monotonic)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from sessiongate.process.children import die_with_parent
 from sessiongate.session.limit_options import add_limit_arguments, limit_settings
 from sessiongate.session.store.options import add_store_arguments, store_settings
+from sessiongate.session.tree_options import add_session_mode_option, session_mode_settings
 from sessiongate.session.turn_options import add_turn_arguments, turn_settings
 
 if TYPE_CHECKING:
@@ -85,6 +86,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", default="warning")
     add_turn_arguments(parser)
+    add_session_mode_option(parser)
     add_limit_arguments(parser)
     add_store_arguments(parser)
 
@@ -133,6 +135,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
         header_session_ttl=args.header_session_ttl,
         not_found_note=not_found_note,
         **turn_settings(args),
+        **session_mode_settings(args),
         **limit_settings(args),
         label=_core_label(args),
     )

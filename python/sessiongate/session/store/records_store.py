@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from sessiongate.session.store.turn_entry import (
     encode_turn,
     head_bytes_needed,
 )
+from sessiongate.session.tree import MAX_NODES, SessionTree
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +147,7 @@ class RecordsStore:
                 root_id=session.root_id,
                 created_at=session.created_at,
                 from_header=session.from_header,
+                mode="tree" if session.tree is not None else "linear",
             )
         )
         return self._writer.submit(self._append, session.session_id, KIND_OPEN, [payload], True)
@@ -281,9 +284,28 @@ class RecordsStore:
                 root_id=opened.root_id,
                 created_at=opened.created_at,
                 from_header=opened.from_header,
+                tree=SessionTree() if opened.mode == "tree" else None,
             )
+            valid_end = found.valid_end
             for entry in entries[1:]:
                 turn = _read_turn(fd, entry.offset, entry.length)
+                if session.tree is not None and not _links_into(session.tree, turn):
+                    # Only an entry whose parent's write failed under --records-durability
+                    # none can get here. What follows cannot be placed either: cut it off,
+                    # like a torn tail, so later appends are not stranded behind it.
+                    valid_end = entry.offset - HEADER.size
+                    logger.warning(
+                        "%s: tree turn %s does not follow the %d recovered nodes of session "
+                        "%s; dropping it and the %d bytes after it",
+                        path,
+                        turn.tree,
+                        len(session.tree.nodes),
+                        session.session_id,
+                        found.valid_end - valid_end,
+                    )
+                    os.ftruncate(fd, valid_end)
+                    report.torn_tails += 1
+                    break
                 location = BodyLocation(
                     path=str(path),
                     request_offset=entry.offset + turn.request_offset,
@@ -295,7 +317,7 @@ class RecordsStore:
                 )
                 replay_turn(session, turn, spill(turn.record, location))
                 report.turns += 1
-            report.bytes += found.valid_end
+            report.bytes += valid_end
             return session
         finally:
             if fd >= 0:
@@ -311,8 +333,21 @@ def _read_turn(fd: int, offset: int, length: int) -> TurnEntry:
     return decode_turn(head, blobs_start, arrays, b"", b"")
 
 
+def _links_into(tree: SessionTree, turn: TurnEntry) -> bool:
+    link = turn.tree
+    return (
+        link is not None
+        and link.node_id == len(tree.nodes)
+        and (link.parent is None or 0 <= link.parent < len(tree.nodes))
+        and len(tree.nodes) < MAX_NODES
+    )
+
+
 def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
     """Apply one committed turn to a session, as SessionCore._commit did."""
+    if session.tree is not None and turn.tree is not None:
+        replay_tree_turn(session, session.tree, turn, record)
+        return
     kept = turn.kept
     base = session.checkpoint(kept) if kept else ()
     new_ids = [*base, *turn.prompt_tail, *record.completion_ids]
@@ -324,6 +359,29 @@ def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
     session.records_bytes += record.size - dropped
     session.tools = turn.tools
     session.template_kwargs = turn.template_kwargs
+    session.version += 1
+
+
+def replay_tree_turn(
+    session: Session, tree: SessionTree, turn: TurnEntry, record: TurnRecord
+) -> None:
+    """Add the turn's node under the node it attached to (its entry says which)."""
+    link = turn.tree
+    assert link is not None
+    parent = tree.nodes[link.parent] if link.parent is not None else None
+    tree.add(
+        parent,
+        delta_messages=turn.messages,
+        segment=array("q", [*turn.prompt_tail, *record.completion_ids]),
+        prompt_len=record.prompt_len,
+        finish_reason=record.finish_reason,
+        response_id=link.response_id,
+        committed_at=record.timestamp,
+        tools=turn.tools,
+        template_kwargs=turn.template_kwargs,
+    )
+    session.records.append(record)
+    session.records_bytes += record.size
     session.version += 1
 
 

@@ -6,6 +6,11 @@ TURN payload: a u32 length, a JSON head, then binary blobs in this order: the pr
 past the kept checkpoint (int64), the completion ids (int32) and logprobs (float64) exactly
 as the record holds them, the request bytes and the response bytes. Arrays are in the
 machine's byte order (files move between little-endian hosts only).
+
+Tree sessions (docs/trajectory-trees.md) say so in their OPEN entry (`"mode": "tree"`), and
+each TURN head carries `"tree": {"id", "parent", "response_id"}`: the node the turn became
+and the node it attached to (null: a new root), so recovery rebuilds the tree exactly.
+Linear sessions' entries are unchanged (neither key), so older files read as before.
 """
 
 from __future__ import annotations
@@ -32,18 +37,20 @@ class OpenEntry:
     root_id: str
     created_at: float
     from_header: bool
+    mode: str = "linear"  # "tree": the session is a trajectory tree
 
 
 def encode_open(entry: OpenEntry) -> bytes:
-    return json.dumps(
-        {
-            "session_id": entry.session_id,
-            "parent_id": entry.parent_id,
-            "root_id": entry.root_id,
-            "created_at": entry.created_at,
-            "from_header": entry.from_header,
-        }
-    ).encode()
+    document: dict[str, Any] = {
+        "session_id": entry.session_id,
+        "parent_id": entry.parent_id,
+        "root_id": entry.root_id,
+        "created_at": entry.created_at,
+        "from_header": entry.from_header,
+    }
+    if entry.mode != "linear":  # linear files stay as they were
+        document["mode"] = entry.mode
+    return json.dumps(document).encode()
 
 
 def decode_open(payload: bytes) -> OpenEntry:
@@ -54,7 +61,18 @@ def decode_open(payload: bytes) -> OpenEntry:
         root_id=str(document["root_id"]),
         created_at=float(document["created_at"]),
         from_header=bool(document["from_header"]),
+        mode=str(document.get("mode", "linear")),
     )
+
+
+@dataclass(frozen=True)
+class TreeLink:
+    """Where a tree session's turn sits: its node id (commit order), the node it attached
+    to (None: a new root), and the reply's id."""
+
+    node_id: int
+    parent: int | None
+    response_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,6 +90,7 @@ class TurnEntry:
     indexer_span: Span | None
     request_offset: int = 0  # of the request bytes, from the payload's start
     response_offset: int = 0
+    tree: TreeLink | None = None  # set for tree sessions only
 
 
 def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
@@ -84,31 +103,35 @@ def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
         record.request,
         record.response,
     ]
-    head = json.dumps(
-        {
-            "kept": entry.kept,
-            "base_len": entry.base_len,
-            "messages": entry.messages,
-            "tools": entry.tools,
-            "template_kwargs": entry.template_kwargs,
-            "record": {
-                "timestamp": record.timestamp,
-                "request_timestamp": record.request_timestamp,
-                "method": record.method,
-                "path": record.path,
-                "status_code": record.status_code,
-                "prompt_len": record.prompt_len,
-                "finish_reason": record.finish_reason,
-                "r3_start_row": record.r3_start_row,
-                "weight_version": record.weight_version,
-                "cached_tokens": record.cached_tokens,
-            },
-            "routed_span": entry.routed_span,
-            "indexer_span": entry.indexer_span,
-            "lengths": [len(blob) for blob in blobs],
+    head_fields: dict[str, Any] = {
+        "kept": entry.kept,
+        "base_len": entry.base_len,
+        "messages": entry.messages,
+        "tools": entry.tools,
+        "template_kwargs": entry.template_kwargs,
+        "record": {
+            "timestamp": record.timestamp,
+            "request_timestamp": record.request_timestamp,
+            "method": record.method,
+            "path": record.path,
+            "status_code": record.status_code,
+            "prompt_len": record.prompt_len,
+            "finish_reason": record.finish_reason,
+            "r3_start_row": record.r3_start_row,
+            "weight_version": record.weight_version,
+            "cached_tokens": record.cached_tokens,
         },
-        separators=(",", ":"),
-    ).encode()
+        "routed_span": entry.routed_span,
+        "indexer_span": entry.indexer_span,
+        "lengths": [len(blob) for blob in blobs],
+    }
+    if entry.tree is not None:
+        head_fields["tree"] = {
+            "id": entry.tree.node_id,
+            "parent": entry.tree.parent,
+            "response_id": entry.tree.response_id,
+        }
+    head = json.dumps(head_fields, separators=(",", ":")).encode()
     return [_HEAD_LEN.pack(len(head)), head, *blobs]
 
 
@@ -177,6 +200,18 @@ def decode_turn(
         indexer_span=indexer,
         request_offset=request_offset,
         response_offset=request_offset + lengths[3],
+        tree=_tree_link(head.get("tree")),
+    )
+
+
+def _tree_link(value: Any) -> TreeLink | None:
+    if value is None:
+        return None
+    parent = value["parent"]
+    return TreeLink(
+        node_id=int(value["id"]),
+        parent=None if parent is None else int(parent),
+        response_id=str(value.get("response_id", "")),
     )
 
 
