@@ -19,6 +19,8 @@ from sessiongate.loadgen.plot import PlotUnavailable, require_matplotlib, write_
 from sessiongate.loadgen.report import print_summary, write_json, write_raw
 from sessiongate.loadgen.runner import TARGETS, BenchConfig, BenchOutcome, run_bench
 from sessiongate.loadgen.trace import TraceError, TraceHeader, read_trace_file, write_trace_file
+from sessiongate.loadgen.tree_log import PICKERS
+from sessiongate.loadgen.tree_workload import TreeOptions, TreeSessionSpec, TreeWorkload
 from sessiongate.loadgen.workload import (
     DEFAULT_TOOLS,
     SessionSpec,
@@ -202,6 +204,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--r3", action="store_true", help="ask for routed experts (return_routed_experts: true)"
     )
 
+    add_tree_arguments(parser)
+
     p = parser.add_argument_group("pacing")
     p.add_argument(
         "--sessions",
@@ -264,6 +268,67 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--fail-on-errors", action="store_true", help="exit 1 when any request failed")
 
 
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group(
+        'tree sessions (a gateway in --session-mode tree; docs/bench.md "Tree sessions")',
+        "Any --tree-*-rate above 0, or --tree, makes every root a tree session: the "
+        "synthetic main line plus retries, forks and a resume; each session ends with its "
+        "records GET and POST /samples, and the gateway's tree is checked against what the "
+        "driver did.",
+    )
+    g.add_argument("--tree", action="store_true", help="tree sessions even with every rate at 0")
+    g.add_argument(
+        "--tree-retry-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="per turn, probability that it is sent twice, the first reply abandoned (0)",
+    )
+    g.add_argument(
+        "--tree-fork-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="per main-line turn but the last, probability that a second branch forks off "
+        "after its reply and runs alongside (0)",
+    )
+    g.add_argument(
+        "--tree-fork-turns", type=int, default=2, metavar="N", help="turns of a fork (2)"
+    )
+    g.add_argument(
+        "--tree-resume-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="per session, probability that it finally resumes from an earlier main-line turn (0)",
+    )
+    g.add_argument(
+        "--tree-resume-turns", type=int, default=2, metavar="N", help="turns of a resume (2)"
+    )
+    g.add_argument(
+        "--tree-expect-pick",
+        choices=PICKERS,
+        default="drop_retries",
+        help="the gateway's --tree-pick-hook, to expect the sample count (off: only count "
+        "them; default drop_retries)",
+    )
+
+
+def tree_options(args: argparse.Namespace) -> TreeOptions | None:
+    """The tree workload's options, or None for a linear run."""
+    options = TreeOptions(
+        retry_rate=args.tree_retry_rate,
+        fork_rate=args.tree_fork_rate,
+        fork_turns=args.tree_fork_turns,
+        resume_rate=args.tree_resume_rate,
+        resume_turns=args.tree_resume_turns,
+    )
+    rates = (options.retry_rate, options.fork_rate, options.resume_rate)
+    if not args.tree and not any(rates):
+        return None
+    return options
+
+
 def synthetic_options(args: argparse.Namespace) -> SyntheticOptions:
     return SyntheticOptions(
         seed=args.seed,
@@ -290,15 +355,19 @@ def synthetic_options(args: argparse.Namespace) -> SyntheticOptions:
 
 @dataclasses.dataclass(slots=True)
 class Workload:
-    roots: Iterable[SessionSpec]
+    roots: Iterable[SessionSpec] | Iterable[TreeSessionSpec]
     sessions: int | None
     tools: list[dict[str, object]] | None
     r3: bool
     label: str
+    tree: bool = False
 
 
 def choose_workload(args: argparse.Namespace, warmup_sessions: int) -> Workload:
     tools = DEFAULT_TOOLS if args.tools else None
+    tree = tree_options(args)
+    if tree is not None and args.trace is not None:
+        raise ValueError("--trace replays linear sessions; tree sessions are synthetic")
     if args.trace is not None:
         header, roots = read_trace_file(args.trace, default_max_tokens=args.max_tokens)
         if not roots:
@@ -317,6 +386,13 @@ def choose_workload(args: argparse.Namespace, warmup_sessions: int) -> Workload:
     sessions = args.sessions
     if sessions is None and args.duration is None:
         sessions = DEFAULT_SESSIONS
+    if tree is not None:
+        label = (
+            f"synthetic tree (retry {tree.retry_rate:g}, fork {tree.fork_rate:g} x "
+            f"{tree.fork_turns}, resume {tree.resume_rate:g} x {tree.resume_turns})"
+        )
+        roots = TreeWorkload(synthetic_options(args), tree)
+        return Workload(roots, sessions, tools, args.r3, label, tree=True)
     return Workload(
         SyntheticWorkload(synthetic_options(args)), sessions, tools, args.r3, "synthetic"
     )
@@ -325,6 +401,8 @@ def choose_workload(args: argparse.Namespace, warmup_sessions: int) -> Workload:
 def _write_trace(args: argparse.Namespace, warmup_sessions: int) -> int:
     if args.trace is not None:
         raise ValueError("--write-trace writes the synthetic workload; drop --trace")
+    if tree_options(args) is not None:
+        raise ValueError("--write-trace writes linear sessions; drop the --tree options")
     if args.sessions is None and args.duration is not None:
         raise ValueError("--write-trace needs --sessions (a duration has no fixed length)")
     options = synthetic_options(args)
@@ -401,6 +479,8 @@ def run(args: argparse.Namespace) -> int:
             progress_interval_s=args.progress_interval,
             workload_label=workload.label,
             verify_tls=not args.insecure,
+            tree=workload.tree,
+            tree_pick=args.tree_expect_pick,
         )
         config.check()
         total = None if pacing.sessions is None else warmup_sessions + pacing.sessions

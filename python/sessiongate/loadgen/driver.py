@@ -33,7 +33,31 @@ class RequestOptions:
     stream_usage: bool = False  # OpenAI `stream_options.include_usage` (plain endpoints)
 
 
-def _with_tool_ids(
+def request_body(
+    o: RequestOptions, history: list[dict[str, Any]], max_tokens: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """One chat request: the history and the run's fields, then the turn's own."""
+    body: dict[str, Any] = {
+        "model": o.model,
+        "messages": list(history),
+        "max_tokens": max_tokens,
+    }
+    if o.stream:
+        body["stream"] = True
+        if o.stream_usage:
+            body["stream_options"] = {"include_usage": True}
+    if o.tools:
+        body["tools"] = o.tools
+    if o.r3:
+        body["return_routed_experts"] = True
+    if o.ignore_eos:
+        body["ignore_eos"] = True
+    if extra:
+        body.update(extra)
+    return body
+
+
+def with_tool_ids(
     messages: list[dict[str, Any]], history: list[dict[str, Any]], turn: int
 ) -> list[dict[str, Any]]:
     """Give tool messages that lack one a `tool_call_id` (strict OpenAI servers require it).
@@ -66,25 +90,7 @@ class Driver:
     def _body(
         self, history: list[dict[str, Any]], max_tokens: int, extra: dict[str, Any]
     ) -> dict[str, Any]:
-        o = self.options
-        body: dict[str, Any] = {
-            "model": o.model,
-            "messages": list(history),
-            "max_tokens": max_tokens,
-        }
-        if o.stream:
-            body["stream"] = True
-            if o.stream_usage:
-                body["stream_options"] = {"include_usage": True}
-        if o.tools:
-            body["tools"] = o.tools
-        if o.r3:
-            body["return_routed_experts"] = True
-        if o.ignore_eos:
-            body["ignore_eos"] = True
-        if extra:
-            body.update(extra)
-        return body
+        return request_body(self.options, history, max_tokens, extra)
 
     def _record(
         self,
@@ -125,7 +131,7 @@ class Driver:
                     waiting = []
                 if t and turn.delay_s > 0:
                     await asyncio.sleep(turn.delay_s)
-                history.extend(_with_tool_ids(turn.messages, history, t))
+                history.extend(with_tool_ids(turn.messages, history, t))
                 body = self._body(history, turn.max_tokens, turn.body)
                 ex = await self.target.turn(
                     handle, body, final=t == last, spawns=len(turn.children)

@@ -35,7 +35,11 @@ class Exchange:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     message: dict[str, Any] | None = None  # assistant message to append to the history
-    document: dict[str, Any] | None = None  # JSON reply of non-chat requests
+    # JSON reply of non-chat requests, and of non-stream chats (the tree workload's demo
+    # reads the sampled ids from its meta_info).
+    document: dict[str, Any] | None = None
+    response_id: str | None = None  # chat reply's `id`: joins a turn to its tree node
+    finish_reason: str | None = None  # chat reply's; "length" closes a tree path
     headers: dict[str, str] = field(default_factory=dict)  # headers the driver added
     body_stamp: dict[str, Any] | None = None  # top-level body keys a routing mode rewrote
 
@@ -93,6 +97,17 @@ def _chat_reply(body: bytes, ex: Exchange) -> None:
         ex.error_key, ex.error = "invalid", "reply has no assistant content"
         return
     _usage(document, ex)
+    ex.document = document
+    _identity(document, choice, ex)
+
+
+def _identity(document: dict[str, Any], choice: object, ex: Exchange) -> None:
+    """The reply id and finish reason, when the reply carries them as strings."""
+    if isinstance(document.get("id"), str):
+        ex.response_id = document["id"]
+    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+    if isinstance(reason, str):
+        ex.finish_reason = reason
 
 
 class _SseState:
@@ -111,7 +126,11 @@ class _SseState:
             return
         chunk = json.loads(data)
         _usage(chunk, ex)
+        if ex.response_id is None and isinstance(chunk.get("id"), str):
+            ex.response_id = chunk["id"]
         for choice in chunk.get("choices") or []:
+            if isinstance(choice.get("finish_reason"), str):
+                ex.finish_reason = choice["finish_reason"]
             delta = choice.get("delta") or {}
             text = delta.get("content")
             calls = delta.get("tool_calls")

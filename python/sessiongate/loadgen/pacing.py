@@ -20,10 +20,11 @@ import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
-from sessiongate.loadgen.workload import SessionSpec
-
-RunTree = Callable[[SessionSpec, bool], Awaitable[None]]
+# A root spec: a `SessionSpec` (sub-agent trees) or a `TreeSessionSpec` (tree sessions);
+# pacing only hands it to the driver.
+Spec = TypeVar("Spec")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +53,8 @@ class Pacing:
 
 
 async def _launch(
-    specs: Iterator[SessionSpec],
-    run_tree: RunTree,
+    specs: Iterator[Spec],
+    run_tree: Callable[[Spec, bool], Awaitable[None]],
     pacing: Pacing,
     *,
     warmup: bool,
@@ -97,8 +98,8 @@ async def _launch(
 
 
 async def drive(
-    workload: Iterable[SessionSpec],
-    run_tree: RunTree,
+    workload: Iterable[Spec],
+    run_tree: Callable[[Spec, bool], Awaitable[None]],
     pacing: Pacing,
     *,
     on_measured: Callable[[], None] | None = None,

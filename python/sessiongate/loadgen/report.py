@@ -58,12 +58,44 @@ def summary_table(summary: dict[str, Any], title: str = "sessiongate bench") -> 
         table.add_row(
             "records GET bytes total / mean", f"{get['bytes_total']:,} / {get['bytes_mean']:,.0f}"
         )
+    if summary.get("tree") is not None:
+        _tree_rows(table, summary["tree"])
     e = summary["errors"]
     by_status = ", ".join(f"{key}: {n}" for key, n in e["by_status"].items())
     table.add_row("errors", f"{e['total']:,}" + (f" ({by_status})" if by_status else ""))
     if summary.get("warmup_requests"):
         table.add_row("warm-up requests (excluded)", f"{summary['warmup_requests']:,}")
     return table
+
+
+def _tree_rows(table: Table, tree: dict[str, Any]) -> None:
+    expected = tree["expected"]
+    samples = expected["samples"]
+    table.add_row(
+        "tree nodes / leaves / samples",
+        f"{tree['nodes']:,} / {tree['leaves']:,} / {tree['samples']:,}",
+    )
+    table.add_row(
+        "  expected from the driver",
+        f"{expected['nodes']:,} / {expected['leaves']:,} / "
+        + ("-" if samples is None else f"{samples:,}"),
+    )
+    cut = f" ({tree['cut']:,} cut at max_tokens)" if tree["cut"] else ""
+    table.add_row(
+        "tree retries / forks / resumes",
+        f"{tree['retries']:,} / {tree['forks']:,} / {tree['resumes']:,}{cut}",
+    )
+    unchecked = tree["sessions"] - tree["fetched"]
+    # Without reply ids (an upstream that sends none) only the counts could be compared.
+    counts_only = tree["fetched"] - tree["matched_by_reply_id"]
+    verdict = "match" if not tree["mismatched_sessions"] else "[red]MISMATCH[/red]"
+    table.add_row(
+        "tree check (sessions)",
+        f"{verdict}: {tree['fetched'] - tree['mismatched_sessions']:,} ok, "
+        f"{tree['mismatched_sessions']:,} mismatched"
+        + (f", {unchecked:,} not fetched" if unchecked else "")
+        + (f", {counts_only:,} by counts only" if counts_only else ""),
+    )
 
 
 def print_summary(

@@ -1,7 +1,7 @@
 """Wire one run together: HTTP client, target, driver, pacing, progress, Ctrl-C, summary.
 
 Used by the `bench` CLI and by `sessiongate demo` (which adds a records hook to verify
-every session token-exactly).
+every session token-exactly, and a tree hook to verify every leaf of tree sessions).
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from sessiongate.loadgen.pacing import Pacing, drive
 from sessiongate.loadgen.progress import PLAIN_INTERVAL_S, ProgressDisplay
 from sessiongate.loadgen.stats import Collector, summarize
 from sessiongate.loadgen.targets import OpenAITarget, RecordsHook, SessiongateTarget, Target
+from sessiongate.loadgen.tree_check import TreeTally
+from sessiongate.loadgen.tree_driver import TreeDriver, TreeHook
+from sessiongate.loadgen.tree_log import PICKERS
+from sessiongate.loadgen.tree_workload import TreeSessionSpec
 from sessiongate.loadgen.workload import SessionSpec
 from sessiongate.routing import load_mode
 
@@ -49,6 +53,8 @@ class BenchConfig:
     progress_interval_s: float = PLAIN_INTERVAL_S
     workload_label: str = "synthetic"
     verify_tls: bool = True
+    tree: bool = False  # the workload is tree sessions (TreeSessionSpec roots)
+    tree_pick: str = "drop_retries"  # the gateway's pick hook, for the expected samples
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -63,6 +69,13 @@ class BenchConfig:
             )
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError("--timeout must be > 0")
+        if self.tree and self.target != "sessiongate":
+            raise ValueError(
+                "tree sessions need --target sessiongate: the driver checks each session's "
+                "tree through the session API (GET /sessions/{id}, POST .../samples)"
+            )
+        if self.tree_pick not in PICKERS:
+            raise ValueError(f"--tree-expect-pick must be one of {', '.join(PICKERS)}")
         self.pacing.check()
 
 
@@ -130,10 +143,11 @@ def run_info(config: BenchConfig, model: str) -> dict[str, Any]:
 
 async def run_bench(
     config: BenchConfig,
-    workload: Iterable[SessionSpec],
+    workload: Iterable[SessionSpec] | Iterable[TreeSessionSpec],
     *,
     total_trees: int | None = None,
     records_hook: RecordsHook | None = None,
+    tree_hook: TreeHook | None = None,
 ) -> BenchOutcome:
     """Run the workload as configured; Ctrl-C (SIGINT) stops it and keeps what was measured."""
     config.check()
@@ -150,7 +164,14 @@ async def run_bench(
             stream_usage=config.target == "openai",
         )
         collector = Collector(sessions_planned=total_trees)
-        driver = Driver(target, collector, options)
+        run_tree: Any = Driver(target, collector, options).run_tree
+        if config.tree:
+            assert isinstance(target, SessiongateTarget)  # config.check()
+            collector.tree = TreeTally(picker=config.tree_pick)
+            tree_driver = TreeDriver(
+                target, collector, options, picker=config.tree_pick, hook=tree_hook
+            )
+            run_tree = tree_driver.run_tree
         display = ProgressDisplay(
             collector,
             mode=config.progress,
@@ -165,7 +186,7 @@ async def run_bench(
 
         loop = asyncio.get_running_loop()
         task = asyncio.create_task(
-            drive(workload, driver.run_tree, config.pacing, on_measured=measured_phase_begins)
+            drive(workload, run_tree, config.pacing, on_measured=measured_phase_begins)
         )
         interrupted = False
 

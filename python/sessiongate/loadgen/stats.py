@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sessiongate.loadgen.http import Exchange
+from sessiongate.loadgen.tree_check import TreeTally
 
 RATE_WINDOW_S = 5.0  # "current rate" in the progress display: turns over the last 5 s
 
@@ -21,7 +22,7 @@ RATE_WINDOW_S = 5.0  # "current rate" in the progress display: turns over the la
 class RequestRecord:
     """One line of `--raw`: who sent it, what was sent, what came back."""
 
-    kind: str  # create | chat | records | delete
+    kind: str  # create | chat | records | samples (tree sessions) | delete
     session_id: str | None
     parent_id: str | None
     root_id: str | None
@@ -87,6 +88,7 @@ class Collector:
     turns_done: int = 0
     errors: int = 0
     warmup_until_s: float | None = None  # requests starting before this are warm-up
+    tree: TreeTally | None = None  # tree workloads: the tree figures (summary["tree"])
     _recent: deque[float] = field(default_factory=deque)
 
     def add(
@@ -201,6 +203,7 @@ def summarize(collector: Collector, *, interrupted: bool = False) -> dict[str, A
         "requests": {
             kind: len([r for r in measured if r.kind == kind])
             for kind in ("create", "chat", "records", "delete")
+            + (("samples",) if collector.tree is not None else ())
         },
         "errors": {
             "total": sum(errors.values()),
@@ -209,4 +212,5 @@ def summarize(collector: Collector, *, interrupted: bool = False) -> dict[str, A
             "warmup": warmup_errors,
         },
         "warmup_requests": len(collector.records) - len(measured),
+        **({"tree": collector.tree.to_json()} if collector.tree is not None else {}),
     }

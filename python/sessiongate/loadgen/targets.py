@@ -145,14 +145,39 @@ class SessiongateTarget(Target):
     async def close(self, handle: SessionHandle) -> list[Exchange]:
         done: list[Exchange] = []
         if self.records:
-            parts: list[bytes] = []
-            keep = parts.append if self.records_hook is not None else None
-            get = await self._send("records", "GET", self._path(handle), body_hook=_counter(keep))
+            get, body = await self.get_records(handle, keep=self.records_hook is not None)
             if get.ok and self.records_hook is not None:
-                self.records_hook(handle, b"".join(parts))
+                self.records_hook(handle, body)
             done.append(get)
-        done.append(await self._send("delete", "DELETE", self._path(handle)))
+        done.append(await self.delete(handle))
         return done
+
+    async def get_records(self, handle: SessionHandle, *, keep: bool) -> tuple[Exchange, bytes]:
+        """`GET /sessions/{id}` (kind `records`); the body only when `keep`, else b"" (it
+        is drained and counted: records can be GiB)."""
+        parts: list[bytes] = []
+        get = await self._send(
+            "records",
+            "GET",
+            self._path(handle),
+            body_hook=_counter(parts.append if keep else None),
+        )
+        return get, b"".join(parts)
+
+    async def samples(self, handle: SessionHandle) -> tuple[Exchange, bytes]:
+        """`POST /sessions/{id}/samples` (kind `samples`) with its safetensors body."""
+        parts: list[bytes] = []
+        ex = await self._send(
+            "samples",
+            "POST",
+            self._path(handle) + "/samples",
+            body=b"{}",
+            body_hook=parts.append,
+        )
+        return ex, b"".join(parts)
+
+    async def delete(self, handle: SessionHandle) -> Exchange:
+        return await self._send("delete", "DELETE", self._path(handle))
 
     def abandon(self, handle: SessionHandle) -> None:
         self._abandoned.append(handle.session_id)

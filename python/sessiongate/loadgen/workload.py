@@ -141,6 +141,27 @@ def _count(rng: random.Random, mean: float, stddev: float, minimum: int) -> int:
     return max(minimum, round(value))
 
 
+def later_turn(rng: random.Random, o: SyntheticOptions) -> TurnSpec:
+    """A turn after the first: appended tool results or user follow-ups, think time first.
+
+    Shared with the tree workload, whose extra branches are made of such turns.
+    """
+    messages = [
+        {
+            "role": "tool" if rng.random() < o.tool_ratio else "user",
+            "content": _words(rng, o.append_tokens),
+        }
+        for _ in range(o.append_messages)
+    ]
+    delay = max(0.0, rng.gauss(o.think_time, o.think_time_stddev))
+    return TurnSpec(
+        messages=messages,
+        max_tokens=_count(rng, o.max_tokens, o.max_tokens_stddev, 1),
+        delay_s=round(delay, 6),
+        wait_children=o.wait_children,
+    )
+
+
 class SyntheticWorkload:
     """Root sessions from a seed: root i is the same tree whatever the run's length.
 
@@ -175,28 +196,19 @@ class SyntheticWorkload:
         children_made = 0
         for t in range(n_turns):
             if t == 0:
-                messages = []
+                messages: list[dict[str, Any]] = []
                 if o.system_tokens:
                     messages.append({"role": "system", "content": _words(rng, o.system_tokens)})
                 messages.append(
                     {"role": "user", "content": f"Task {sid}: {_words(rng, o.prompt_tokens)}"}
                 )
-                delay = 0.0
+                turn = TurnSpec(
+                    messages=messages,
+                    max_tokens=_count(rng, o.max_tokens, o.max_tokens_stddev, 1),
+                    wait_children=o.wait_children,
+                )
             else:
-                messages = [
-                    {
-                        "role": "tool" if rng.random() < o.tool_ratio else "user",
-                        "content": _words(rng, o.append_tokens),
-                    }
-                    for _ in range(o.append_messages)
-                ]
-                delay = max(0.0, rng.gauss(o.think_time, o.think_time_stddev))
-            turn = TurnSpec(
-                messages=messages,
-                max_tokens=_count(rng, o.max_tokens, o.max_tokens_stddev, 1),
-                delay_s=round(delay, 6),
-                wait_children=o.wait_children,
-            )
+                turn = later_turn(rng, o)
             may_spawn = depth < o.depth and (o.max_spawns == 0 or spawns < o.max_spawns)
             if may_spawn and o.child_prob > 0 and rng.random() < o.child_prob:
                 spawns += 1
