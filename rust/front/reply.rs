@@ -2,25 +2,16 @@
 
 use hyper::{HeaderMap, StatusCode};
 
-/// Reply headers never relayed from an upstream: hop-by-hop ones, the framing the front
-/// recomputes, and `date`/`server`, which belong to the server that answers
+use super::upstream::DROP_REQUEST_HEADERS;
+
+/// Reply headers the server that answers sets itself: with the hop-by-hop ones
+/// (`DROP_REQUEST_HEADERS`), never relayed from an upstream
 /// (`upstream/client.py::relayable_reply_headers`).
-const DROP_REPLY_HEADERS: [&str; 14] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "content-encoding",
-    "accept-encoding",
-    "date",
-    "server",
-];
+const OWN_REPLY_HEADERS: [&str; 2] = ["date", "server"];
+
+fn relayed(name: &str) -> bool {
+    !DROP_REQUEST_HEADERS.contains(&name) && !OWN_REPLY_HEADERS.contains(&name)
+}
 
 /// How a relayed body is framed towards the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +57,7 @@ pub fn relay_head(
     status_line(out, status);
     for (name, value) in headers {
         // HeaderMap names are lowercase already.
-        if !DROP_REPLY_HEADERS.contains(&name.as_str()) {
+        if relayed(name.as_str()) {
             header(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }

@@ -30,8 +30,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
 /// Request headers never forwarded: hop-by-hop ones and those the client recomputes
-/// (`upstream/client.py::_DROP_HEADERS`).
-const DROP_REQUEST_HEADERS: [&str; 12] = [
+/// (`upstream/client.py::_DROP_HEADERS`); the reply side drops them too (`reply.rs`).
+pub const DROP_REQUEST_HEADERS: [&str; 12] = [
     "connection",
     "keep-alive",
     "proxy-authenticate",

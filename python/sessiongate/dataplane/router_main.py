@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from sessiongate.dataplane.router.dispatch import Router, open_channel, watch_control_socket
     from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
-    from sessiongate.process.compiled_front import front_options, open_front_door, serve_with_front
+    from sessiongate.process.compiled_front import open_front_door, serve_with_front
     from sessiongate.process.http_protocol import gateway_protocol
     from sessiongate.process.http_server import QuietServer, uvicorn_config
     from sessiongate.server.asgi import FrontendSettings, GatewayApp
@@ -85,17 +85,10 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
     app = GatewayApp(router.dispatch, settings)
     protocol = gateway_protocol(settings.header_timeout)
-    options = front_options(args, args.backend, LATENCY_BUCKETS)
-    door = None
-    port = args.port
-    if options is not None:
-        try:
-            door = open_front_door(args.host, args.port, settings, options)
-        except OSError as exc:
-            print(f"router: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-            return 1
-        port = door.port
+    door = open_front_door(args, settings, args.backend, LATENCY_BUCKETS, who="router")
+    if door is not None:
         router.front_stats = door.stats
+    port = door.port if door is not None else args.port
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)
 

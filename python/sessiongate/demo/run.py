@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -125,17 +126,21 @@ class _Gateway:
         self.log.close()
 
 
-def _bench(url: str, args: argparse.Namespace, verifier: RecordsVerifier) -> BenchOutcome:
-    config = BenchConfig(
+def _config(url: str, args: argparse.Namespace, sessions: int, label: str) -> BenchConfig:
+    return BenchConfig(
         url=url,
-        pacing=Pacing(sessions=args.sessions, concurrency=args.concurrency, seed=args.seed),
+        pacing=Pacing(sessions=sessions, concurrency=args.concurrency, seed=args.seed),
         target="sessiongate",
         tools=DEFAULT_TOOLS,
         timeout=120.0,
         progress=args.progress,
         progress_interval_s=2.0,
-        workload_label="demo: tool turns + one sub-agent per session",
+        workload_label=label,
     )
+
+
+def _bench(url: str, args: argparse.Namespace, verifier: RecordsVerifier) -> BenchOutcome:
+    config = _config(url, args, args.sessions, "demo: tool turns + one sub-agent per session")
     workload = demo_workload(args)
     return asyncio.run(
         run_bench(config, workload, total_trees=args.sessions, records_hook=verifier)
@@ -143,19 +148,22 @@ def _bench(url: str, args: argparse.Namespace, verifier: RecordsVerifier) -> Ben
 
 
 def _tree_bench(url: str, args: argparse.Namespace, verifier: TreeVerifier) -> BenchOutcome:
-    config = BenchConfig(
-        url=url,
-        pacing=Pacing(sessions=args.trees, concurrency=args.concurrency, seed=args.seed),
-        target="sessiongate",
-        tools=DEFAULT_TOOLS,
-        timeout=120.0,
-        progress=args.progress,
-        progress_interval_s=2.0,
-        workload_label="demo: tree sessions (retry, fork, resume)",
-        tree=True,
-    )
+    label = "demo: tree sessions (retry, fork, resume)"
+    config = dataclasses.replace(_config(url, args, args.trees, label), tree=True)
     sessions = tree_sessions(args.trees, args.seed)
     return asyncio.run(run_bench(config, sessions, total_trees=args.trees, tree_hook=verifier))
+
+
+def _print_failed(console: Console, outcome: BenchOutcome) -> list[Any]:
+    """The failed requests of a run (the first SHOWN_PROBLEMS printed)."""
+    failed = [r for r in outcome.collector.records if r.error_key is not None]
+    for record in failed[:SHOWN_PROBLEMS]:
+        console.print(
+            f"[red]error[/red] {record.kind} {record.session_id} turn {record.turn}: "
+            + escape(f"{record.error_key} {record.error}"),
+            highlight=False,
+        )
+    return failed
 
 
 def _ready(gateway: _Gateway, console: Console, what: str) -> bool:
@@ -221,13 +229,7 @@ def run(args: argparse.Namespace) -> int:
     if verifier.checked != expected:
         problems.append(f"fetched the records of {verifier.checked} sessions, expected {expected}")
     errors = outcome.summary["errors"]["total"]
-    failed = [r for r in outcome.collector.records if r.error_key is not None]
-    for record in failed[:SHOWN_PROBLEMS]:
-        console.print(
-            f"[red]error[/red] {record.kind} {record.session_id} turn {record.turn}: "
-            + escape(f"{record.error_key} {record.error}"),
-            highlight=False,
-        )
+    _print_failed(console, outcome)
     for problem in problems[:SHOWN_PROBLEMS]:
         console.print(f"[red]not token-exact[/red] {escape(problem)}", highlight=False)
     if outcome.interrupted or (tree_outcome is not None and tree_outcome.interrupted):
@@ -274,13 +276,7 @@ def _report_trees(
             f"{v.leaves} leaves and {v.samples} samples, expected {expected_leaves} and "
             f"{expected_samples}"
         )
-    failed = [r for r in outcome.collector.records if r.error_key is not None]
-    for record in failed[:SHOWN_PROBLEMS]:
-        console.print(
-            f"[red]error[/red] {record.kind} {record.session_id} turn {record.turn}: "
-            + escape(f"{record.error_key} {record.error}"),
-            highlight=False,
-        )
+    failed = _print_failed(console, outcome)
     for problem in problems[:SHOWN_PROBLEMS]:
         console.print(f"[red]tree not token-exact[/red] {escape(problem)}", highlight=False)
     return bool(failed or problems or v.abandoned_dropped != v.abandoned)

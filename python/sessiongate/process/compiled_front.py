@@ -252,10 +252,23 @@ class CompiledFrontDoor:
 
 
 def open_front_door(
-    host: str, port: int, frontend: FrontendSettings, options: FrontOptions
-) -> CompiledFrontDoor:
-    """Bind the public socket for a front door (OSError when the address is taken)."""
-    return CompiledFrontDoor(bind_listener(host, port), frontend, options)
+    args: argparse.Namespace,
+    frontend: FrontendSettings,
+    upstreams: Sequence[str],
+    latency_buckets: Sequence[float],
+    *,
+    who: str,
+) -> CompiledFrontDoor | None:
+    """The front door `args` ask for, its public socket bound (`args.host`, `args.port`);
+    None for the Python front. SystemExit naming `who` when the address cannot be bound."""
+    options = front_options(args, upstreams, latency_buckets)
+    if options is None:
+        return None
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        raise SystemExit(f"{who}: cannot listen on {args.host}:{args.port}: {exc}") from None
+    return CompiledFrontDoor(listener, frontend, options)
 
 
 async def serve_with_front(

@@ -22,7 +22,7 @@ from sessiongate.dataplane.router.dispatch import METRICS_HEADERS
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.worker.main import build_core
 from sessiongate.process.children import listen_problem
-from sessiongate.process.compiled_front import front_options, open_front_door, serve_with_front
+from sessiongate.process.compiled_front import open_front_door, serve_with_front
 from sessiongate.process.http_protocol import gateway_protocol
 from sessiongate.process.http_server import QuietServer, uvicorn_config
 from sessiongate.server.asgi import FrontendSettings, GatewayApp
@@ -88,16 +88,8 @@ def run_in_process(
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
-    options = front_options(args, args.backend, LATENCY_BUCKETS)
-    door = None
-    port = args.port
-    if options is not None:
-        try:
-            door = open_front_door(args.host, args.port, frontend, options)
-        except OSError as exc:
-            print(f"sessiongate: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
-            return 1
-        port = door.port
+    door = open_front_door(args, frontend, args.backend, LATENCY_BUCKETS, who="sessiongate")
+    port = door.port if door is not None else args.port
     core = build_core(args)
     gateway = InProcessGateway(core)
     if door is not None:

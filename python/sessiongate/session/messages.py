@@ -427,6 +427,27 @@ class HistoryPlan:
     messages: list[Message] = field(default_factory=list)
 
 
+def check_appended(
+    appended: Sequence[Message],
+    start: int,
+    allowed_roles: frozenset[str],
+    *,
+    session_id: str,
+    after: str,
+) -> None:
+    """The messages a turn adds after an assistant turn (at `start` in the request): at
+    least one, each with an allowed role; else BadRequest naming the first culprit."""
+    if not appended:
+        raise BadRequest(f"session {session_id}: no new messages after {after}")
+    for offset, message in enumerate(appended):
+        role = message.get("role")
+        if role not in allowed_roles:
+            raise BadRequest(
+                f"session {session_id}: messages[{start + offset}] has role {role!r}; "
+                f"roles allowed after an assistant turn: {sorted(allowed_roles)}"
+            )
+
+
 def plan_history(
     stored: Sequence[Message],
     requested: Sequence[Message],
@@ -481,18 +502,13 @@ def plan_history(
 
     appended = list(requested[base_len:])
     if checkpoints > 0:
-        if not appended:
-            raise BadRequest(
-                f"session {session_id}: no new messages after the last assistant turn "
-                f"(history has {base_len} messages)"
-            )
-        for offset, message in enumerate(appended):
-            role = message.get("role")
-            if role not in allowed_roles:
-                raise BadRequest(
-                    f"session {session_id}: messages[{base_len + offset}] has role {role!r}; "
-                    f"roles allowed after an assistant turn: {sorted(allowed_roles)}"
-                )
+        check_appended(
+            appended,
+            base_len,
+            allowed_roles,
+            session_id=session_id,
+            after=f"the last assistant turn (history has {base_len} messages)",
+        )
     return HistoryPlan(
         base_len=base_len,
         checkpoint_count=checkpoints,

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.session.errors import BadRequest, Conflict
-from sessiongate.session.messages import Message, MessageMatcher
+from sessiongate.session.errors import Conflict
+from sessiongate.session.messages import Message, MessageMatcher, check_appended
 
 # The framework's cap (tree_trajectory.py, MAX_NODES): a session that needs more is almost
 # always a client that does not replay its history verbatim.
@@ -173,18 +173,13 @@ class SessionTree:
                 "that assistant message)"
             )
         appended = list(requested[matched:])
-        if not appended:
-            raise BadRequest(
-                f"session {session_id}: no new messages after node {attach.id}'s assistant "
-                f"turn (its path has {matched} messages)"
-            )
-        for offset, message in enumerate(appended):
-            role = message.get("role")
-            if role not in allowed_roles:
-                raise BadRequest(
-                    f"session {session_id}: messages[{matched + offset}] has role {role!r}; "
-                    f"roles allowed after an assistant turn: {sorted(allowed_roles)}"
-                )
+        check_appended(
+            appended,
+            matched,
+            allowed_roles,
+            session_id=session_id,
+            after=f"node {attach.id}'s assistant turn (its path has {matched} messages)",
+        )
         stored = path_messages(attach)
         return TreePlan(
             attach=attach,
