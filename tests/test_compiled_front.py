@@ -178,3 +178,25 @@ def test_compiled_front_refuses_what_it_cannot_serve() -> None:
     )
     assert result.returncode != 0
     assert "--front compiled" in result.stderr and "https://127.0.0.1:1" in result.stderr
+
+
+def test_an_engine_restart_costs_only_the_requests_made_while_it_was_down() -> None:
+    engine_port = free_port()
+    port = free_port()
+    engine_argv = ["mock-engine", "--port", str(engine_port)]
+    argv = ["serve", "--port", str(port), "--workers", "1", "--front", "compiled"]
+    argv += ["--backend", f"http://127.0.0.1:{engine_port}", "--health-interval", "0.5"]
+    with ServerProcess(engine_argv, engine_port) as engine:
+        with ServerProcess(argv, port, timeout=60) as gw, httpx.Client(base_url=gw.url) as client:
+            assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
+            engine.stop()
+            down = client.post("/v1/chat/completions", json=CHAT)
+            assert down.status_code == 502 and "ConnectFailed" in down.json()["error"]
+            with ServerProcess(engine_argv, engine_port):
+                # Pooled connections to the old engine are dead: the front must not reuse
+                # them, and the upstream marked down is tried again (it is the only one).
+                for _ in range(3):
+                    again = client.post("/v1/chat/completions", json=CHAT)
+                    assert again.status_code == 200, again.text
+                metrics = client.get("/metrics").text
+    assert 'sessiongate_requests_total{op="proxy",status="502"} 1' in metrics
