@@ -848,3 +848,73 @@ def test_front_route_examples() -> None:
     assert front_route("GET", "/v1/models?x", [], names) == "proxy"
     assert front_route("HEAD", "/v1/models", [], names) == "handoff"
     assert front_route("GET", "/health", [], names) == "handoff"
+
+
+# Whole requests on the wire: served or handed off, as the specification says ---------------
+
+_WIRE_HEADERS = [
+    ("Host", "front"),
+    ("X-Session-ID", "s1"),
+    ("X-Session-ID", ""),
+    ("Content-Type", "application/json"),
+    ("Transfer-Encoding", "chunked"),
+    ("Expect", "100-continue"),
+    ("Upgrade", "websocket"),
+    ("Bad Header", "x"),
+    ("Content-Length", "abc"),
+    ("Content-Length", "-1"),
+    ("Content-Length", "2, 2"),
+]
+
+
+def predicted_to_serve(
+    method: str, target: str, version: str, headers: list[tuple[str, str]], body: bytes
+) -> bool:
+    """Whether the front answers this request itself: the routing spec (`served_by_front`)
+    plus the transport conditions under which Python must see the request instead."""
+    from sessiongate.server.routes import served_by_front
+
+    names = [name.lower() for name, _ in headers]
+    lengths = [value for name, value in headers if name.lower() == "content-length"]
+    return (
+        version == "HTTP/1.1"
+        and served_by_front(method, target.partition("?")[0], [(k.lower(), v) for k, v in headers])
+        and not {"transfer-encoding", "expect", "upgrade", "bad header"} & set(names)
+        and len(lengths) <= 1
+        and all(value.isdigit() for value in lengths)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "POST", "HEAD", "PUT", "post"]),
+    target=st.sampled_from([CHAT, "/v1/models?x=1", "/v1/echo", "/health", "/sessions", "/v1"]),
+    version=st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0"]),
+    headers=st.lists(st.sampled_from(_WIRE_HEADERS), max_size=4, unique=True),
+    body=st.binary(max_size=64),
+)
+def test_every_request_is_served_or_handed_off_whole(
+    method: str, target: str, version: str, headers: list[tuple[str, str]], body: bytes
+) -> None:
+    has_length = any(name == "Content-Length" for name, _ in headers)
+    if not has_length and body:
+        headers = [*headers, ("Content-Length", str(len(body)))]
+    raw = f"{method} {target} {version}\r\n".encode()
+    raw += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers) + b"\r\n"
+    # A declared length the front would wait for is sent whole (no timeout is exercised).
+    raw += body if not has_length else b""
+    serves = predicted_to_serve(method, target, version, headers, body if not has_length else b"")
+    with contextlib.ExitStack() as stack:
+        upstream = Upstream()
+        stack.callback(upstream.close)
+        front = Front([upstream.url])
+        stack.callback(front.close)
+        client = front.connect()
+        if not serves:
+            check_handoff(front, client, raw)
+            assert front.stats()["requests"] == {}
+            return
+        client.sendall(raw)
+        status, _, _ = Reader(client).response()
+        assert status == 200  # the echo upstream answers every method and path
+        assert front.stats()["handoffs"] == 0
