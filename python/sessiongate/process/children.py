@@ -56,6 +56,24 @@ def listen_problem(host: str, port: int) -> str | None:
     return None
 
 
+def listening_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A non-blocking listening socket on the first address `host` resolves to, with
+    SO_REUSEADDR so a restarted process can take its port back at once."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def die_with_parent() -> bool:
     """Called early by a child: ask Linux for SIGTERM when the parent dies.
 

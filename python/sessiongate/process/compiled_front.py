@@ -23,6 +23,7 @@ from typing import Any
 
 import uvicorn
 
+from sessiongate.process.children import listening_socket
 from sessiongate.process.http_server import QuietServer, serve_until_exit
 from sessiongate.server.asgi import FrontendSettings
 
@@ -118,24 +119,6 @@ def front_options(
         threads=threads,
         latency_buckets=latency_buckets,
     )
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The public listening socket (the front and uvicorn share it through the front).
-    One address: the first that `host` resolves to (uvicorn binds the first, too, for a
-    name; "0.0.0.0" and "::" are single addresses)."""
-    family, kind, proto, _name, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 class CompiledFrontDoor:
@@ -265,7 +248,7 @@ def open_front_door(
     if options is None:
         return None
     try:
-        listener = bind_listener(args.host, args.port)
+        listener = listening_socket(args.host, args.port, LISTEN_BACKLOG)
     except OSError as exc:
         raise SystemExit(f"{who}: cannot listen on {args.host}:{args.port}: {exc}") from None
     return CompiledFrontDoor(listener, frontend, options)

@@ -11,6 +11,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from sessiongate.process.children import listening_socket
+
 logger = logging.getLogger(__name__)
 
 SECRET_ENV = "SESSIONGATE_WORKER_SECRET"
@@ -114,18 +116,5 @@ def tune_socket(sock: socket.socket) -> None:
 
 
 def listen_socket(endpoint: Endpoint, backlog: int = 16) -> socket.socket:
-    """A non-blocking listening socket; SO_REUSEADDR so a restarted worker can take its
-    port back at once."""
-    family, kind, proto, _, address = socket.getaddrinfo(
-        endpoint.host, endpoint.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    """A worker's non-blocking listening socket (see `listening_socket`)."""
+    return listening_socket(endpoint.host, endpoint.port, backlog)
