@@ -22,9 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate._core import CompiledFront, front_route
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
-from sessiongate.session.errors import GatewayError
+from sessiongate._core import CompiledFront
+from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 
 LIVENESS = 10.0
 CHAT = "/v1/chat/completions"
@@ -777,77 +776,6 @@ def test_a_down_upstream_is_reported_by_the_probe(make_front: Any) -> None:
     assert stats["upstreams"][0]["last_error"].startswith(
         f"GET {url}/health failed (ConnectFailed: "
     )
-
-
-# The routing decision, twinned with routes.classify ----------------------------------------
-
-
-def reference_route(
-    method: str, target: str, headers: list[tuple[str, str]], names: list[str]
-) -> str:
-    """What the Python spec says: served iff a stateless proxy route on GET or POST."""
-    path = target.partition("?")[0]
-    try:
-        route = classify(method, path, headers, names)
-    except GatewayError:
-        return "handoff"
-    served = route.op == "proxy" and route.session_id is None and method in ("GET", "POST")
-    return "proxy" if served else "handoff"
-
-
-_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6)
-_NAMES = ["X-Session-ID", "x-session-id", "X-SMG-Routing-Key", "X-Correlation-ID", "Host"]
-
-
-@settings(max_examples=400, deadline=None)
-@given(
-    method=st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post"]) | _TEXT,
-    target=st.tuples(
-        st.sampled_from(
-            [
-                CHAT,
-                "/v1/",
-                "/v1/models",
-                "/v1",
-                "/health",
-                "/metrics",
-                "/sessions",
-                "/sessions/a",
-                "/sessions/a/v1/chat/completions",
-                "/openapi.json",
-                "",
-                "/V1/x",
-            ]
-        ),
-        st.sampled_from(["", "?", "?a=1", "/x", "x"]),
-        _TEXT,
-    ).map("".join),
-    headers=st.lists(
-        st.tuples(st.sampled_from(_NAMES) | _TEXT, st.sampled_from(["", "s1"]) | _TEXT),
-        max_size=5,
-    ),
-    names=st.just(list(DEFAULT_SESSION_HEADERS))
-    | st.lists(st.sampled_from(_NAMES) | _TEXT, max_size=3),
-)
-def test_front_route_twins_classify(
-    method: str, target: str, headers: list[tuple[str, str]], names: list[str]
-) -> None:
-    assert front_route(method, target, headers, names) == reference_route(
-        method, target, headers, names
-    )
-
-
-def test_front_route_examples() -> None:
-    names = list(DEFAULT_SESSION_HEADERS)
-    assert front_route("POST", CHAT, [], names) == "proxy"
-    assert front_route("POST", CHAT, [("x-dynamo-session-id", "d")], names) == "handoff"
-    assert front_route("POST", CHAT, [("X-Session-ID", "")], names) == "proxy"
-    assert front_route("POST", CHAT, [("X-Session-ID", "a"), ("x-session-id", "")], names) == (
-        "proxy"
-    )
-    assert front_route("GET", "/v1/models?x", [], names) == "proxy"
-    assert front_route("HEAD", "/v1/models", [], names) == "handoff"
-    assert front_route("GET", "/health", [], names) == "handoff"
 
 
 # Whole requests on the wire: served or handed off, as the specification says ---------------

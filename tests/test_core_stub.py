@@ -103,9 +103,9 @@ def test_extracted_reply_members_match() -> None:
 
 
 # The compiled front is a server, not a primitive: its Python twin is the Python front itself
-# (`--front python`), and `front_route`'s is `server/routes.py::served_by_front`
-# (tests/test_front_route_twin.py).
-FRONT_NAMES = frozenset({"CompiledFront", "front_route"})
+# (`--front python`), `DispatchedRequest` is its request handed to that front's app, and
+# `front_route`'s twin is `server/routes.py::front_decision` (tests/test_front_route_twin.py).
+FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest", "front_route"})
 
 
 def test_python_twins_share_the_signatures() -> None:

@@ -1,9 +1,9 @@
 """The compiled front's routing decision equals the specification (twin rule).
 
-`server/routes.py::served_by_front` (built on `classify`, the one URL contract) says which
-requests the compiled front answers itself; `_core.front_route` (rust/front/route.rs) is the
-decision the Rust server makes. Generated request lines and headers must get the same
-answer from both.
+`server/routes.py::front_decision` (built on `classify`, the one URL contract) says which
+requests the compiled front answers itself, which it passes to Python as requests and which
+connections it hands off; `_core.front_route` (rust/front/route.rs) is the decision the Rust
+server makes. Generated request lines and headers must get the same answer from both.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessiongate._core import front_route
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, served_by_front
+from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, front_decision
 
 SESSION_HEADERS = list(DEFAULT_SESSION_HEADERS)
 
 
 def spec(method: str, target: str, headers: list[tuple[str, str]], names: list[str]) -> str:
-    # Python's front end classifies the raw path without its query (asgi.py).
-    path = target.partition("?")[0]
     lowered = [(k.lower(), v) for k, v in headers]
-    return "proxy" if served_by_front(method, path, lowered, names) else "handoff"
+    return front_decision(method, target, lowered, names)
 
 
 CASES = [
@@ -32,19 +30,28 @@ CASES = [
     ("HEAD", "/v1/models", [], "handoff"),
     ("PUT", "/v1/models", [], "handoff"),
     ("post", "/v1/chat/completions", [], "handoff"),
-    ("POST", "/v1/chat/completions", [("X-Session-ID", "abc")], "handoff"),
+    ("POST", "/v1/chat/completions", [("X-Session-ID", "abc")], "dispatch"),
     ("POST", "/v1/chat/completions", [("x-session-id", "")], "proxy"),
-    ("POST", "/v1/chat/completions", [("X-CORRELATION-ID", "s1")], "handoff"),
+    ("POST", "/v1/chat/completions", [("X-CORRELATION-ID", "s1")], "dispatch"),
     # A session header only names a session on the chat path.
     ("POST", "/v1/completions", [("X-Session-ID", "abc")], "proxy"),
     ("GET", "/v1/chat/completions", [("X-Session-ID", "abc")], "proxy"),
-    ("POST", "/v1/chat/completions?stream=1", [("X-Session-ID", "abc")], "handoff"),
-    ("POST", "/v1", [], "handoff"),
-    ("GET", "/health", [], "handoff"),
-    ("POST", "/sessions", [], "handoff"),
-    ("POST", "/sessions/abc/v1/chat/completions", [], "handoff"),
+    ("POST", "/v1/chat/completions?stream=1", [("X-Session-ID", "abc")], "dispatch"),
+    ("POST", "/v1", [], "dispatch"),
+    ("GET", "/health", [], "dispatch"),
+    ("HEAD", "/health", [], "handoff"),
+    ("POST", "/sessions", [], "dispatch"),
+    ("DELETE", "/sessions/a%2Fb", [], "dispatch"),
+    ("PUT", "/sessions/abc", [], "handoff"),
+    ("POST", "/sessions/abc/v1/chat/completions", [], "dispatch"),
     ("GET", "/v1/../sessions", [], "proxy"),
-    ("GET", "//v1/models", [], "handoff"),
+    ("GET", "//v1/models", [], "dispatch"),
+    ("GET", "/docs", [], "handoff"),
+    ("GET", "/openapi.json?x", [], "handoff"),
+    ("GET", '/sessions/a"b', [], "handoff"),
+    ("GET", "/sessions/\u00e9", [], "handoff"),
+    ("GET", "*", [], "handoff"),
+    ("GET", "http://h/health", [], "handoff"),
 ]
 
 
@@ -60,7 +67,7 @@ def test_configured_session_headers_replace_the_defaults() -> None:
     names = ["X-Trace"]
     headers = [("X-Session-ID", "abc")]
     assert front_route("POST", "/v1/chat/completions", headers, names) == "proxy"
-    assert front_route("POST", "/v1/chat/completions", [("x-trace", "t")], names) == "handoff"
+    assert front_route("POST", "/v1/chat/completions", [("x-trace", "t")], names) == "dispatch"
 
 
 METHODS = st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post", "PATCH"])
@@ -71,6 +78,7 @@ PATHS = st.one_of(
     st.sampled_from(["/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1"]),
     st.lists(SEGMENTS, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts)),
     st.text(alphabet="/v1chatompletinsd?=&%", max_size=30),
+    st.text(max_size=12),
 )
 QUERIES = st.one_of(st.just(""), st.text(alphabet="ab=&?/", max_size=8).map(lambda q: "?" + q))
 NAMES = st.sampled_from(
@@ -89,4 +97,28 @@ def test_compiled_decision_equals_the_specification(
     method: str, path: str, query: str, headers: list[tuple[str, str]], names: list[str]
 ) -> None:
     target = path + query
+    assert front_route(method, target, headers, names) == spec(method, target, headers, names)
+
+
+ANY_TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    method=METHODS | ANY_TEXT,
+    target=st.tuples(
+        st.sampled_from(
+            ["/v1/chat/completions", "/v1/", "/v1", "/health", "/sessions/a", "/docs", "", "*"]
+        ),
+        st.sampled_from(["", "?", "?a=1", "/x", "x", "#f"]),
+        ANY_TEXT,
+    ).map("".join),
+    headers=st.lists(
+        st.tuples(NAMES | ANY_TEXT, st.sampled_from(["", "s1"]) | ANY_TEXT), max_size=5
+    ),
+    names=NAME_LISTS | st.lists(NAMES | ANY_TEXT, max_size=3),
+)
+def test_any_text_gets_the_same_decision(
+    method: str, target: str, headers: list[tuple[str, str]], names: list[str]
+) -> None:
     assert front_route(method, target, headers, names) == spec(method, target, headers, names)

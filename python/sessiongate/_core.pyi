@@ -189,9 +189,11 @@ class BytesSink:
 class CompiledFront:
     """An HTTP/1.1 server on tokio threads that owns the public listening socket: stateless
     proxy requests (``front_route(...) == "proxy"``) are relayed to the upstreams without
-    Python; any other connection is handed off, its fd plus the bytes already read from the
-    current request on, through ``take_handoffs`` (one byte is written to ``notify_fd`` per
-    hand-off). Serves from construction until ``stop``."""
+    Python; with ``dispatch``, requests Python answers (``"dispatch"``) reach it through
+    ``take_requests`` while the front keeps their connection; any other connection is
+    handed off, its fd plus the bytes already read from the current request on, through
+    ``take_handoffs``. One byte is written to ``notify_fd`` per queued request, hand-off or
+    writable id. Serves from construction until ``stop``."""
 
     def __init__(
         self,
@@ -211,15 +213,21 @@ class CompiledFront:
         health_path: str,
         threads: int,
         latency_buckets: list[float],
+        dispatch: bool = False,
     ) -> None:
         """``listen_fd`` (a bound, listening TCP socket) and ``notify_fd`` (the write end of a
         non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
         listening socket is switched to non-blocking mode (a flag it shares with the
         duplicate). ``upstreams`` are distinct ``http://host:port[/prefix]`` base URLs
         (trailing "/" stripped); timeouts are positive seconds; ``latency_buckets`` strictly
-        ascending. ValueError (OSError for the fds) otherwise."""
+        ascending. ValueError (OSError for the fds) otherwise. Without ``dispatch`` the
+        requests Python answers are handed off with their connection."""
     def take_handoffs(self) -> list[tuple[int, bytes]]:
         """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
+    def take_requests(self) -> list[DispatchedRequest]:
+        """Drain the dispatched requests, oldest first."""
+    def take_writable(self) -> list[int]:
+        """Drain the ids of dispatched requests that may ``send`` again after a 1 (full)."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned
@@ -229,8 +237,47 @@ class CompiledFront:
         connections, let in-flight requests finish for up to ``grace`` s, then shut the
         runtime down and close untaken hand-offs. Idempotent; releases the GIL."""
 
+@final
+class DispatchedRequest:
+    """A request the front passes to Python, which answers it once: ``reply`` (whole), or
+    ``start``, ``send``... and ``end`` (or ``abort``). Dropped without an answer, the front
+    closes the connection."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def target(self) -> str:
+        """The request target as sent: path and query, visible ASCII."""
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Names lowercased, values decoded as latin-1, in order (as an ASGI scope has)."""
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def connected(self) -> bool:
+        """False once the front knows the client is gone."""
+    def reply(self, status: int, headers: list[tuple[str, str]], body: bytes) -> bool:
+        """The whole reply; the front adds ``content-length`` (and ``connection: close``
+        when the request or the stop asked for it). False when the client is gone.
+        ValueError for a status outside 100..999, a header name that is not a token, a
+        value with CR, LF or NUL, text that is not latin-1, or a second reply."""
+    def start(self, status: int, headers: list[tuple[str, str]]) -> bool:
+        """The head of a streamed reply: chunked, unless ``headers`` declare a
+        ``content-length`` (parts past it are dropped, an end short of it closes)."""
+    def send(self, data: bytes) -> int:
+        """Queue a part: 0 sent; 1 sent, but more than 1 MiB is queued (wait until
+        ``take_writable`` returns this id); -1 the client is gone (nothing sent)."""
+    def end(self) -> bool:
+        """The end of a streamed reply; False when the client is gone."""
+    def abort(self) -> None:
+        """Cut a started reply: the front closes the connection without ending it."""
+
 def front_route(
     method: str, target: str, headers: list[tuple[str, str]], session_headers: list[str]
 ) -> str:
     """``"proxy"`` when the front serves the request itself (GET/POST under ``/v1/``, except
-    a chat POST with a non-empty session header), else ``"handoff"``."""
+    a chat POST with a non-empty session header), ``"dispatch"`` for the other GET, POST and
+    DELETE requests with a plain origin-form target (except the documentation pages), else
+    ``"handoff"`` (``server/routes.py::front_decision``)."""

@@ -1,5 +1,6 @@
-//! One client connection: read requests, serve stateless proxy ones, hand the connection to
-//! Python at the first request the front does not serve.
+//! One client connection: read requests, serve stateless proxy ones, pass the API's other
+//! requests to Python and write its replies (`dispatch.rs`), and hand the connection to
+//! Python at the first request whose transport or route only the Python server handles.
 
 use std::future::Future;
 use std::time::Duration;
@@ -11,9 +12,10 @@ use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout, timeout_at, Instant};
 
+use super::dispatch::{lock_flow, DispatchedRequest, Part, SharedFlow, LOW_WATER};
 use super::head;
 use super::reply::{self, Framing};
 use super::route::{decide, has_session_header, target_path, Decision};
@@ -53,9 +55,22 @@ struct Prepared {
     head_len: usize,
     body_len: usize,
     close: bool,
-    method: Method,
-    path_and_query: PathAndQuery,
-    headers: hyper::HeaderMap,
+    job: Job,
+}
+
+enum Job {
+    /// Relayed upstream by the front.
+    Proxy {
+        method: Method,
+        path_and_query: PathAndQuery,
+        headers: hyper::HeaderMap,
+    },
+    /// Answered by Python: the request as it came, names lowercased.
+    Dispatch {
+        method: String,
+        target: String,
+        headers: Vec<(String, Vec<u8>)>,
+    },
 }
 
 enum Parsed {
@@ -207,11 +222,35 @@ impl Conn<'_> {
             let _head = self.buf.split_to(request.head_len);
             let body = self.buf.split_to(request.body_len).freeze();
 
+            let (method, path_and_query, headers) = match request.job {
+                Job::Proxy {
+                    method,
+                    path_and_query,
+                    headers,
+                } => (method, path_and_query, headers),
+                Job::Dispatch {
+                    method,
+                    target,
+                    headers,
+                } => {
+                    // 4'. Python's reply.
+                    let close = request.close;
+                    if !self.answer(method, target, headers, body, close).await {
+                        return Exit::Close;
+                    }
+                    if close || *self.shutdown.borrow() {
+                        let _ = self.stream.shutdown().await;
+                        return Exit::Close;
+                    }
+                    continue;
+                }
+            };
+
             // 4. Upstream, then the reply.
             let outgoing = Outgoing {
-                method: request.method,
-                path_and_query: request.path_and_query,
-                headers: request.headers,
+                method,
+                path_and_query,
+                headers,
                 body,
             };
             let Some(result) = self.exchange(outgoing).await else {
@@ -257,7 +296,8 @@ impl Conn<'_> {
         let headers = &*head.headers;
         let wire = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
         let has_session = || has_session_header(wire(), &config.session_names);
-        if decide(method.as_bytes(), target.as_bytes(), has_session) == Decision::Handoff {
+        let decision = decide(method.as_bytes(), target.as_bytes(), has_session);
+        if decision == Decision::Handoff || (decision == Decision::Dispatch && !config.dispatch) {
             return Parsed::Handoff;
         }
         let named = || headers.iter().map(|h| (h.name, h.value));
@@ -268,6 +308,22 @@ impl Conn<'_> {
         let Ok(body_len) = usize::try_from(fast.content_length) else {
             return Parsed::Handoff;
         };
+        if decision == Decision::Dispatch {
+            let headers = headers
+                .iter()
+                .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
+                .collect();
+            return Parsed::Serve(Prepared {
+                head_len,
+                body_len,
+                close: fast.close,
+                job: Job::Dispatch {
+                    method: method.to_string(),
+                    target: target.to_string(),
+                    headers,
+                },
+            });
+        }
         let method = if method == "GET" {
             Method::GET
         } else {
@@ -291,9 +347,11 @@ impl Conn<'_> {
             head_len,
             body_len,
             close: fast.close,
-            method,
-            path_and_query,
-            headers,
+            job: Job::Proxy {
+                method,
+                path_and_query,
+                headers,
+            },
         })
     }
 
@@ -433,6 +491,181 @@ impl Conn<'_> {
             }
         }
     }
+
+    /// Pass a request to Python and write its reply; whether the connection can carry
+    /// another request.
+    async fn answer(
+        &mut self,
+        method: String,
+        target: String,
+        headers: Vec<(String, Vec<u8>)>,
+        body: Bytes,
+        close: bool,
+    ) -> bool {
+        let shared = self.shared;
+        let (replies, mut parts) = mpsc::unbounded_channel();
+        let flow = SharedFlow::default();
+        let id = shared.request_id();
+        let request =
+            DispatchedRequest::new(id, method, target, headers, body, replies, flow.clone());
+        if !shared.dispatch(request) {
+            return false; // stopped: nobody will answer
+        }
+        // The head, watching the client meanwhile (as `exchange` does).
+        let mut watching = self.buf.len() <= WATCH_LIMIT;
+        let head = loop {
+            if watching {
+                make_room(self.buf);
+            }
+            tokio::select! {
+                biased;
+                part = parts.recv() => break part,
+                read = self.stream.read_buf(self.buf), if watching => match read {
+                    Ok(n) if n > 0 => watching = self.buf.len() <= WATCH_LIMIT,
+                    _ => {
+                        // Python finishes the request; its reply goes nowhere.
+                        lock_flow(&flow).gone = true;
+                        return false;
+                    }
+                },
+            }
+        };
+        // Python dropped the request without a reply (it stopped): close.
+        let Some(Part::Head {
+            status,
+            headers,
+            body,
+        }) = head
+        else {
+            return false;
+        };
+        let declared = app_framing(&headers);
+        let close = close || declared.close || *self.shutdown.borrow();
+        self.out.clear();
+        if let Some(body) = body {
+            let framing = Framing::Length(body.len() as u64);
+            reply::app_head(&mut self.out, status, &headers, framing, close);
+            if body.len() as u64 <= HOLD_LIMIT {
+                self.out.extend_from_slice(&body);
+                return self.flush().await;
+            }
+            return self.flush().await && self.stream.write_all(&body).await.is_ok();
+        }
+        let framing = if reply::bodiless(status) {
+            Framing::Empty
+        } else {
+            declared.length.map_or(Framing::Chunked, Framing::Length)
+        };
+        reply::app_head(&mut self.out, status, &headers, framing, close);
+        let intact = self.stream_parts(id, &mut parts, &flow, framing).await;
+        if !intact {
+            let mut flow = lock_flow(&flow);
+            flow.gone = true;
+            if std::mem::take(&mut flow.waiting) {
+                shared.writable(id); // it learns GONE at its next send
+            }
+        }
+        intact
+    }
+
+    /// The parts of a streamed reply after its head (in `self.out`): written as they come,
+    /// those ready together in one write. False when the reply was cut.
+    async fn stream_parts(
+        &mut self,
+        id: u64,
+        parts: &mut mpsc::UnboundedReceiver<Part>,
+        flow: &SharedFlow,
+        framing: Framing,
+    ) -> bool {
+        let mut remaining = match framing {
+            Framing::Length(n) => n,
+            _ => 0,
+        };
+        loop {
+            let part = if self.out.is_empty() {
+                parts.recv().await
+            } else {
+                match parts.try_recv() {
+                    Ok(part) => Some(part),
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        if !self.flush().await {
+                            return false;
+                        }
+                        continue;
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => None,
+                }
+            };
+            match part {
+                Some(Part::Body(data)) => {
+                    match framing {
+                        Framing::Chunked => reply::chunk(&mut self.out, &data),
+                        Framing::Length(_) => {
+                            // Past the declared length is dropped (as uvicorn refuses it).
+                            let n = remaining.min(data.len() as u64);
+                            self.out
+                                .extend_from_slice(&data[..usize::try_from(n).unwrap_or(0)]);
+                            remaining -= n;
+                        }
+                        Framing::Empty => {}
+                    }
+                    {
+                        let mut state = lock_flow(flow);
+                        state.queued = state.queued.saturating_sub(data.len());
+                        if state.waiting && state.queued <= LOW_WATER {
+                            state.waiting = false;
+                            self.shared.writable(id);
+                        }
+                    }
+                    if self.out.len() >= FLUSH_AT && !self.flush().await {
+                        return false;
+                    }
+                }
+                Some(Part::End) => {
+                    if framing == Framing::Chunked {
+                        self.out.extend_from_slice(reply::LAST_CHUNK);
+                    }
+                    // Short of a declared length, the client must not take it as whole.
+                    return self.flush().await && remaining == 0;
+                }
+                // A second head is refused by `DispatchedRequest`; none can arrive.
+                Some(Part::Head { .. } | Part::Abort) => {
+                    let _ = self.flush().await;
+                    return false;
+                }
+                // Dropped without its end: the reply is cut.
+                None => {
+                    let _ = self.flush().await;
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// What a Python reply's own headers say about its framing (as uvicorn reads them).
+struct Declared {
+    length: Option<u64>,
+    close: bool,
+}
+
+fn app_framing(headers: &[(Vec<u8>, Vec<u8>)]) -> Declared {
+    let mut declared = Declared {
+        length: None,
+        close: false,
+    };
+    for (name, value) in headers {
+        if name == b"content-length" && declared.length.is_none() {
+            declared.length = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok());
+        } else if name == b"connection" {
+            declared.close |= value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+    }
+    declared
 }
 
 /// `read_buf` on a full buffer only adds 64 bytes of room: reserve a useful amount instead

@@ -15,6 +15,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 mod conn;
+mod dispatch;
 mod head;
 mod reply;
 mod route;
@@ -108,7 +109,7 @@ impl CompiledFront {
     #[pyo3(signature = (
         listen_fd, notify_fd, upstreams, *, max_body_bytes, api_key, session_headers,
         header_timeout, body_timeout, keepalive_timeout, upstream_timeout, connect_timeout,
-        health_interval, health_path, threads, latency_buckets
+        health_interval, health_path, threads, latency_buckets, dispatch = false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -127,6 +128,7 @@ impl CompiledFront {
         health_path: String,
         threads: i64,
         latency_buckets: Vec<f64>,
+        dispatch: bool,
     ) -> PyResult<Self> {
         // Everything is validated before a thread starts or an fd is taken.
         if upstreams.is_empty() {
@@ -177,6 +179,7 @@ impl CompiledFront {
             body_timeout_text: reply::fmt_g(body_timeout),
             keepalive_timeout: seconds("keepalive_timeout", keepalive_timeout)?,
             upstream_timeout: seconds("upstream_timeout", upstream_timeout)?,
+            dispatch,
         };
         let connect_timeout = seconds("connect_timeout", connect_timeout)?;
         let health_interval = seconds("health_interval", health_interval)?;
@@ -251,6 +254,16 @@ impl CompiledFront {
             let _ = fd.into_raw_fd();
         }
         Ok(list)
+    }
+
+    /// Drain the requests for Python to answer (`DispatchedRequest`), oldest first.
+    fn take_requests(&self) -> Vec<dispatch::DispatchedRequest> {
+        self.shared.take_requests()
+    }
+
+    /// Drain the ids of dispatched requests that may `send` again after a FULL.
+    fn take_writable(&self) -> Vec<u64> {
+        self.shared.take_writable()
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -346,7 +359,8 @@ impl Drop for CompiledFront {
     }
 }
 
-/// "proxy" when the front serves the request itself, else "handoff" (`route.rs`).
+/// "proxy" when the front serves the request itself, "dispatch" when Python answers it on
+/// the front's connection, else "handoff" (`route.rs`).
 #[pyfunction]
 #[pyo3(signature = (method, target, headers, session_headers))]
 fn front_route(
@@ -399,6 +413,7 @@ fn session_in_python(
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CompiledFront>()?;
+    m.add_class::<dispatch::DispatchedRequest>()?;
     m.add_function(wrap_pyfunction!(front_route, m)?)?;
     Ok(())
 }

@@ -46,6 +46,19 @@ fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// The framing and connection headers the front sets, then the blank line.
+fn end_head(out: &mut Vec<u8>, framing: Framing, close: bool) {
+    match framing {
+        Framing::Empty => {}
+        Framing::Length(n) => header(out, b"content-length", n.to_string().as_bytes()),
+        Framing::Chunked => header(out, b"transfer-encoding", b"chunked"),
+    }
+    if close {
+        header(out, b"connection", b"close");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// The head of a relayed upstream reply, appended to `out`.
 pub fn relay_head(
     out: &mut Vec<u8>,
@@ -61,15 +74,27 @@ pub fn relay_head(
             header(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }
-    match framing {
-        Framing::Empty => {}
-        Framing::Length(n) => header(out, b"content-length", n.to_string().as_bytes()),
-        Framing::Chunked => header(out, b"transfer-encoding", b"chunked"),
+    end_head(out, framing, close);
+}
+
+/// Headers of a Python reply the front writes itself (framing, connection).
+const FRAMING_HEADERS: [&[u8]; 3] = [b"content-length", b"transfer-encoding", b"connection"];
+
+/// The head of a reply from Python (`dispatch.rs`; names lowercased), appended to `out`.
+pub fn app_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(Vec<u8>, Vec<u8>)],
+    framing: Framing,
+    close: bool,
+) {
+    status_line(out, status);
+    for (name, value) in headers {
+        if !FRAMING_HEADERS.contains(&name.as_slice()) {
+            header(out, name, value);
+        }
     }
-    if close {
-        header(out, b"connection", b"close");
-    }
-    out.extend_from_slice(b"\r\n");
+    end_head(out, framing, close);
 }
 
 /// One chunk of a chunked body (`data` must not be empty: that is the terminator).

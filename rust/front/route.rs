@@ -1,15 +1,21 @@
-//! Which requests the compiled front serves itself: the twin of
-//! `python/sessiongate/server/routes.py::classify` restricted to what it answers with a
-//! stateless "proxy" route. Everything else goes to the Python server.
+//! What the compiled front does with a request: the twin of
+//! `python/sessiongate/server/routes.py::front_decision`. Stateless "proxy" requests it
+//! serves itself; the other requests of the gateway's API go to Python as requests
+//! ("dispatch"); the rest (other methods, the documentation pages, odd targets) take the
+//! whole connection to the Python server ("handoff").
 
 /// The one chat path whose session headers make it a session turn.
 pub const CHAT_PATH: &[u8] = b"/v1/chat/completions";
 const PROXY_PREFIX: &[u8] = b"/v1/";
+/// Served by FastAPI through the ASGI server (`routes.py::DOCS_PATHS`).
+const DOCS_PATHS: [&[u8]; 2] = [b"/openapi.json", b"/docs"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// A stateless proxy request: relayed upstream by the front.
     Proxy,
+    /// A request Python answers, the connection staying with the front.
+    Dispatch,
     /// Anything else: the connection goes to Python.
     Handoff,
 }
@@ -18,6 +24,7 @@ impl Decision {
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Proxy => "proxy",
+            Decision::Dispatch => "dispatch",
             Decision::Handoff => "handoff",
         }
     }
@@ -32,21 +39,35 @@ pub fn target_path(target: &[u8]) -> &[u8] {
     }
 }
 
+/// A byte RFC 3986 allows in an origin-form target (path and query): unreserved,
+/// sub-delims, ":", "@", "/", "?" and "%". Targets with others go to the Python server,
+/// whose parser decides what they mean.
+fn target_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+}
+
 /// The routing decision. `has_session` says whether a session header is present; it is only
 /// asked for a POST to the chat path, the one route where it matters.
 pub fn decide(method: &[u8], target: &[u8], has_session: impl FnOnce() -> bool) -> Decision {
     let is_post = method == b"POST";
-    if !(is_post || method == b"GET") {
+    let is_get = method == b"GET";
+    if !(is_post || is_get || method == b"DELETE") {
         return Decision::Handoff;
     }
     let path = target_path(target);
-    if !path.starts_with(PROXY_PREFIX) {
+    if (is_post || is_get)
+        && path.starts_with(PROXY_PREFIX)
+        && !(is_post && path == CHAT_PATH && has_session())
+    {
+        return Decision::Proxy;
+    }
+    if !target.starts_with(b"/") || !target.iter().all(|&b| target_byte(b)) {
         return Decision::Handoff;
     }
-    if is_post && path == CHAT_PATH && has_session() {
+    if DOCS_PATHS.contains(&path) {
         return Decision::Handoff;
     }
-    Decision::Proxy
+    Decision::Dispatch
 }
 
 /// Whether a session header is present, as `routes.py::header_session_id` sees it: the first
@@ -111,24 +132,49 @@ mod tests {
     }
 
     #[test]
-    fn everything_else_is_handed_off() {
+    fn the_api_python_answers_is_dispatched() {
         for (method, target) in [
             ("GET", "/health"),
             ("GET", "/metrics"),
             ("POST", "/sessions"),
+            ("GET", "/sessions/abc"),
+            ("DELETE", "/sessions/abc"),
             ("GET", "/sessions/abc/v1/models"),
+            ("POST", "/sessions/a%2Fb/v1/chat/completions?x=1"),
             ("GET", "/v1"),
             ("GET", "/V1/models"),
+            ("DELETE", "/v1/models"),
+            ("GET", "/nowhere"),
+            ("GET", "/openapi.json/x"),
+            // Not decoded: "%2F" is not a slash.
+            ("GET", "/v1%2Fmodels"),
+        ] {
+            assert_eq!(
+                route(method, target, &[]),
+                Decision::Dispatch,
+                "{method} {target}"
+            );
+        }
+    }
+
+    #[test]
+    fn everything_else_is_handed_off() {
+        for (method, target) in [
             ("get", "/v1/models"),
             ("HEAD", "/v1/models"),
+            ("HEAD", "/health"),
             ("PUT", "/v1/models"),
-            ("DELETE", "/v1/models"),
+            ("OPTIONS", "/sessions"),
             ("GET", "?/v1/models"),
             ("GET", "http://host/v1/models"),
             ("GET", "*"),
             ("GET", "/openapi.json"),
-            // Not decoded: "%2F" is not a slash.
-            ("GET", "/v1%2Fmodels"),
+            ("GET", "/docs"),
+            ("GET", "/docs?x"),
+            ("POST", "/docs"),
+            ("GET", "/sessions/a b"),
+            ("GET", "/sessions/a\"b"),
+            ("GET", "/sessions/{x}"),
         ] {
             assert_eq!(
                 route(method, target, &[]),
@@ -143,15 +189,15 @@ mod tests {
         let chat = "/v1/chat/completions";
         assert_eq!(
             route("POST", chat, &[("X-Session-ID", "s")]),
-            Decision::Handoff
+            Decision::Dispatch
         );
         assert_eq!(
             route("POST", chat, &[("x-smg-routing-key", "k")]),
-            Decision::Handoff
+            Decision::Dispatch
         );
         assert_eq!(
             route("POST", "/v1/chat/completions?q", &[("X-SESSION-ID", "s")]),
-            Decision::Handoff
+            Decision::Dispatch
         );
         // Other paths and methods ignore them.
         assert_eq!(
@@ -184,7 +230,7 @@ mod tests {
                 chat,
                 &[("X-Session-ID", ""), ("X-SMG-Routing-Key", "k")]
             ),
-            Decision::Handoff
+            Decision::Dispatch
         );
         // The last duplicate wins, whatever the case of its name.
         assert_eq!(
@@ -193,7 +239,7 @@ mod tests {
         );
         assert_eq!(
             route("POST", chat, &[("X-Session-ID", ""), ("x-session-id", "s")]),
-            Decision::Handoff
+            Decision::Dispatch
         );
     }
 }

@@ -1,8 +1,10 @@
-//! State shared by the front's tasks, the accept loop and the hand-off queue.
+//! State shared by the front's tasks, the accept loop and the queues to Python (hand-offs,
+//! dispatched requests, writable wake-ups), which share one wake-up pipe.
 
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::dispatch::DispatchedRequest;
 use super::stats::Stats;
 use super::upstream::Pool;
 
@@ -26,6 +29,8 @@ pub struct Config {
     pub body_timeout_text: String,
     pub keepalive_timeout: Duration,
     pub upstream_timeout: Duration,
+    /// Requests Python answers go to it as requests (`dispatch.rs`); false: hand-offs.
+    pub dispatch: bool,
 }
 
 pub struct Shared {
@@ -33,13 +38,32 @@ pub struct Shared {
     pub stats: Stats,
     pub pool: Arc<Pool>,
     handoffs: Mutex<Handoffs>,
+    next_request: AtomicU64,
 }
 
 struct Handoffs {
     /// Connections for Python, with the bytes already read from them.
     queue: Vec<(OwnedFd, Bytes)>,
+    /// Requests for Python to answer.
+    requests: Vec<DispatchedRequest>,
+    /// Ids of dispatched requests whose reply queue drained while Python waited.
+    writable: Vec<u64>,
     /// Our own duplicate of the write end of Python's wake-up pipe; None once stopped.
     notify: Option<File>,
+}
+
+impl Handoffs {
+    /// One byte per event; a full pipe (EAGAIN) already wakes the reader. Written under the
+    /// lock (a non-blocking write) so `close_handoffs` cannot race it. False once stopped.
+    fn wake(&self) -> bool {
+        match &self.notify {
+            Some(notify) => {
+                let _ = (&*notify).write(&[1]);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Shared {
@@ -50,9 +74,43 @@ impl Shared {
             pool,
             handoffs: Mutex::new(Handoffs {
                 queue: Vec::new(),
+                requests: Vec::new(),
+                writable: Vec::new(),
                 notify: Some(File::from(notify)),
             }),
+            next_request: AtomicU64::new(1),
         }
+    }
+
+    pub fn request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Relaxed)
+    }
+
+    /// Queue a request for Python and wake its loop; false once stopped (nobody would
+    /// answer it).
+    pub fn dispatch(&self, request: DispatchedRequest) -> bool {
+        let mut handoffs = lock(&self.handoffs);
+        if !handoffs.wake() {
+            return false;
+        }
+        handoffs.requests.push(request);
+        true
+    }
+
+    /// Tell Python that request `id` may send again.
+    pub fn writable(&self, id: u64) {
+        let mut handoffs = lock(&self.handoffs);
+        if handoffs.wake() {
+            handoffs.writable.push(id);
+        }
+    }
+
+    pub fn take_requests(&self) -> Vec<DispatchedRequest> {
+        std::mem::take(&mut lock(&self.handoffs).requests)
+    }
+
+    pub fn take_writable(&self) -> Vec<u64> {
+        std::mem::take(&mut lock(&self.handoffs).writable)
     }
 
     /// Queue `stream` for Python with `data` (everything read from the current request on)
@@ -65,12 +123,9 @@ impl Shared {
         };
         let mut handoffs = lock(&self.handoffs);
         // Stopped: nobody would take it; dropping the fd closes the connection.
-        let Some(notify) = &handoffs.notify else {
+        if !handoffs.wake() {
             return;
-        };
-        // One byte per hand-off; a full pipe (EAGAIN) already wakes the reader. Written
-        // under the lock (a non-blocking write) so `close_handoffs` cannot race it.
-        let _ = (&*notify).write(&[1]);
+        }
         handoffs.queue.push((OwnedFd::from(stream), data));
         self.stats.handoff();
     }
@@ -84,6 +139,8 @@ impl Shared {
         let mut handoffs = lock(&self.handoffs);
         handoffs.notify = None;
         handoffs.queue.clear();
+        handoffs.requests.clear();
+        handoffs.writable.clear();
     }
 }
 

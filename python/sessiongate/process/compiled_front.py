@@ -1,12 +1,18 @@
 """The compiled front door: the Rust HTTP server in `sessiongate._core` owns the public
-socket, answers stateless proxy requests itself (client -> upstream -> client, no Python on
-the path), and hands every other connection, with the bytes it already read, to this
-process's uvicorn server, which serves it exactly as if it had accepted it.
+socket and
+- answers stateless proxy requests itself (client -> upstream -> client, no Python on the
+  path);
+- passes the gateway's other requests (session turns, session API, /health, /metrics) to
+  this process's event loop as parsed requests, answered by the same `GatewayApp.respond`
+  the ASGI server calls (process/front_requests.py), the connection staying with it;
+- hands the rest (other methods, the documentation pages, chunked or `Expect` bodies,
+  HTTP/1.0, anything malformed), with the bytes it already read, to this process's uvicorn
+  server, which serves the connection exactly as if it had accepted it.
 
-Why a hand-off and not a second hop: session traffic then costs what it cost before (one
-Python event loop, no extra copy), while the stateless path, which is pure bytes, runs on
-tokio threads (docs/performance.md, "The compiled front"). The routing decision is
-`server/routes.py::served_by_front`, twinned by `rust/front/route.rs`.
+Why no second hop: a session turn then costs one Python event loop and no HTTP server in
+Python, while the stateless path, which is pure bytes, runs on tokio threads
+(docs/performance.md, "The compiled front"). The routing decision is
+`server/routes.py::front_decision`, twinned by `rust/front/route.rs`.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any
 import uvicorn
 
 from sessiongate.process.children import listening_socket
+from sessiongate.process.front_requests import DispatchedRequests
 from sessiongate.process.http_server import QuietServer, serve_until_exit
-from sessiongate.server.asgi import FrontendSettings
+from sessiongate.server.asgi import FrontendSettings, GatewayApp
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +129,9 @@ def front_options(
 
 
 class CompiledFrontDoor:
-    """Runs `_core.CompiledFront` on `listener` and adopts its hand-offs into a uvicorn
-    server that accepts nothing itself (`serve_with_front`)."""
+    """Runs `_core.CompiledFront` on `listener`, answers its dispatched requests with the
+    uvicorn server's app and adopts its hand-offs into that server, which accepts nothing
+    itself (`serve_with_front`)."""
 
     def __init__(
         self, listener: socket.socket, frontend: FrontendSettings, options: FrontOptions
@@ -136,6 +144,7 @@ class CompiledFrontDoor:
         self._wake_read = -1
         self._wake_write = -1
         self._adopting: set[asyncio.Task[Any]] = set()
+        self._requests: DispatchedRequests | None = None
 
     @property
     def port(self) -> int:
@@ -148,6 +157,10 @@ class CompiledFrontDoor:
         from sessiongate._core import CompiledFront
 
         self.server = server
+        app = server.config.app
+        if not isinstance(app, GatewayApp):
+            raise TypeError(f"the compiled front serves a GatewayApp, not {type(app).__name__}")
+        self._requests = DispatchedRequests(app)
         loop = asyncio.get_running_loop()
         self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._front = CompiledFront(
@@ -166,6 +179,7 @@ class CompiledFrontDoor:
             health_path=self.options.health_path,
             threads=self.options.threads,
             latency_buckets=list(self.options.latency_buckets),
+            dispatch=True,
         )
         loop.add_reader(self._wake_read, self._on_wake)
 
@@ -173,9 +187,12 @@ class CompiledFrontDoor:
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_read, 4096):
                 pass
-        if self._front is None:
+        front, requests = self._front, self._requests
+        if front is None or requests is None:
             return
-        for fd, data in self._front.take_handoffs():
+        requests.writable(front.take_writable())
+        requests.serve(front.take_requests())
+        for fd, data in front.take_handoffs():
             self._adopt(fd, data)
 
     def _adopt(self, fd: int, data: bytes) -> None:
@@ -220,12 +237,17 @@ class CompiledFrontDoor:
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """Stop accepting and let the front's requests finish (up to `grace`)."""
-        front, self._front = self._front, None
+        front = self._front
+        if front is not None:
+            # The wake-ups are still served meanwhile: the dispatched requests in progress
+            # finish on this loop (hand-offs are refused: uvicorn is exiting too).
+            await asyncio.to_thread(front.stop, grace)
+        self._front = None
         if self._wake_read >= 0:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self._wake_read)
-        if front is not None:
-            await asyncio.to_thread(front.stop, grace)
+        if self._requests is not None:
+            await self._requests.drain(grace)
         for fd in (self._wake_read, self._wake_write):
             if fd >= 0:
                 with contextlib.suppress(OSError):

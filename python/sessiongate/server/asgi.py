@@ -14,8 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, classify
-from sessiongate.session.errors import GatewayError, PayloadTooLarge, Unauthorized
+from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, DOCS_PATHS, classify
+from sessiongate.session.errors import (
+    GatewayError,
+    PayloadTooLarge,
+    SessionNotFound,
+    Unauthorized,
+)
 from sessiongate.session.protocol import CoreReply, CoreRequest, error_reply
 
 Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
@@ -124,23 +129,46 @@ class GatewayApp:
         # The raw path keeps "%2F" inside a session id from splitting the path.
         raw_path: bytes | None = scope.get("raw_path")
         path: str = raw_path.decode("latin-1") if raw_path else scope["path"]
+        if path in DOCS_PATHS and method in ("GET", "HEAD"):
+            # Open like /health: a browser fetches the schema without the key, and the
+            # schema holds nothing the docs do not publish.
+            await self._serve_docs(scope, receive, send)
+            return
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope["headers"]]
-        try:
-            route = classify(method, path, headers, self.settings.session_headers)
-            if route.op != "health":
-                if route.op == "docs":
-                    # Open like /health: a browser fetches the schema without the key, and
-                    # the schema holds nothing the docs do not publish.
-                    await self._serve_docs(scope, receive, send)
-                    return
-                self._check_auth(headers)
+
+        async def read_body() -> bytes:
             declared = next((v for k, v in headers if k == "content-length"), None)
-            body = await _read_body(
+            return await _read_body(
                 receive,
                 self.settings.max_body_bytes,
                 int(declared) if declared and declared.isdigit() else None,
                 self.settings.body_timeout,
             )
+
+        query = scope.get("query_string", b"").decode("latin-1")
+        reply = await self.respond(method, path, query, headers, read_body)
+        if reply is not None:
+            await send_reply(send, reply, head_only=method == "HEAD")
+
+    async def respond(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> CoreReply | None:
+        """The reply to one request (`headers` with lowercased names), errors included;
+        None when the client left while sending its body. Shared by the ASGI server and the
+        compiled front's dispatched requests (process/front_requests.py)."""
+        try:
+            route = classify(method, path, headers, self.settings.session_headers)
+            if route.op == "docs":
+                # Only the HTTP server can serve these (FastAPI, above).
+                raise SessionNotFound(f"{path} is served by the HTTP server only")
+            if route.op != "health":
+                self._check_auth(headers)
+            body = await read_body()
             if self._api_key is not None:
                 # The gateway's key is not the upstream's.
                 headers = [(k, v) for k, v in headers if k != "authorization"]
@@ -149,25 +177,25 @@ class GatewayApp:
                 session_id=route.session_id,
                 path=route.upstream_path or path,
                 method=method,
-                query=scope.get("query_string", b"").decode("latin-1"),
+                query=query,
                 headers=headers,
                 body=body,
                 auto_create=route.auto_create,
             )
-            reply = await self.dispatch(request)
+            return await self.dispatch(request)
         except BodyTimeout as error:
             # The rest of the body may still come: the connection cannot carry another
             # request, so the reply closes it.
             reply = error_reply(error)
             reply.headers.append(("connection", "close"))
+            return reply
         except GatewayError as error:
-            reply = error_reply(error)
+            return error_reply(error)
         except ConnectionResetError:
-            return
+            return None
         except Exception as exc:  # a bug must cost one request, never the process
             logger.exception("unexpected error handling %s %s", method, path)
-            reply = error_reply(GatewayError(f"internal error: {type(exc).__name__}: {exc}"))
-        await send_reply(send, reply, head_only=method == "HEAD")
+            return error_reply(GatewayError(f"internal error: {type(exc).__name__}: {exc}"))
 
     async def _serve_docs(self, scope: Scope, receive: Receive, send: Send) -> None:
         """/openapi.json and /docs, delegated whole to FastAPI (server/openapi.py)."""

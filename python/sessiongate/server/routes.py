@@ -7,6 +7,7 @@ contract lives in one place.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
@@ -29,6 +30,12 @@ _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 # Methods of the requests the compiled front serves itself (HEAD and the rest go to Python).
 FRONT_METHODS = ("GET", "POST")
+# Methods of the requests the compiled front passes to Python as requests; the others take
+# the whole connection to the Python HTTP server, which answers them (405, HEAD).
+DISPATCH_METHODS = ("GET", "POST", "DELETE")
+# What RFC 3986 allows in an origin-form target (path and query). Targets with anything else
+# go to the Python HTTP server, whose parser decides what they mean.
+_TARGET_CHARS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/?%")
 
 
 class MethodNotAllowed(GatewayError):
@@ -151,3 +158,28 @@ def served_by_front(
     except GatewayError:
         return False
     return route.op == "proxy" and route.session_id is None
+
+
+def front_decision(
+    method: str,
+    target: str,
+    headers: Sequence[tuple[str, str]],
+    session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS,
+) -> str:
+    """What the compiled front does with a request (`_core.front_route`, twinned by
+    rust/front/route.rs): "proxy" (it relays it itself), "dispatch" (Python answers it on the
+    front's connection, process/front_requests.py) or "handoff" (the connection goes to the
+    Python HTTP server). `target` is the request target as sent, query included. The
+    transport conditions (HTTP/1.1, a plain Content-Length body, the key) are checked apart
+    (rust/front/head.rs): a request that fails them is handed off whatever its route."""
+    path = target.partition("?")[0]
+    if served_by_front(method, path, headers, session_headers):
+        return "proxy"
+    if (
+        method not in DISPATCH_METHODS
+        or not target.startswith("/")
+        or not _TARGET_CHARS.issuperset(target)
+        or path in DOCS_PATHS
+    ):
+        return "handoff"
+    return "dispatch"
