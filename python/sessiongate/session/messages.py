@@ -49,7 +49,8 @@ def validate_messages(messages: object) -> list[Message]:
         if not isinstance(role, str) or not role:
             raise BadRequest(f"messages[{index}].role must be a non-empty string")
         content = message.get("content")
-        if content is not None and not isinstance(content, str | list):
+        # A tuple, not `str | list`: isinstance is faster with it, and this runs per message.
+        if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{index}].content must be a string, a list or null")
     return messages
 
@@ -145,6 +146,14 @@ def _without_wire_keys(calls: object) -> object:
     ]
 
 
+def _equal(left: object, right: object) -> bool:
+    # A fast path's test only: a RecursionError falls back to the matcher's own comparisons.
+    try:
+        return left == right
+    except RecursionError:
+        return False
+
+
 def strict_match(stored: Message, replayed: Message) -> bool:
     """The framework's ``strict`` matcher (its default).
 
@@ -153,8 +162,21 @@ def strict_match(stored: Message, replayed: Message) -> bool:
     drops or edits the reasoning_content we returned, renames a call id, or sends arguments
     as an object instead of our JSON string diverges.
     """
+    # Fast paths (equal values stay equal once normalised); a RecursionError in them falls
+    # through to the comparisons below. Inline: this runs for every stored message.
+    try:
+        if stored == replayed:
+            return True  # an exact echo
+    except RecursionError:
+        pass
     for key in _TEMPLATE_KEYS:
-        left, right = _empty_as_none(stored.get(key)), _empty_as_none(replayed.get(key))
+        left, right = stored.get(key), replayed.get(key)
+        try:
+            if left is right or left == right:
+                continue  # echoes often add null fields (reasoning_content) we do not store
+        except RecursionError:
+            pass
+        left, right = _empty_as_none(left), _empty_as_none(right)
         if key == "tool_calls":
             left, right = _without_wire_keys(left), _without_wire_keys(right)
         if left != right:
@@ -352,6 +374,14 @@ MATCHERS: dict[str, MessageMatcher] = {
 }
 # The framework's default selector.
 DEFAULT_MATCHER = "strict"
+# Built-in matchers that accept a message equal (==) to the stored one, so plan_history may
+# compare whole prefixes at C speed first. Not ``canonical``: it re-parses tool-call
+# arguments, and raises RecursionError on a deeply nested arguments string even when equal.
+_ACCEPT_EQUAL: tuple[MessageMatcher, ...] = (
+    strict_match,
+    loose_tool_call_match,
+    role_content_only_match,
+)
 
 
 class MatcherError(GatewayError):
@@ -477,11 +507,7 @@ def plan_history(
         ends = list(checkpoint_ends)
     total = len(ends)
 
-    match_len = 0
-    for stored_msg, requested_msg in zip(stored, requested, strict=False):
-        if not matcher(stored_msg, requested_msg):
-            break
-        match_len += 1
+    match_len = _matching_prefix(stored, requested, matcher)
 
     if match_len >= len(stored):
         base_len, checkpoints, rolled_back = len(stored), total, False
@@ -516,6 +542,23 @@ def plan_history(
         rolled_back=rolled_back,
         messages=[*stored[:base_len], *appended],
     )
+
+
+def _matching_prefix(
+    stored: Sequence[Message], requested: Sequence[Message], matcher: MessageMatcher
+) -> int:
+    """How many leading messages of `requested` the matcher accepts against `stored`."""
+    if any(matcher is known for known in _ACCEPT_EQUAL):  # by identity: any callable may come
+        # A verbatim echo of the history is settled by one comparison at C speed.
+        common = min(len(stored), len(requested))
+        if _equal(stored[:common], requested[:common]):
+            return common
+    match_len = 0
+    for stored_msg, requested_msg in zip(stored, requested, strict=False):
+        if not matcher(stored_msg, requested_msg):
+            break
+        match_len += 1
+    return match_len
 
 
 def _role_at(messages: Sequence[Message], index: int) -> object:

@@ -8,7 +8,9 @@ rendered under a small synthetic prefix so the cost does not grow with the histo
 from __future__ import annotations
 
 import json
+import marshal
 import threading
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,10 @@ _SYNTHETIC_SYSTEM: Message = {"role": "system", "content": "sessiongate syntheti
 # Distinct kwargs sets whose turn suffix is remembered; clients choose kwargs freely, so the
 # cache must not grow with them.
 _SUFFIX_CACHE_SIZE = 64
+# Prefix renderings remembered by `appended_ids`, bounded in count and in size: the request's
+# tools are part of both the key and the text, and clients choose them freely.
+_PREFIX_CACHE_SIZE = 64
+_PREFIX_CACHE_BYTES = 8 << 20
 
 TemplateKwargs = Mapping[str, Any]
 
@@ -48,9 +54,24 @@ def merge_chat_template_kwargs(defaults: TemplateKwargs, request: object) -> dic
     return {**defaults, **parse_chat_template_kwargs(request)}
 
 
+def _render_key(kwargs: TemplateKwargs, tools: object, tool_calls: object) -> bytes | None:
+    """A key that is equal only for equal template variables, or None (not cacheable).
+
+    marshal's format 2 writes exact built-in types only (a subclass is refused; a tuple is
+    not a list, 1 not "1" not 1.0 not True, floats bit for bit), dicts in their order, and
+    does not depend on refcounts or interning (format 3 does).
+    """
+    try:
+        return marshal.dumps((kwargs, tools, tool_calls), 2)
+    except (ValueError, TypeError):
+        return None
+
+
 def _kwargs_key(kwargs: TemplateKwargs) -> str:
     # Values may be lists or objects (unhashable); their JSON text is a stable key. repr is the
     # fallback for Python callers passing non-JSON values.
+    if type(kwargs) is dict and not kwargs:
+        return "{}"  # most turns: what json.dumps gives, without its setup cost
     return json.dumps(kwargs, sort_keys=True, separators=(",", ":"), default=repr)
 
 
@@ -82,6 +103,11 @@ class TitoEngine:
         self.end_of_turn_id = tokenizer.end_of_turn_token_id
         self._suffix_lock = threading.Lock()
         self._suffix_cache: dict[str, tuple[int, ...]] = {}
+        # Only a template that uses no clock or randomness renders the same prefix twice.
+        self._prefix_reusable = tokenizer.renders_deterministically
+        self._prefix_lock = threading.Lock()
+        self._prefix_cache: dict[bytes, str] = {}
+        self._prefix_cache_bytes = 0
         try:
             self.turn_suffix_ids = self.turn_suffix_for(None)
         except BadRequest as exc:  # a bad server setting is a startup error, not a 400
@@ -154,15 +180,13 @@ class TitoEngine:
         template_kwargs: TemplateKwargs | None = None,
     ) -> list[int]:
         """Ids of `appended` plus the generation prompt, as rendered after `last_assistant`."""
-        prefix = [_SYNTHETIC_SYSTEM, _assistant_stub(last_assistant)]
+        stub = _assistant_stub(last_assistant)
         tool_list = _tools_or_none(tools)
         kwargs = self._effective(template_kwargs)
         try:
-            without = self.tokenizer.render(
-                prefix, add_generation_prompt=False, tools=tool_list, chat_template_kwargs=kwargs
-            )
+            without = self._prefix_text(stub, tool_list, kwargs)
             with_new = self.tokenizer.render(
-                [*prefix, *appended],
+                [_SYNTHETIC_SYSTEM, stub, *appended],
                 add_generation_prompt=True,
                 tools=tool_list,
                 chat_template_kwargs=kwargs,
@@ -179,6 +203,47 @@ class TitoEngine:
             return self.tokenizer.encode(with_new[len(without) :])
         except ValueError as exc:  # text the tokenizer refuses (tokenizer.encode)
             raise BadRequest(f"the new messages could not be tokenized: {exc}") from exc
+
+    def _prefix_text(
+        self, stub: Message, tools: list[dict[str, Any]] | None, kwargs: TemplateKwargs
+    ) -> str:
+        """The synthetic prefix rendered alone (what `appended_ids` cuts off).
+
+        It depends on the kwargs, the tools and the stub's tool calls only (the stub's content
+        is ""), so a deterministic template's rendering is reused. A render that raises is
+        not cached: the next call raises the same way.
+        """
+        key = _render_key(kwargs, tools, stub["tool_calls"]) if self._prefix_reusable else None
+        if key is not None:
+            cached = self._prefix_cache.get(key)
+            if cached is not None:
+                return cached
+        text = self.tokenizer.render(
+            [_SYNTHETIC_SYSTEM, stub],
+            add_generation_prompt=False,
+            tools=tools,
+            chat_template_kwargs=kwargs,
+        )
+        if key is not None:
+            self._remember_prefix(key, text)
+        return text
+
+    def _remember_prefix(self, key: bytes, text: str) -> None:
+        size = len(key) + len(text)
+        if size > _PREFIX_CACHE_BYTES // 4:
+            return  # one huge tools list must not flush everything else
+        with self._prefix_lock:
+            if key in self._prefix_cache:
+                return  # another thread rendered it meanwhile (rendering is pure)
+            while self._prefix_cache and (
+                len(self._prefix_cache) >= _PREFIX_CACHE_SIZE
+                or self._prefix_cache_bytes + size > _PREFIX_CACHE_BYTES
+            ):
+                old_key = next(iter(self._prefix_cache))
+                old_text = self._prefix_cache.pop(old_key)
+                self._prefix_cache_bytes -= len(old_key) + len(old_text)
+            self._prefix_cache[key] = text
+            self._prefix_cache_bytes += size
 
     def junction_ids(
         self, checkpoint: Sequence[int], template_kwargs: TemplateKwargs | None = None
@@ -200,7 +265,7 @@ class TitoEngine:
             return
         head_new = new[:check_len]
         head_prev = previous[:check_len]
-        if list(head_new) == list(head_prev):
+        if _as_list(head_new) == _as_list(head_prev):
             return
         first = next(
             (i for i, (a, b) in enumerate(zip(head_new, head_prev, strict=False)) if a != b),
@@ -239,6 +304,16 @@ class TitoEngine:
         return compare_token_sequences(
             self.tokenizer, expected, list(accumulated), self.end_of_turn_id
         )
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    # What list(ids) holds, without copying a list or boxing an array's items one at a time
+    # through its iterator: checkpoints are arrays and run to the context length.
+    if type(ids) is list:
+        return ids
+    if type(ids) is array:
+        return ids.tolist()
+    return list(ids)
 
 
 def _tools_or_none(tools: object) -> list[dict[str, Any]] | None:

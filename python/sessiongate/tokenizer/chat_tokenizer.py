@@ -172,6 +172,12 @@ class ChatTokenizer:
         return self._template.source
 
     @property
+    def renders_deterministically(self) -> bool:
+        """Whether `render` is a pure function of its arguments: the template uses neither
+        the clock (``strftime_now``) nor randomness (``lipsum``, the ``random`` filter)."""
+        return self._template.deterministic
+
+    @property
     def generation_prompt_ids(self) -> list[int]:
         """Ids that ``add_generation_prompt=True`` appends, found by diffing two renderings.
 

@@ -65,8 +65,27 @@ class _GenerationTagExtension(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+# Every attribute a plain dict instance has (its type's and object's): any other name raises
+# AttributeError on one, so jinja's sandbox falls back to the item.
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _ChatTemplateEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox with a shortcut for `message.role` on a plain dict (the bulk of a chat
+    template's lookups): the item, or undefined, as the sandbox would answer after raising
+    and catching an AttributeError for it."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
 def _make_environment() -> jinja2.Environment:
-    env = ImmutableSandboxedEnvironment(
+    env = _ChatTemplateEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[loopcontrols, _GenerationTagExtension],
@@ -80,6 +99,20 @@ def _make_environment() -> jinja2.Environment:
     return env
 
 
+# Globals and filters whose result changes between two renders of the same variables (the
+# clock, randomness). A template that names none of them renders a pure function of its
+# variables, so callers may reuse a rendering (TitoEngine caches its prefix render).
+_UNSTABLE_GLOBALS = frozenset({"strftime_now", "lipsum"})
+_UNSTABLE_FILTERS = frozenset({"random"})
+
+
+def _is_deterministic(env: jinja2.Environment, source: str) -> bool:
+    tree = env.parse(source)
+    if any(node.name in _UNSTABLE_GLOBALS for node in tree.find_all(nodes.Name)):
+        return False
+    return not any(node.name in _UNSTABLE_FILTERS for node in tree.find_all(nodes.Filter))
+
+
 class CompiledTemplate:
     """A chat template compiled once; ``render`` is safe to call from several threads.
 
@@ -90,12 +123,15 @@ class CompiledTemplate:
     def __init__(self, source: str, origin: str) -> None:
         self.source = source
         self.origin = origin
+        env = _make_environment()
         try:
-            self._template = _make_environment().from_string(source)
+            self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise TokenizerError(
                 f"chat template from {origin} does not compile (line {exc.lineno}): {exc.message}"
             ) from exc
+        # Whether equal variables always give equal text (no clock or randomness used).
+        self.deterministic = _is_deterministic(env, source)
 
     def render(self, variables: Mapping[str, Any]) -> str:
         try:
