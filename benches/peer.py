@@ -12,9 +12,13 @@ its own venv: not a dependency; skipped with a message when absent), and session
 to the same engine. Per target and concurrency: req/s, p50/p99 from wrk's latency
 distribution, added p50 (the target's p50 minus the engine's in the same round) and CPU
 per request of the target's own processes (/proc/PID/stat; the engine excluded). Session
-turns (TITO) are not wrk-shaped (each needs the previous reply): `--sessions` adds the
-added p50 of sequential session turns at c=1 measured by the project's lean client.
-Figures go to docs/performance.md (issue 15).
+turns (TITO) are not wrk-shaped (each needs the previous reply): `--sessions` adds, per
+round, sequential session turns at c=1 on the project's lean client, each gateway's p50
+minus the p50 of the same client sending the same conversation straight to the engine; the
+canned engine answers a token-in request (`input_ids`) with an SGLang-shaped reply
+(`meta_info` with the output ids and logprobs), so a turn is recorded exactly as with the
+real engine. The summary gives their ratio to sglang-router's stateless added p50 (the
+issue's session-turn goal). Figures go to docs/performance.md (issue 15).
 """
 
 from __future__ import annotations
@@ -72,13 +76,38 @@ CANNED_REPLY = json.dumps(
         "usage": {"prompt_tokens": 200, "completion_tokens": 2, "total_tokens": 202},
     }
 ).encode()
+
+
+def _tito_reply() -> bytes:
+    """What the mock engine (like SGLang) answers a token-in chat request with
+    `return_meta_info`: the OpenAI reply plus the sampled ids and their logprobs."""
+    tokens = [(-0.25, 6671, "who"), (-0.05, 828, " result"), (-0.5, 466, " as")]
+    text = "".join(token for _, _, token in tokens)
+    document = json.loads(CANNED_REPLY)
+    choice = document["choices"][0]
+    choice["message"]["content"] = text
+    choice["finish_reason"] = "length"
+    choice["meta_info"] = {
+        "id": "canned",
+        "finish_reason": {"type": "length", "length": len(tokens)},
+        "prompt_tokens": 4,
+        "weight_version": "default",
+        "output_token_logprobs": [list(t) for t in tokens],
+        "completion_tokens": len(tokens),
+        "cached_tokens": 0,
+    }
+    return json.dumps(document).encode()
+
+
+TITO_REPLY = _tito_reply()
 # The canned engine: an asyncio protocol answering every request with one fixed chat reply
-# (GET /health too), so the routers, not the engine, are what saturates.
+# (GET /health too; the TITO one to a body with `input_ids`), so the routers, not the
+# engine, are what saturates.
 CANNED_ENGINE = r"""
 import asyncio, sys
-REPLY = sys.argv[2].encode()
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-RESPONSE = HEAD % len(REPLY) + REPLY
+REPLY, TITO = (arg.encode() for arg in sys.argv[2:4])
+RESPONSE, TITO_RESPONSE = (HEAD % len(r) + r for r in (REPLY, TITO))
 class Engine(asyncio.Protocol):
     def connection_made(self, transport):
         self.transport, self.buffer = transport, b""
@@ -93,8 +122,9 @@ class Engine(asyncio.Protocol):
             length = int(head[at + 15 : head.find(b"\r\n", at)]) if at >= 0 else 0
             if len(self.buffer) < end + 4 + length:
                 return
+            body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length:]
-            self.transport.write(RESPONSE)
+            self.transport.write(TITO_RESPONSE if b'"input_ids"' in body else RESPONSE)
 async def main():
     server = await asyncio.get_running_loop().create_server(Engine, "127.0.0.1", int(sys.argv[1]))
     await server.serve_forever()
@@ -211,16 +241,24 @@ def wrk(url: str, connections: int, seconds: float, script: Path) -> dict[str, f
     return parse_wrk(out.stdout)
 
 
-def session_p50(url: str, turns: int) -> float:
-    """p50 (ms) of sequential session turns (X-Session-ID, TITO) on the lean client."""
+def session_p50(url: str, turns: int, session: bool = True) -> float:
+    """p50 (ms) of sequential turns of growing conversations on the lean client: session
+    turns (X-Session-ID, TITO), or with `session` False the same requests without the header
+    (the baseline, sent straight to the engine)."""
     import asyncio
 
     from sessiongate.http.client import HttpClient
 
+    def new_headers() -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if session:
+            headers["x-session-id"] = f"peer-{time.time_ns()}"
+        return headers
+
     async def run() -> float:
         client = HttpClient()
         latencies: list[float] = []
-        headers = {"content-type": "application/json", "x-session-id": f"peer-{time.time_ns()}"}
+        headers = new_headers()
         messages: list[dict[str, Any]] = list(BODY["messages"])  # type: ignore[arg-type]
         for turn in range(turns):
             body = json.dumps({**BODY, "messages": messages}).encode()
@@ -235,7 +273,7 @@ def session_p50(url: str, turns: int) -> float:
             messages.append(json.loads(data)["choices"][0]["message"])
             messages.append({"role": "tool", "content": f"result {turn}"})
             if len(messages) > 40:  # keep prompts ~constant: a new session
-                headers["x-session-id"] = f"peer-{time.time_ns()}"
+                headers = new_headers()
                 messages = list(BODY["messages"])  # type: ignore[arg-type]
         await client.aclose()
         return 1000 * statistics.median(latencies[5:])
@@ -280,7 +318,8 @@ def main() -> int:
         script.write_text(WRK_SCRIPT.format(body=json.dumps(BODY)))
         engine_port = free_port()
         if args.engine == "canned":
-            cmd = [sys.executable, "-c", CANNED_ENGINE, str(engine_port), CANNED_REPLY.decode()]
+            cmd = [sys.executable, "-c", CANNED_ENGINE, str(engine_port)]
+            cmd += [CANNED_REPLY.decode(), TITO_REPLY.decode()]
             stack.enter_context(started(cmd, engine_port))
             engine_url = f"http://127.0.0.1:{engine_port}"
         else:
@@ -305,6 +344,7 @@ def main() -> int:
                 name = f"sg-w{workers}" + ("" if front == "compiled" else "-py")
                 targets[name] = (gw.url, descendants(gw.proc.pid))
         rows: dict[tuple[str, int], list[dict[str, float]]] = {}
+        sessions: dict[str, list[float]] = {}
         for round_index in range(args.rounds):
             for connections in (1, 64):
                 base_p50 = 0.0
@@ -326,13 +366,18 @@ def main() -> int:
                         f"cpu {figures['cpu_us_per_request']:.0f} us/req",
                         flush=True,
                     )
-        sessions: dict[str, float] = {}
-        if args.sessions and args.engine == "mock":
-            direct = statistics.median([r["p50_ms"] for r in rows[("engine", 1)]])
-            for name in targets:
-                if name.startswith("sg-"):
-                    turns = 60 if args.quick else 300
-                    sessions[name] = session_p50(targets[name][0], turns) - direct
+            if args.sessions:
+                turns = 60 if args.quick else 300
+                direct = session_p50(engine_url, turns, session=False)
+                for name, (url, _) in targets.items():
+                    if name.startswith("sg-"):
+                        added = session_p50(url, turns) - direct
+                        sessions.setdefault(name, []).append(added)
+                        print(
+                            f"round {round_index + 1} session turns {name:<9} +{added:.3f} ms "
+                            f"(engine direct {direct:.3f} ms)",
+                            flush=True,
+                        )
     summary = {
         f"{name} c={c}": {
             key: round(statistics.median(r[key] for r in runs), 3)
@@ -342,7 +387,13 @@ def main() -> int:
         for (name, c), runs in rows.items()
     }
     if sessions:
-        summary["session_turn_added_p50_ms_c1"] = {k: round(v, 3) for k, v in sessions.items()}
+        added = {name: statistics.median(runs) for name, runs in sessions.items()}
+        summary["session_turn_added_p50_ms_c1"] = {k: round(v, 3) for k, v in added.items()}
+        if ("sglang-router", 1) in rows:
+            peer_added = summary["sglang-router c=1"]["added_p50_ms"]
+            summary["session_turn_vs_sglang_stateless_c1"] = {
+                k: round(v / peer_added, 2) for k, v in added.items() if peer_added > 0
+            }
     print(json.dumps(summary, indent=2))
     return 0
 
