@@ -16,6 +16,7 @@
 //! it leaves to CPython: BOM / UTF-16 / UTF-32, encoded surrogates, very deep nesting, huge
 //! integers) are handed to the twin, whose `json.loads` gives the verdict and the message.
 
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::{PyMemoryError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
@@ -1320,6 +1321,9 @@ unsafe fn write_plain(out: &mut Vec<u8>, obj: *mut ffi::PyObject, depth: usize) 
 /// Appends the compact JSON of `obj`: the fast writer, else the twin's `_encode` (which
 /// is `json.dumps`, with `ensure_ascii=True` for strings UTF-8 cannot hold).
 fn encode_value(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if write_int64_array(out, obj)? {
+        return Ok(());
+    }
     let mark = out.len();
     // SAFETY: obj is a live object and we hold the GIL (we have a Bound).
     if unsafe { write_plain(out, obj.as_ptr(), 0) } {
@@ -1329,6 +1333,38 @@ fn encode_value(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
     let encoded = twin(obj.py(), "_encode")?.call1((obj,))?;
     out.extend_from_slice(encoded.downcast::<PyBytes>()?.as_bytes());
     Ok(())
+}
+
+static ARRAY_TYPE: GILOnceCell<Py<PyType>> = GILOnceCell::new();
+
+/// An `array('q')` (a session's token ids) written as the JSON array of its ints, straight
+/// from its buffer: false for anything else (other arrays go to the twin, which writes
+/// every integer array as its `tolist()`).
+fn write_int64_array(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let py = obj.py();
+    let array_type = ARRAY_TYPE.import(py, "array", "array")?;
+    if !obj.get_type().is(array_type) {
+        return Ok(false);
+    }
+    let Ok(buffer) = PyBuffer::<i64>::get(obj) else {
+        return Ok(false);
+    };
+    if buffer.format().to_bytes() != b"q" {
+        return Ok(false);
+    }
+    let Some(items) = buffer.as_slice(py) else {
+        return Ok(false);
+    };
+    out.reserve(items.len() * 7 + 2);
+    out.push(b'[');
+    for (index, item) in items.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_i64(out, item.get());
+    }
+    out.push(b']');
+    Ok(true)
 }
 
 /// The UTF-8 of a field name as the scanner's `unescape` would produce it

@@ -998,6 +998,31 @@ def test_rewrite_values_like_json_dumps() -> None:
     assert json.loads(PY.rewrite_request(b"{}", lone)) == lone
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=300),
+    typecode=st.sampled_from("qqqlibBhHIQ"),
+)
+def test_rewrite_writes_integer_arrays_as_their_lists(ids: list[int], typecode: str) -> None:
+    # A session's token ids travel as array('q') (session/core.py): written from the buffer
+    # by the compiled writer, through tolist() by the twin, always as the list would be.
+    try:
+        values = array(typecode, ids)
+    except OverflowError:
+        reject()
+    fields = {"input_ids": values, "logprobs": True}
+    want = RUST.rewrite_request(b'{"a":1}', {"input_ids": values.tolist(), "logprobs": True})
+    assert RUST.rewrite_request(b'{"a":1}', fields) == want
+    assert PY.rewrite_request(b'{"a":1}', fields) == want
+
+
+def test_rewrite_refuses_other_arrays_as_json_does() -> None:
+    for value in (array("d", [1.5]), array("u", "ab"), [array("f")]):
+        r = outcome(RUST.rewrite_request, b"{}", {"v": value})
+        assert r == outcome(PY.rewrite_request, b"{}", {"v": value})
+        assert r[:2] == ("err", TypeError), r
+
+
 def test_rewrite_errors() -> None:
     circular: list[Any] = []
     circular.append(circular)

@@ -7,10 +7,12 @@ jinja's own sandbox attribute lookup.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from array import array
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,7 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from procs import ServerProcess, mock_engine
+from sessiongate.routing.base import RoutingContext, SessionRoutingMode
+from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session import json_safety, messages, tito
+from sessiongate.session.core import SessionCore
 from sessiongate.session.errors import BadRequest, GatewayError, TitoMismatch
 from sessiongate.session.json_safety import NotUnicode, TooDeep, loads_checked
 from sessiongate.session.messages import (
@@ -30,9 +36,12 @@ from sessiongate.session.messages import (
     plan_history,
     strict_match,
 )
+from sessiongate.session.protocol import CoreRequest
+from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from sessiongate.tokenizer.template import _ChatTemplateEnvironment, compile_template
+from sessiongate.upstream import UpstreamPool
 
 TOKENIZER = load_tokenizer(None)
 EXAMPLES = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -587,3 +596,78 @@ def test_templates_render_the_same_with_the_shortcut(message: dict[str, Any], na
     except Exception as exc:
         got = (type(exc), str(exc))
     assert got == expected
+
+
+# --- token ids as int64 arrays through a whole turn -----------------------------------------
+
+
+class _TagMode(SessionRoutingMode):
+    """A body-rewriting mode without a bytes path: it sees the parsed body, re-serialised."""
+
+    name = "tag_for_test"
+    mutates_body = True
+    seen: list[object] = []
+
+    def headers(self, ctx: RoutingContext) -> dict[str, str]:
+        return {}
+
+    def transform_body(self, body: dict[str, Any], ctx: RoutingContext) -> dict[str, Any]:
+        self.seen.append(body["input_ids"])
+        return {**body, "tag": ctx.session_id}
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerProcess]:
+    with mock_engine("--completion-tokens", "5") as proc:
+        yield proc
+
+
+@pytest.mark.parametrize("mode", [None, "object"])
+def test_turn_ids_reach_the_engine_and_the_record_exactly(
+    engine: ServerProcess, mode: str | None
+) -> None:
+    # The prompt and checkpoint ids are int64 arrays (session/core.py); the upstream body,
+    # the record and a body-rewriting mode must see exactly the ids a list would give.
+    tag = _TagMode() if mode else None
+    stamper = SessionStamper(tag) if tag else None
+    core = SessionCore(
+        TOKENIZER, UpstreamPool([engine.url], timeout=30), SessionSettings(), stamper
+    )
+    loop = asyncio.new_event_loop()
+    try:
+        history: list[dict[str, Any]] = [{"role": "user", "content": "a long task " * 200}]
+        previous: list[int] = []
+        for turn in range(4):
+            body = json.dumps({"model": "m", "messages": history, "max_tokens": 5}).encode()
+            request = CoreRequest(
+                op="chat",
+                session_id="ids",
+                path="/v1/chat/completions",
+                method="POST",
+                headers=[],
+                body=body,
+                auto_create=True,
+            )
+            reply = loop.run_until_complete(core.handle(request))
+            assert reply.status == 200, reply.body
+            session = core.sessions["ids"]
+            record = session.records[-1]
+            sent = json.loads(record.request)
+            checkpoint = session.accumulated_ids.tolist()
+            assert sent["input_ids"] == checkpoint[: record.prompt_len]
+            assert checkpoint[record.prompt_len :] == record.completion_ids.tolist()
+            assert checkpoint[: len(previous)] == previous
+            if tag is not None:
+                assert type(tag.seen[-1]) is list and tag.seen[-1] == sent["input_ids"]
+                assert sent["tag"] == "ids"
+            previous = checkpoint
+            history += [json.loads(reply.body)["choices"][0]["message"]]
+            history += [{"role": "user", "content": f"step {turn}"}]
+        # Token-exact against one render of the whole conversation.
+        assert core.tito.mismatches(session.messages, None, session.accumulated_ids) == []
+    finally:
+        loop.run_until_complete(core.aclose())
+        # Background work the close started (giving freed memory back): finish it.
+        pending = asyncio.all_tasks(loop)
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.close()

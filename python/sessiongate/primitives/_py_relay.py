@@ -28,8 +28,21 @@ __all__ = ["ExtractedReply", "decode_r3", "extract_reply", "rewrite_request"]
 # Members of `meta_info` that only the trainer needs; they can be hundreds of MiB.
 RECORD_ONLY_META_KEYS = ("routed_experts", "indexer_topk")
 _CONTRACT = "upstream reply breaks the chat contract: "
-_DUMPS = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_DUMPS_ASCII = json.JSONEncoder(separators=(",", ":")).encode
+_INT_TYPECODES = frozenset("bBhHiIlLqQ")
+
+
+def _int_array_items(obj: object) -> list[int]:
+    """json's `default` hook: an integer `array` (a session's token ids) is written as the
+    list of its items; anything else is refused as json.dumps refuses it."""
+    if type(obj) is array and obj.typecode in _INT_TYPECODES:
+        return obj.tolist()
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+_DUMPS = json.JSONEncoder(
+    separators=(",", ":"), ensure_ascii=False, default=_int_array_items
+).encode
+_DUMPS_ASCII = json.JSONEncoder(separators=(",", ":"), default=_int_array_items).encode
 _BytesLike = bytes | bytearray | memoryview
 
 # R3 base64

@@ -639,18 +639,22 @@ class SessionCore:
                 if plan.checkpoint_count:
                     base_ids = session.checkpoint(plan.checkpoint_count)
                     last_assistant = session.messages[plan.base_len - 1]
+            # An int64 array, never a list: at long contexts boxing and copying the ids as
+            # Python ints was most of a turn's cost (docs/performance.md); the checkpoint is
+            # one already, so joining is a copy of memory and the upstream body is written
+            # straight from the buffer (rewrite_request).
             if last_assistant is None:
-                prompt_ids = self.tito.first_turn_ids(
-                    messages, tools, template_kwargs=template_kwargs
+                prompt_ids = array(
+                    "q", self.tito.first_turn_ids(messages, tools, template_kwargs=template_kwargs)
                 )
             else:
-                prompt_ids = [
-                    *base_ids,
-                    *self.tito.junction_ids(base_ids, template_kwargs=template_kwargs),
-                    *self.tito.appended_ids(
+                prompt_ids = array("q", base_ids)
+                prompt_ids.extend(self.tito.junction_ids(base_ids, template_kwargs=template_kwargs))
+                prompt_ids.extend(
+                    self.tito.appended_ids(
                         last_assistant, plan.appended, tools, template_kwargs=template_kwargs
-                    ),
-                ]
+                    )
+                )
             if session.tree is not None:
                 session.tree.check_room(session_id)  # 409 at the node cap
             routing_headers: list[tuple[str, str]] = []
@@ -703,7 +707,9 @@ class SessionCore:
                         stamped = await _off_loop(rewrite_request, spliced, fields)
                 if stamped is None:
                     # Modes with an object rewrite only work on the parsed body, re-serialised.
-                    upstream_body = self.stamper.transform({**body, **fields}, routing_ctx)
+                    # Modes see the ids as the list the body's JSON holds.
+                    plain = {**fields, "input_ids": turn.prompt_ids.tolist()}
+                    upstream_body = self.stamper.transform({**body, **plain}, routing_ctx)
                     stamped = json.dumps(
                         upstream_body, ensure_ascii=False, separators=(",", ":")
                     ).encode()
@@ -820,7 +826,8 @@ class SessionCore:
             raced = session.tree is None and session.version != turn.version
             if session.closing or raced:
                 return False
-            new_ids = turn.prompt_ids + parsed.completion_ids
+            new_ids = array("q", turn.prompt_ids)
+            new_ids.extend(parsed.completion_ids)
             if turn.base_ids:
                 self.tito.check_extends(turn.base_ids, new_ids, turn.session_id)
             kept = turn.checkpoint_count
@@ -957,7 +964,7 @@ class _Turn:
     base_len: int
     messages: list[Any]
     tools: Any
-    prompt_ids: list[int]
+    prompt_ids: array[int]
     base_ids: Sequence[int]
     final_turn: bool
     template_kwargs: dict[str, Any]

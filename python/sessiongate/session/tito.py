@@ -264,8 +264,8 @@ class TitoEngine:
         if check_len <= 0:
             return
         head_new = new[:check_len]
-        head_prev = previous[:check_len]
-        if _as_list(head_new) == _as_list(head_prev):
+        head_prev = previous if check_len == len(previous) else previous[:check_len]
+        if _same_ids(head_new, head_prev):
             return
         first = next(
             (i for i, (a, b) in enumerate(zip(head_new, head_prev, strict=False)) if a != b),
@@ -304,6 +304,14 @@ class TitoEngine:
         return compare_token_sequences(
             self.tokenizer, expected, list(accumulated), self.end_of_turn_id
         )
+
+
+def _same_ids(left: Sequence[int], right: Sequence[int]) -> bool:
+    """`list(left) == list(right)`: two arrays of one typecode compare at memcmp speed
+    (a session's checkpoints and prompts are int64 arrays as long as the context)."""
+    if type(left) is array and type(right) is array and left.typecode == right.typecode:
+        return left == right
+    return _as_list(left) == _as_list(right)
 
 
 def _as_list(ids: Sequence[int]) -> list[int]:
