@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from sessiongate.server.asgi import GatewayApp
-from sessiongate.session.protocol import CoreReply
+from sessiongate.session.errors import GatewayError
+from sessiongate.session.protocol import CoreReply, error_reply
 
 logger = logging.getLogger(__name__)
 
@@ -63,13 +64,25 @@ class DispatchedRequests:
         reply = await self.app.respond(request.method, path, query, request.headers, read_body)
         if reply is None:
             return
-        if reply.stream is None:
-            request.reply(reply.status, reply.headers, _as_bytes(reply.body))
+        try:
+            if reply.stream is None:
+                request.reply(reply.status, reply.headers, _as_bytes(reply.body))
+                return
+            started = request.start(reply.status, reply.headers)
+        except ValueError as exc:
+            # A head the front refuses (a header value with a newline, a bad status): the bug
+            # costs this request a 500, as under the ASGI server.
+            logger.exception("cannot send the reply to %s %s", request.method, request.target)
+            if reply.stream is not None and hasattr(reply.stream, "aclose"):
+                await reply.stream.aclose()
+            error = error_reply(GatewayError(f"internal error: invalid reply: {exc}"))
+            request.reply(error.status, error.headers, error.body)
             return
-        await self._stream(request, reply, reply.stream)
+        await self._stream(request, reply, reply.stream, gone=not started)
 
-    async def _stream(self, request: Any, reply: CoreReply, stream: AsyncIterator[bytes]) -> None:
-        gone = not request.start(reply.status, reply.headers)
+    async def _stream(
+        self, request: Any, reply: CoreReply, stream: AsyncIterator[bytes], *, gone: bool
+    ) -> None:
         complete = False
         try:
             async for chunk in stream:
