@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -344,21 +344,16 @@ class Reader:
             return True
 
 
-@pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    try:
-        yield server
-    finally:
-        server.close()
+F = TypeVar("F", bound=Front)
 
 
-@pytest.fixture
-def make_front() -> Iterator[Callable[..., Front]]:
-    fronts: list[Front] = []
+@contextlib.contextmanager
+def fronts_of(kind: type[F]) -> Iterator[Callable[..., F]]:
+    """A maker of `kind` fronts, all closed at the end."""
+    fronts: list[F] = []
 
-    def make(upstreams: list[str], **overrides: Any) -> Front:
-        front = Front(upstreams, **overrides)
+    def make(upstreams: list[str], **overrides: Any) -> F:
+        front = kind(upstreams, **overrides)
         fronts.append(front)
         return front
 
@@ -367,6 +362,12 @@ def make_front() -> Iterator[Callable[..., Front]]:
     finally:
         for front in fronts:
             front.close()
+
+
+@pytest.fixture
+def make_front() -> Iterator[Callable[..., Front]]:
+    with fronts_of(Front) as make:
+        yield make
 
 
 def post(path: str, body: bytes, *headers: str) -> bytes:

@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 
-from test_compiled_front_unit import CHAT, LIVENESS, Front, Reader, Upstream, get, post
+from test_compiled_front_unit import (
+    CHAT,
+    LIVENESS,
+    Front,
+    Reader,
+    Upstream,
+    fronts_of,
+    get,
+    post,
+)
 
 
 class DispatchFront(Front):
@@ -53,28 +62,9 @@ class DispatchFront(Front):
 
 
 @pytest.fixture
-def upstream() -> Iterator[Upstream]:
-    server = Upstream()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 def make_front() -> Iterator[Callable[..., DispatchFront]]:
-    fronts: list[DispatchFront] = []
-
-    def make(upstreams: list[str], **overrides: Any) -> DispatchFront:
-        front = DispatchFront(upstreams, **overrides)
-        fronts.append(front)
-        return front
-
-    try:
+    with fronts_of(DispatchFront) as make:
         yield make
-    finally:
-        for front in fronts:
-            front.close()
 
 
 @pytest.fixture

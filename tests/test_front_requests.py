@@ -96,15 +96,6 @@ def run(
     return asyncio.run(main())
 
 
-@pytest.fixture
-def upstream() -> Any:
-    server = Upstream()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_a_request_reaches_the_app_as_the_asgi_server_would_give_it(upstream: Upstream) -> None:
     seen: list[CoreRequest] = []
 

@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout, timeout_at, Instant};
 
-use super::dispatch::{lock_flow, DispatchedRequest, Part, SharedFlow, LOW_WATER};
+use super::dispatch::{lock_flow, AskedRequest, DispatchedRequest, Part, SharedFlow, LOW_WATER};
 use super::head;
 use super::reply::{self, Framing};
 use super::route::{decide, has_session_header, target_path, Decision};
@@ -506,8 +506,14 @@ impl Conn<'_> {
         let (replies, mut parts) = mpsc::unbounded_channel();
         let flow = SharedFlow::default();
         let id = shared.request_id();
-        let request =
-            DispatchedRequest::new(id, method, target, headers, body, replies, flow.clone());
+        let asked = AskedRequest {
+            id,
+            method,
+            target,
+            headers,
+            body,
+        };
+        let request = DispatchedRequest::new(asked, replies, flow.clone());
         if !shared.dispatch(request) {
             return false; // stopped: nobody will answer
         }

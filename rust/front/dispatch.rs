@@ -53,17 +53,21 @@ pub fn lock_flow(flow: &SharedFlow) -> std::sync::MutexGuard<'_, Flow> {
     flow.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// A request as the front read it.
+pub struct AskedRequest {
+    pub id: u64,
+    pub method: String,
+    /// The request target as sent (origin form, visible ASCII).
+    pub target: String,
+    /// Lowercased names, values as raw bytes (decoded as latin-1 for Python).
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub body: Bytes,
+}
+
 /// A request for Python; see `python/sessiongate/_core.pyi`.
 #[pyclass(module = "sessiongate._core", frozen)]
 pub struct DispatchedRequest {
-    #[pyo3(get)]
-    id: u64,
-    method: String,
-    /// The request target as sent (origin form, visible ASCII).
-    target: String,
-    /// Lowercased names, values as raw bytes (decoded as latin-1 for Python).
-    headers: Vec<(String, Vec<u8>)>,
-    body: Bytes,
+    request: AskedRequest,
     replies: mpsc::UnboundedSender<Part>,
     flow: SharedFlow,
     /// Set by the first `reply`/`start`: a second head is a bug in the caller.
@@ -72,20 +76,12 @@ pub struct DispatchedRequest {
 
 impl DispatchedRequest {
     pub fn new(
-        id: u64,
-        method: String,
-        target: String,
-        headers: Vec<(String, Vec<u8>)>,
-        body: Bytes,
+        request: AskedRequest,
         replies: mpsc::UnboundedSender<Part>,
         flow: SharedFlow,
     ) -> Self {
         Self {
-            id,
-            method,
-            target,
-            headers,
-            body,
+            request,
             replies,
             flow,
             started: Mutex::new(false),
@@ -97,7 +93,7 @@ impl DispatchedRequest {
         if *started {
             return Err(PyValueError::new_err(format!(
                 "request {}: the reply was already started",
-                self.id
+                self.request.id
             )));
         }
         *started = true;
@@ -110,7 +106,7 @@ impl DispatchedRequest {
         } else {
             Err(PyValueError::new_err(format!(
                 "request {}: send() or end() before start()",
-                self.id
+                self.request.id
             )))
         }
     }
@@ -169,20 +165,25 @@ fn status_code(status: i64) -> PyResult<u16> {
 #[pymethods]
 impl DispatchedRequest {
     #[getter]
+    fn id(&self) -> u64 {
+        self.request.id
+    }
+
+    #[getter]
     fn method(&self) -> &str {
-        &self.method
+        &self.request.method
     }
 
     #[getter]
     fn target(&self) -> &str {
-        &self.target
+        &self.request.target
     }
 
     /// `[(name, value)]`, names lowercased, both as latin-1 text (as the ASGI server gives).
     #[getter]
     fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let list = PyList::empty(py);
-        for (name, value) in &self.headers {
+        for (name, value) in &self.request.headers {
             let value: String = value.iter().map(|&b| char::from(b)).collect();
             let pair = PyTuple::new(py, [PyString::new(py, name), PyString::new(py, &value)])?;
             list.append(pair)?;
@@ -192,7 +193,7 @@ impl DispatchedRequest {
 
     #[getter]
     fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.body)
+        PyBytes::new(py, &self.request.body)
     }
 
     /// The whole reply: the front adds `content-length`. False when the client is gone.
@@ -268,7 +269,7 @@ impl DispatchedRequest {
     fn __repr__(&self) -> String {
         format!(
             "<DispatchedRequest {} {} {}>",
-            self.id, self.method, self.target
+            self.request.id, self.request.method, self.request.target
         )
     }
 }
