@@ -111,6 +111,23 @@ impl DispatchedRequest {
         }
     }
 
+    /// Validate and queue the reply's head (with the whole body, if given).
+    fn head(
+        &self,
+        status: i64,
+        headers: Vec<(String, String)>,
+        body: Option<Bytes>,
+    ) -> PyResult<bool> {
+        let status = status_code(status)?;
+        let headers = head_headers(headers)?;
+        self.begin()?;
+        Ok(self.push(Part::Head {
+            status,
+            headers,
+            body,
+        }))
+    }
+
     /// Queue `part` unless the client is gone; false when it is.
     fn push(&self, part: Part) -> bool {
         if lock_flow(&self.flow).gone {
@@ -198,26 +215,12 @@ impl DispatchedRequest {
 
     /// The whole reply: the front adds `content-length`. False when the client is gone.
     fn reply(&self, status: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<bool> {
-        let status = status_code(status)?;
-        let headers = head_headers(headers)?;
-        self.begin()?;
-        Ok(self.push(Part::Head {
-            status,
-            headers,
-            body: Some(Bytes::copy_from_slice(body)),
-        }))
+        self.head(status, headers, Some(Bytes::copy_from_slice(body)))
     }
 
     /// The head of a streamed reply (chunked unless `headers` declare a content-length).
     fn start(&self, status: i64, headers: Vec<(String, String)>) -> PyResult<bool> {
-        let status = status_code(status)?;
-        let headers = head_headers(headers)?;
-        self.begin()?;
-        Ok(self.push(Part::Head {
-            status,
-            headers,
-            body: None,
-        }))
+        self.head(status, headers, None)
     }
 
     /// Queue a body part: 0 sent, 1 sent but the queue is full (wait for this id to come
