@@ -95,10 +95,14 @@ def router_pid(gw: ServerProcess) -> int:
     return process_roles(gw)["router"][0]
 
 
+# `--front` of the gateways `gateway()` starts (the command line's `--front`; default: auto).
+FRONT: list[str] = []
+
+
 @contextmanager
 def gateway(*args: str) -> Iterator[ServerProcess]:
     port = free_port()
-    with ServerProcess(["serve", "--port", str(port), *args], port, timeout=60) as proc:
+    with ServerProcess(["serve", "--port", str(port), *FRONT, *args], port, timeout=60) as proc:
         yield proc
 
 
@@ -578,7 +582,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=sorted(SCENARIOS), action="append")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--front",
+        choices=("auto", "compiled", "python"),
+        help="the front door of the gateways the get and r3 scenarios start (serve --front)",
+    )
     args = parser.parse_args()
+    if args.front:
+        FRONT[:] = ["--front", args.front]
     figures: dict[str, Any] = {"machine": {"cores": os.cpu_count()}}
     for name in args.only or list(SCENARIOS):
         started = time.perf_counter()
