@@ -15,7 +15,7 @@ from typing import Any
 
 from sessiongate.server.asgi import GatewayApp
 from sessiongate.session.errors import GatewayError
-from sessiongate.session.protocol import CoreReply, error_reply
+from sessiongate.session.protocol import CoreReply, close_stream, error_reply
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,7 @@ class DispatchedRequests:
             # A head the front refuses (a header value with a newline, a bad status): the bug
             # costs this request a 500, as under the ASGI server.
             logger.exception("cannot send the reply to %s %s", request.method, request.target)
-            if reply.stream is not None and hasattr(reply.stream, "aclose"):
-                await reply.stream.aclose()
+            await close_stream(reply.stream)
             error = error_reply(GatewayError(f"internal error: invalid reply: {exc}"))
             request.reply(error.status, error.headers, error.body)
             return
@@ -102,9 +101,7 @@ class DispatchedRequests:
             # The head is out: cutting the reply is all that can tell the client.
             logger.exception("reply stream failed for %s %s", request.method, request.target)
         finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close_stream(stream)
             if complete:
                 request.end()
             else:

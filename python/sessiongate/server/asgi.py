@@ -21,7 +21,7 @@ from sessiongate.session.errors import (
     SessionNotFound,
     Unauthorized,
 )
-from sessiongate.session.protocol import CoreReply, CoreRequest, error_reply
+from sessiongate.session.protocol import CoreReply, CoreRequest, close_stream, error_reply
 
 Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
@@ -93,9 +93,7 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
     finally:
-        aclose = getattr(reply.stream, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await close_stream(reply.stream)
     await send({"type": "http.response.body", "body": b""})
 
 

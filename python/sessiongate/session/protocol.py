@@ -56,6 +56,14 @@ class CoreReply:
     coalesce: bool = False
 
 
+async def close_stream(stream: object) -> None:
+    """Close a reply stream that can be closed (an async generator, a ClosingStream): its
+    cleanup ends an upstream exchange or a session turn."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 def json_reply(
     status: int, document: object, headers: list[tuple[str, str]] | None = None
 ) -> CoreReply:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessiongate.session.errors import UpstreamError
+from sessiongate.session.protocol import close_stream
 
 DONE = b"[DONE]"
 # Largest SSE event accepted (an sglext chunk carries all of a turn's R3): past it the
@@ -358,8 +359,6 @@ class ClosingStream:
             return
         self._closed = True
         try:
-            aclose = getattr(self._chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close_stream(self._chunks)
         finally:
             await self._cleanup()

@@ -32,7 +32,7 @@ from sessiongate.dataplane.transport.frames import (
     decode_credit,
 )
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
-from sessiongate.session.protocol import CoreReply, CoreRequest
+from sessiongate.session.protocol import CoreReply, CoreRequest, close_stream
 
 logger = logging.getLogger(__name__)
 
@@ -165,11 +165,9 @@ class WorkerLoop:
         finally:
             self.tasks.pop(request_id, None)
             self.credits.pop(request_id, None)
-            stream = reply.stream if reply is not None else None
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
+            if reply is not None:
                 with contextlib.suppress(Exception):
-                    await aclose()
+                    await close_stream(reply.stream)
 
     async def _send(
         self, frame_type: int, request_id: int, payload: bytes | memoryview = b""
