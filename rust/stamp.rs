@@ -34,11 +34,13 @@ const TCHAR_PUNCT: &[u8] = b"!#$%&'*+-.^_`|~";
 
 /// Names the gateway or the HTTP client set themselves (lowercase); a mode may not stamp them.
 /// Same set as `RESERVED_HEADER_NAMES` in routing/headers.py (a test compares them).
-const RESERVED_HEADER_NAMES: [&str; 10] = [
+const RESERVED_HEADER_NAMES: [&str; 12] = [
     "connection",
     "content-length",
     "content-type",
+    "expect",
     "host",
+    "http2-settings",
     "keep-alive",
     "proxy-connection",
     "te",

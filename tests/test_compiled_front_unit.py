@@ -808,7 +808,8 @@ def predicted_to_serve(
     return (
         version == "HTTP/1.1"
         and served_by_front(method, target.partition("?")[0], [(k.lower(), v) for k, v in headers])
-        and not {"transfer-encoding", "expect", "upgrade", "bad header"} & set(names)
+        and not {"transfer-encoding", "expect", "bad header"} & set(names)
+        and names.count("host") == 1  # none or two: Python's 400
         and len(lengths) <= 1
         and all(value.isdigit() for value in lengths)
     )

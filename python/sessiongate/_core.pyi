@@ -277,7 +277,15 @@ class DispatchedRequest:
 def front_route(
     method: str, target: str, headers: list[tuple[str, str]], session_headers: list[str]
 ) -> str:
-    """``"proxy"`` when the front serves the request itself (GET/POST under ``/v1/``, except
-    a chat POST with a non-empty session header), ``"dispatch"`` for the other GET, POST and
-    DELETE requests with a plain origin-form target (except the documentation pages), else
-    ``"handoff"`` (``server/routes.py::front_decision``)."""
+    """For a plain origin-form target (RFC 3986 characters only; any other is
+    ``"handoff"``): ``"proxy"`` when the front serves the request itself (GET/POST under
+    ``/v1/``, except a chat POST with a non-empty session header), ``"dispatch"`` for the
+    other GET, POST and DELETE requests (except the documentation pages), else ``"handoff"``
+    (``server/routes.py::front_decision``)."""
+
+def front_forwarded_headers(
+    headers: list[tuple[str, bytes]], reply: bool = False
+) -> list[tuple[str, bytes]]:
+    """The headers the compiled front passes on, in order: a request's (``reply=False``) or an
+    upstream reply's, less the hop-by-hop ones and those their ``Connection`` names
+    (``http/forwarding.py`` is the twin)."""

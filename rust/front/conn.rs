@@ -288,6 +288,11 @@ impl Conn<'_> {
         else {
             return Parsed::Handoff;
         };
+        // httparse takes a bare LF for a line end, the Python server's parser does not: the
+        // one 400 for both fronts is Python's (docs/reliability.md, "HTTP/1.1 rules").
+        if has_bare_lf(&self.buf[..head_len]) {
+            return Parsed::Handoff;
+        }
         // The Python server routes on the path without its fragment, the twin on the target
         // up to "?": where they could differ, Python decides.
         if target.contains('#') {
@@ -672,6 +677,13 @@ fn app_framing(headers: &[(Vec<u8>, Vec<u8>)]) -> Declared {
         }
     }
     declared
+}
+
+/// Whether a request head ends a line with a LF not preceded by CR.
+fn has_bare_lf(head: &[u8]) -> bool {
+    head.iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
 /// `read_buf` on a full buffer only adds 64 bytes of room: reserve a useful amount instead

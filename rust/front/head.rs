@@ -1,6 +1,8 @@
 //! Whether a parsed request head can take the fast path, as the Python server would see it:
-//! anything it would answer differently (413, 401, 400, chunked bodies, upgrades) is left to
-//! it by handing the connection off.
+//! anything it would answer differently (413, 401, 400 for a missing or repeated Host,
+//! chunked bodies, `Expect`) is left to it by handing the connection off. An `Upgrade` offer
+//! is not: the gateway never upgrades, so it serves such a request as a plain one (the
+//! header is hop-by-hop and never forwarded), exactly as the Python server does.
 
 /// What the fast path needs from a head that qualifies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,12 +24,15 @@ where
     let mut content_length = None;
     let mut close = false;
     let mut authorization = None;
+    let mut hosts = 0;
     for (name, value) in headers {
         let is = |s: &str| name.eq_ignore_ascii_case(s);
-        if is("transfer-encoding") || is("expect") || is("upgrade") {
+        if is("transfer-encoding") || is("expect") {
             return None;
         }
-        if is("content-length") {
+        if is("host") {
+            hosts += 1;
+        } else if is("content-length") {
             if content_length.is_some() {
                 return None;
             }
@@ -40,6 +45,10 @@ where
             // The first one, as the Python check reads it.
             authorization = Some(value);
         }
+    }
+    // RFC 9112 §3.2: exactly one Host (Python answers the 400).
+    if hosts != 1 {
+        return None;
     }
     let content_length = content_length.unwrap_or(0);
     if content_length > max_body {
@@ -103,10 +112,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// `check` of `headers` plus one Host.
     fn run(version: u8, headers: &[(&str, &str)], max: u64, key: Option<&str>) -> Option<Fast> {
+        let host = [("Host", "front")];
         check(
             version,
-            headers.iter().map(|(k, v)| (*k, v.as_bytes())),
+            host.iter().chain(headers).map(|(k, v)| (*k, v.as_bytes())),
             max,
             key.map(str::as_bytes),
         )
@@ -115,7 +126,7 @@ mod tests {
     #[test]
     fn plain_requests_qualify() {
         assert_eq!(
-            run(1, &[("Host", "x")], 10, None),
+            run(1, &[], 10, None),
             Some(Fast {
                 content_length: 0,
                 close: false
@@ -143,7 +154,11 @@ mod tests {
         assert_eq!(run(0, &[], 10, None), None);
         assert_eq!(run(1, &[("Transfer-Encoding", "chunked")], 10, None), None);
         assert_eq!(run(1, &[("expect", "100-continue")], 10, None), None);
-        assert_eq!(run(1, &[("Upgrade", "websocket")], 10, None), None);
+        // Upgrade offers are served as plain requests (the offer is not forwarded).
+        assert!(run(1, &[("Upgrade", "websocket")], 10, None).is_some());
+        // Exactly one Host: none or two are Python's 400.
+        assert!(run(1, &[("host", "again")], 10, None).is_none());
+        assert!(check(1, std::iter::empty(), 10, None).is_none());
         assert_eq!(
             run(
                 1,
@@ -191,9 +206,12 @@ mod tests {
         )
         .is_some());
         // Latin-1 bytes on the wire compare as their UTF-8 encoding.
-        let wire = [b"Bearer \xe9".as_slice()];
+        let wire = [
+            ("host", b"front".as_slice()),
+            ("authorization", b"Bearer \xe9"),
+        ];
         let key = "\u{e9}".as_bytes();
-        assert!(check(1, wire.iter().map(|v| ("authorization", *v)), 0, Some(key)).is_some());
+        assert!(check(1, wire.iter().copied(), 0, Some(key)).is_some());
         // An empty key still needs the scheme.
         assert!(run(1, &[("Authorization", "Bearer ")], 0, Some("")).is_some());
         assert!(run(1, &[], 0, Some("")).is_none());

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 mod conn;
 mod dispatch;
 mod head;
+mod hop;
 mod reply;
 mod route;
 mod server;
@@ -411,9 +412,23 @@ fn session_in_python(
     Ok(false)
 }
 
+/// The headers the front passes on (`hop.rs`): of a request when `reply` is false, else of an
+/// upstream reply; order and duplicates kept. The twin of `http/forwarding.py`.
+#[pyfunction]
+#[pyo3(signature = (headers, reply = false))]
+fn front_forwarded_headers(headers: Vec<(String, Vec<u8>)>, reply: bool) -> Vec<(String, Vec<u8>)> {
+    let named = hop::connection_named(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())));
+    let keep = if reply { hop::relayed } else { hop::forwarded };
+    headers
+        .into_iter()
+        .filter(|(name, _)| keep(name.as_bytes(), &named))
+        .collect()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CompiledFront>()?;
     m.add_class::<dispatch::DispatchedRequest>()?;
     m.add_function(wrap_pyfunction!(front_route, m)?)?;
+    m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
     Ok(())
 }

@@ -2,16 +2,7 @@
 
 use hyper::{HeaderMap, StatusCode};
 
-use super::upstream::DROP_REQUEST_HEADERS;
-
-/// Reply headers the server that answers sets itself: with the hop-by-hop ones
-/// (`DROP_REQUEST_HEADERS`), never relayed from an upstream
-/// (`upstream/client.py::relayable_reply_headers`).
-const OWN_REPLY_HEADERS: [&str; 2] = ["date", "server"];
-
-fn relayed(name: &str) -> bool {
-    !DROP_REQUEST_HEADERS.contains(&name) && !OWN_REPLY_HEADERS.contains(&name)
-}
+use super::hop::{connection_named, relayed};
 
 /// How a relayed body is framed towards the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +59,14 @@ pub fn relay_head(
     close: bool,
 ) {
     status_line(out, status);
+    let named = connection_named(
+        headers
+            .get_all(hyper::header::CONNECTION)
+            .iter()
+            .map(|v| (&b"connection"[..], v.as_bytes())),
+    );
     for (name, value) in headers {
-        // HeaderMap names are lowercase already.
-        if relayed(name.as_str()) {
+        if relayed(name.as_str().as_bytes(), &named) {
             header(out, name.as_str().as_bytes(), value.as_bytes());
         }
     }
@@ -221,7 +217,8 @@ mod tests {
             ("content-type", "text/event-stream"),
             ("date", "x"),
             ("server", "engine"),
-            ("connection", "keep-alive"),
+            ("connection", "keep-alive, x-up-hop"),
+            ("x-up-hop", "1"),
             ("content-length", "5"),
             ("x-request-id", "7"),
         ] {

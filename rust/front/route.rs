@@ -54,15 +54,16 @@ pub fn decide(method: &[u8], target: &[u8], has_session: impl FnOnce() -> bool) 
     if !(is_post || is_get || method == b"DELETE") {
         return Decision::Handoff;
     }
+    // An odd target (non-ASCII bytes, say) is Python's to judge, whatever its route.
+    if !target.starts_with(b"/") || !target.iter().all(|&b| target_byte(b)) {
+        return Decision::Handoff;
+    }
     let path = target_path(target);
     if (is_post || is_get)
         && path.starts_with(PROXY_PREFIX)
         && !(is_post && path == CHAT_PATH && has_session())
     {
         return Decision::Proxy;
-    }
-    if !target.starts_with(b"/") || !target.iter().all(|&b| target_byte(b)) {
-        return Decision::Handoff;
     }
     if DOCS_PATHS.contains(&path) {
         return Decision::Handoff;
@@ -175,6 +176,9 @@ mod tests {
             ("GET", "/sessions/a b"),
             ("GET", "/sessions/a\"b"),
             ("GET", "/sessions/{x}"),
+            ("GET", "/v1/caf\u{e9}"),
+            ("POST", "/v1/chat/completions?q=\"x\""),
+            ("GET", "/v1/{x}"),
         ] {
             assert_eq!(
                 route(method, target, &[]),

@@ -20,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::hop::{connection_named, forwarded};
 use crate::shard::blake2b64;
 
 pub type Body = Full<Bytes>;
@@ -28,23 +29,6 @@ pub type Body = Full<Bytes>;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an idle pooled upstream connection is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
-
-/// Request headers never forwarded: hop-by-hop ones and those the client recomputes
-/// (`upstream/client.py::_DROP_HEADERS`); the reply side drops them too (`reply.rs`).
-pub const DROP_REQUEST_HEADERS: [&str; 12] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "content-encoding",
-    "accept-encoding",
-];
 
 /// One upstream base URL, validated: `http://authority[/prefix]`, no trailing "/".
 #[derive(Debug, Clone)]
@@ -86,19 +70,18 @@ pub fn parse_url(raw: &str) -> Result<Target, String> {
 }
 
 /// The request headers as forwarded: `accept-encoding: identity` first, then the client's
-/// minus the drop list (and `authorization` when the gateway checks its own key). None when
-/// one cannot be represented (the Python server then deals with the request).
+/// minus the hop-by-hop ones (`hop.rs`) and `authorization` when the gateway checks its own
+/// key. None when one cannot be represented (the Python server then deals with the request).
 pub fn forward_headers<'h, I>(headers: I, drop_authorization: bool) -> Option<HeaderMap>
 where
-    I: ExactSizeIterator<Item = (&'h str, &'h [u8])>,
+    I: ExactSizeIterator<Item = (&'h str, &'h [u8])> + Clone,
 {
+    let named = connection_named(headers.clone().map(|(k, v)| (k.as_bytes(), v)));
     let mut map = HeaderMap::with_capacity(headers.len() + 1);
     // Replies are relayed verbatim, so never ask for compression.
     map.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     for (name, value) in headers {
-        let dropped = DROP_REQUEST_HEADERS
-            .iter()
-            .any(|d| name.eq_ignore_ascii_case(d))
+        let dropped = !forwarded(name.as_bytes(), &named)
             || (drop_authorization && name.eq_ignore_ascii_case("authorization"));
         if !dropped {
             let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
@@ -309,6 +292,13 @@ impl Pool {
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
         match tokio::time::timeout(self.timeout, upstream.client.request(request)).await {
+            // hyper skips interim replies but returns a 101, which the front never asks for.
+            Ok(Ok(reply)) if reply.status() == hyper::StatusCode::SWITCHING_PROTOCOLS => {
+                Err(Failure::Other(message(
+                    "ProtocolFailure",
+                    "upstream answered 101 Switching Protocols, but no upgrade was asked for",
+                )))
+            }
             Ok(Ok(reply)) => {
                 self.answered(index, reply.status().as_u16());
                 Ok(reply)

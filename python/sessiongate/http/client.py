@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import select
 import ssl
+import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -36,6 +39,18 @@ NO_BODY_STATUSES = frozenset({204, 304})
 OFF_LOOP_SINK = 1 << 20
 # Chunks of chunked bodies up to this size are received whole, like a Content-Length body.
 SINK_CHUNK_MAX = 8 << 20
+# A reply head ends at an empty line; a bare LF ends a line too (RFC 9112 §2.2 lets a
+# recipient accept it, as the compiled front's HTTP client does).
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+# Interim (1xx) replies read before giving up on a final one.
+MAX_INTERIM = 16
+# Methods a request may be sent again with when a reused connection closes without a reply
+# (RFC 9110 §9.2.2); any other request is never retried once it may have been sent
+# (RFC 9112 §9.3.1): the engine may have acted on it.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# A connection idle for longer is not reused for a non-idempotent request: the engine may be
+# closing it right now (uvicorn's keep-alive is 5 s), and such a request cannot be retried.
+FRESH_FOR_NON_IDEMPOTENT_S = 2.0
 
 
 class HttpError(Exception):
@@ -48,6 +63,10 @@ class ConnectFailed(HttpError):
 
 class ProtocolFailure(HttpError):
     pass
+
+
+class _NotSent(ConnectionResetError):
+    """The connection was closed before any byte of the request was written."""
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -69,6 +88,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._eof = False
         self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None  # set while writing is paused
+        self.idle_since = 0.0  # when it went back to the pool (time.monotonic)
 
     # -- protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -147,6 +167,23 @@ class _Connection(asyncio.BufferedProtocol):
             raise ProtocolFailure(f"no {separator!r} within {limit} bytes")
         return self._take(end + len(separator))
 
+    async def read_head(self, limit: int) -> bytes | None:
+        """A reply head up to its empty line (excluded); None when the peer closed first
+        (what came of the head is dropped: `len` of it is in the error the caller raises)."""
+        start = 0
+        while (found := _HEAD_END.search(self._buffered, start)) is None:
+            if len(self._buffered) > limit:
+                raise ProtocolFailure("response header block too large")
+            if self._eof:
+                return None
+            start = max(0, len(self._buffered) - 3)
+            await self._wait_data()
+        if found.start() > limit:
+            raise ProtocolFailure("response header block too large")
+        head = bytes(self._buffered[: found.start()])
+        del self._buffered[: found.end()]
+        return head
+
     async def read(self, n: int) -> bytes:
         """Up to `n` bytes, as soon as there are some; b"" at EOF."""
         if not self._buffered:
@@ -177,7 +214,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- writing and state
     async def write(self, data: bytes) -> None:
         if self._transport is None or self._transport.is_closing():
-            raise ConnectionResetError("connection closed")
+            raise _NotSent("connection closed")
         self._transport.write(data)
         if self._writable is not None:
             await self._writable
@@ -191,7 +228,22 @@ class _Connection(asyncio.BufferedProtocol):
             and not self._buffered
             and self._transport is not None
             and not self._transport.is_closing()
+            and not self._unread_input()
         )
+
+    def _unread_input(self) -> bool:
+        """Whether the socket has input the loop has not read yet: on an idle connection
+        that is the peer's close (or junk), seen before a request is sent on it rather than
+        after (when a POST could no longer be sent again). Plain TCP only: a TLS socket may
+        hold protocol records that are no reply."""
+        if self._transport is None or self._transport.get_extra_info("sslcontext") is not None:
+            return False
+        sock = self._transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -308,7 +360,7 @@ def _unread(remaining: int, length: int) -> str:
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
-    lines = head.decode("latin-1").split("\r\n")
+    lines = [line.removesuffix("\r") for line in head.decode("latin-1").split("\n")]
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/"):
         raise ProtocolFailure(f"bad status line {lines[0][:80]!r}")
@@ -371,11 +423,14 @@ class HttpClient:
             raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from exc
         return conn
 
-    def _take_idle(self, origin: tuple[str, str, int]) -> _Connection | None:
+    def _take_idle(
+        self, origin: tuple[str, str, int], max_idle: float | None
+    ) -> _Connection | None:
         idle = self._idle.get(origin)
+        oldest = None if max_idle is None else time.monotonic() - max_idle
         while idle:
             conn = idle.pop()
-            if conn.usable():
+            if conn.usable() and (oldest is None or conn.idle_since >= oldest):
                 return conn
             conn.close()
         return None
@@ -407,38 +462,43 @@ class HttpClient:
             lines.append(f"Content-Length: {len(body or b'')}")
         wire = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
 
-        conn = self._take_idle(origin)
+        idempotent = method in IDEMPOTENT
+        conn = self._take_idle(origin, None if idempotent else FRESH_FOR_NON_IDEMPOTENT_S)
         reused = conn is not None
         while True:
             if conn is None:
                 conn = await self._connect(*origin)
             try:
                 await conn.write(wire)
-                head = await conn.readuntil(b"\r\n\r\n", HEADER_LIMIT)
+                head = await self._final_head(conn)
+            except _NotSent as exc:
+                conn.close()
+                if reused:  # closed while idle, and nothing was sent: safe to send it anew
+                    conn, reused = None, False
+                    continue
+                raise ProtocolFailure(f"connection dropped before the request: {exc!r}") from exc
             except OSError as exc:
                 conn.close()
-                if reused:
+                if reused and idempotent:
                     # The server closed an idle keep-alive connection under us: retry once
                     # on a fresh connection.
                     conn, reused = None, False
                     continue
                 raise ProtocolFailure(f"connection dropped before the response: {exc!r}") from exc
-            except ProtocolFailure:
-                conn.close()
-                raise ProtocolFailure("response header block too large") from None
             except BaseException:
                 conn.close()
                 raise
-            if head.endswith(b"\r\n\r\n"):
+            if head is not None:
                 break
             conn.close()
-            if reused and not head:
+            if reused and idempotent:
                 conn, reused = None, False  # closed while idle, before answering: retry once
                 continue
             raise ProtocolFailure(
-                f"connection dropped before the response: {len(head)} bytes of its head came"
+                "connection closed before the response"
+                + ("" if idempotent else f" (a {method} is never sent twice)")
             )
-        status, response_headers, http10 = _parse_head(head[:-4])
+        status, response_headers, http10 = head
         chunked = "chunked" in response_headers.get("transfer-encoding", "").lower()
         length: int | None = None
         if not chunked and "content-length" in response_headers:
@@ -447,7 +507,7 @@ class HttpClient:
             except ValueError:
                 conn.close()
                 raise ProtocolFailure("bad Content-Length") from None
-        if method == "HEAD" or status in NO_BODY_STATUSES or 100 <= status < 200:
+        if method == "HEAD" or status in NO_BODY_STATUSES:
             length, chunked = 0, False
         connection = response_headers.get("connection", "").lower()
         keep_alive = not http10 and "close" not in connection and (chunked or length is not None)
@@ -460,9 +520,28 @@ class HttpClient:
             conn.close()
             raise
         if response._done and keep_alive and not self._closed and conn.usable():
+            conn.idle_since = time.monotonic()
             self._idle.setdefault(origin, []).append(conn)
         else:
             conn.close()
+
+    @staticmethod
+    async def _final_head(conn: _Connection) -> tuple[int, dict[str, str], bool] | None:
+        """The final reply's head, interim (1xx) replies skipped; None when the connection
+        closed before one came."""
+        for _ in range(MAX_INTERIM):
+            raw = await conn.read_head(HEADER_LIMIT)
+            if raw is None:
+                return None
+            head = _parse_head(raw)
+            status = head[0]
+            if status == 101:
+                raise ProtocolFailure(
+                    "upstream answered 101 Switching Protocols, but no upgrade was asked for"
+                )
+            if not 100 <= status < 200:
+                return head
+        raise ProtocolFailure(f"more than {MAX_INTERIM} interim (1xx) replies")
 
     async def aclose(self) -> None:
         self._closed = True

@@ -172,14 +172,11 @@ def front_decision(
     Python HTTP server). `target` is the request target as sent, query included. The
     transport conditions (HTTP/1.1, a plain Content-Length body, the key) are checked apart
     (rust/front/head.rs): a request that fails them is handed off whatever its route."""
+    if not target.startswith("/") or not _TARGET_CHARS.issuperset(target):
+        return "handoff"  # an odd target is the Python server's to judge, whatever its route
     path = target.partition("?")[0]
     if served_by_front(method, path, headers, session_headers):
         return "proxy"
-    if (
-        method not in DISPATCH_METHODS
-        or not target.startswith("/")
-        or not _TARGET_CHARS.issuperset(target)
-        or path in DOCS_PATHS
-    ):
+    if method not in DISPATCH_METHODS or path in DOCS_PATHS:
         return "handoff"
     return "dispatch"

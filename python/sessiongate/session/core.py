@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from sessiongate.http.forwarding import forwardable_headers
 from sessiongate.primitives import new_session_id, rewrite_request, shard_key, validate_session_id
 from sessiongate.process.memory import FreedMemoryTrimmer, release_free_memory
 from sessiongate.routing.stamper import SessionStamper
@@ -76,7 +77,7 @@ from sessiongate.session.tree_export import (
 from sessiongate.session.tree_hooks import load_hook
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
-from sessiongate.upstream.client import UpstreamReply, UpstreamStream, forwardable_headers
+from sessiongate.upstream.client import UpstreamReply, UpstreamStream
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -13,25 +13,9 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from sessiongate.http.client import ConnectFailed, HttpClient, HttpError, Response
+from sessiongate.http.forwarding import forwardable_headers, relayable_reply_headers
 from sessiongate.session.errors import UpstreamError
 
-# Hop-by-hop headers (RFC 9110 section 7.6.1) and ones the client recomputes.
-_DROP_HEADERS = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "host",
-        "content-length",
-        "content-encoding",
-        "accept-encoding",
-    }
-)
 # Largest upstream reply a worker buffers, R3 included: ~6x a 128k-token turn of a
 # 61-layer top-8 model (250 MB raw, 333 MB of base64). Past it the reply is a 502: a body is
 # received into memory allocated up front from its declared length, so that length must be
@@ -39,24 +23,6 @@ _DROP_HEADERS = frozenset(
 MAX_UPSTREAM_REPLY = 2 << 30
 # Upstream replies are relayed verbatim, so never ask for compression.
 _IDENTITY = ("accept-encoding", "identity")
-
-
-# Reply headers the gateway's own HTTP server sets: relaying the upstream's too would put
-# two of each on the wire (some clients, e.g. aiohttp, refuse a duplicate Server header).
-_OWN_REPLY_HEADERS = frozenset({"date", "server"})
-
-
-def forwardable_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(k, v) for k, v in headers if k.lower() not in _DROP_HEADERS]
-
-
-def relayable_reply_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """An upstream reply's headers as the gateway relays them."""
-    return [
-        (k, v)
-        for k, v in headers
-        if k.lower() not in _DROP_HEADERS and k.lower() not in _OWN_REPLY_HEADERS
-    ]
 
 
 class UpstreamTransportError(UpstreamError):
