@@ -17,6 +17,8 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from test_compiled_front_unit import Reader
+
 # Scripted replies, by path.
 SCRIPT = "/v1/script/"
 LIVENESS = 10.0
@@ -33,32 +35,11 @@ class Arrived:
         return {name for name, _ in self.headers}
 
 
-class _Closed(Exception):
-    pass
-
-
-class _Conn:
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-
-    def _fill(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise _Closed
-        self.buf += data
+class _Conn(Reader):
+    """The compiled-front tests' socket reader, reading requests instead of replies."""
 
     def line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            self._fill()
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line
-
-    def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self._fill()
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
+        return self.until(b"\r\n")[:-2]
 
     def request(self) -> Arrived:
         method, target, version = self.line().decode("latin-1").split(" ")
@@ -133,7 +114,7 @@ class RawEngine:
                             self.arrived.append(request)
                     if not self._answer(sock, request):
                         return
-            except (_Closed, OSError, ValueError, AssertionError):
+            except (EOFError, OSError, ValueError, AssertionError):
                 return
 
     def _answer(self, sock: socket.socket, request: Arrived) -> bool:

@@ -19,6 +19,7 @@ import pytest
 
 from procs import ServerProcess, free_port, mock_engine
 from raw_engine import RawEngine
+from test_compiled_front_unit import get, post
 
 FRONTS = ("compiled", "python")
 LIVENESS = 10.0
@@ -128,17 +129,6 @@ def exchange(port: int, raw: bytes) -> Exchange:
     with socket.create_connection(("127.0.0.1", port), timeout=LIVENESS) as sock:
         sock.sendall(raw)
         return read_replies(sock)
-
-
-def post(path: str, body: bytes, *headers: str, version: str = "HTTP/1.1") -> bytes:
-    extra = "".join(f"{h}\r\n" for h in headers)
-    head = f"POST {path} {version}\r\nHost: gw\r\n{extra}Content-Length: {len(body)}\r\n\r\n"
-    return head.encode() + body
-
-
-def get(path: str, *headers: str) -> bytes:
-    extra = "".join(f"{h}\r\n" for h in headers)
-    return f"GET {path} HTTP/1.1\r\nHost: gw\r\n{extra}\r\n".encode()
 
 
 def echoed(reply: Reply) -> dict[str, str]:

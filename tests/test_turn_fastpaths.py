@@ -668,6 +668,7 @@ def test_turn_ids_reach_the_engine_and_the_record_exactly(
     finally:
         loop.run_until_complete(core.aclose())
         # Background work the close started (giving freed memory back): finish it.
-        pending = asyncio.all_tasks(loop)
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        # (gather() of nothing asks the policy for a loop, which an earlier test may have unset.)
+        if pending := asyncio.all_tasks(loop):
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()
