@@ -4,6 +4,7 @@
 use pyo3::prelude::*;
 
 pub mod buffer;
+pub mod build_info;
 pub mod bytes_sink;
 pub mod frame;
 pub mod front;
@@ -16,6 +17,7 @@ pub mod stamp;
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    build_info::register(m)?;
     shard::register(m)?;
     frame::register(m)?;
     relay::register(m)?;

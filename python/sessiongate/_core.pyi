@@ -12,6 +12,10 @@ from typing_extensions import Buffer
 
 __version__: str
 
+def build_info() -> dict[str, str]:
+    """This build of the core: ``version``, ``target`` (the Rust target triple), ``profile``
+    (``release`` or ``debug``) and ``rustc`` (the compiler's version line)."""
+
 # Shard key and ids (rust/shard.rs)
 
 MAX_SESSION_ID_LEN: int

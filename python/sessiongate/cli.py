@@ -7,14 +7,27 @@ import sys
 from collections.abc import Sequence
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from sessiongate import __version__
+class _PrintVersion(argparse.Action):
+    """`--version`: the package and the Rust core's build, on one unwrapped line."""
 
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from sessiongate.build import version_text
+
+        print(version_text())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sessiongate",
         description="Session-aware gateway for multi-turn and agentic LLM traffic.",
     )
-    parser.add_argument("--version", action="version", version=f"sessiongate {__version__}")
+    parser.add_argument(
+        "--version",
+        nargs=0,
+        action=_PrintVersion,
+        help="print the version and the Rust core's build (target, profile, rustc), then exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from sessiongate.dataplane import router_main

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from sessiongate.demo.verify_trees import TreeVerifier
 
 SHOWN_PROBLEMS = 20
+# `--quick`: a smoke test of an install (the wheel tests run it on every interpreter).
+QUICK = {"sessions": 4, "turns": 3, "child_turns": 1, "concurrency": 2, "trees": 1}
 TREE_GATEWAY_ARGS = ["--workers", "0", "--session-mode", "tree"]
 
 
@@ -64,6 +66,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         default=len(SHAPES),
         help=f"tree sessions, cycling retry / fork / resume / all three ({len(SHAPES)}; "
         "0 skips them; skipped with --url)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the smallest run that still checks every trajectory token-exact: "
+        f"{QUICK['sessions']} sessions of {QUICK['turns']} turns, one tree "
+        "(sets --sessions, --turns, --child-turns, --concurrency and --trees)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--url", default=None, help="use a running gateway instead of starting one")
@@ -179,6 +188,9 @@ def _ready(gateway: _Gateway, console: Console, what: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
     if args.sessions < 1 or args.turns < 1 or args.child_turns < 1 or args.concurrency < 1:
         console.print("--sessions, --turns, --child-turns and --concurrency must be >= 1")
         return 2

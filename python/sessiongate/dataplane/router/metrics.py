@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sessiongate.build import build_labels
+
 # Reasons of sessiongate_rejected_total, always all rendered so a dashboard sees the series.
 REJECT_REASONS = ("max_sessions", "records_budget")
 LATENCY_BUCKETS = (
@@ -95,6 +97,13 @@ class RouterMetrics:
         if front:
             requests, latency = _with_front(requests, latency, front)
         lines: list[str] = []
+        _family(
+            lines,
+            "sessiongate_build_info",
+            "gauge",
+            "1, labelled with the package version and the Rust core's build.",
+            [(",".join(f'{k}="{_label(v)}"' for k, v in build_labels().items()), 1)],
+        )
         _family(
             lines,
             "sessiongate_requests_total",

@@ -1,0 +1,67 @@
+# Wheels, the sdist and their checks: the steps the release workflow runs
+# (.github/workflows/release.yml), callable here. docs/development.md, "Wheels", says what
+# each produces and checks.
+
+PYTHON ?= python3
+# The manylinux policy of the Linux wheels: glibc 2.28 (RHEL 8, Debian 10, Ubuntu 18.10 and
+# later), the policy PyTorch's wheels use, so anywhere torch and SGLang install, this does.
+POLICY ?= manylinux_2_28
+DIST ?= dist
+# A Debian arm64 root with python3.11 in it (`make aarch64-root`), run under qemu.
+AARCH64_ROOT ?= /opt/aarch64-root
+MATURIN = $(PYTHON) -m maturin
+
+.PHONY: release-tools wheels wheel-x86_64 wheel-aarch64 sdist check-wheels check-sdist \
+	test-wheel aarch64-root prove-aarch64 clean-dist
+
+release-tools:
+	$(PYTHON) -m pip install --group release
+
+wheels: wheel-x86_64 wheel-aarch64 sdist
+
+wheel-x86_64:
+	$(MATURIN) build --release --zig --compatibility $(POLICY) \
+		--target x86_64-unknown-linux-gnu --out $(DIST)
+
+wheel-aarch64:
+	rustup target add aarch64-unknown-linux-gnu
+	$(MATURIN) build --release --zig --compatibility $(POLICY) \
+		--target aarch64-unknown-linux-gnu --out $(DIST)
+
+sdist:
+	$(MATURIN) sdist --out $(DIST)
+
+# The policy check: auditwheel names the newest glibc symbol each wheel needs.
+check-wheels:
+	for wheel in $(DIST)/*.whl; do $(PYTHON) -m auditwheel show "$$wheel" || exit 1; done
+
+# The sdist builds back into the same wheel: same files, same bytes but the compiled core's.
+check-sdist:
+	$(PYTHON) scripts/sdist_roundtrip.py --dist $(DIST) --policy $(POLICY)
+
+# The x86-64 wheel in fresh venvs (3.11, 3.12, 3.13), no Rust on PATH, run from outside
+# the checkout (tests/test_wheel.py).
+test-wheel:
+	SESSIONGATE_WHEEL_DIR=$(abspath $(DIST)) $(PYTHON) -m pytest tests/test_wheel.py -v
+
+# An aarch64 CPython from Debian's arm64 packages, unpacked (not installed) into a folder.
+aarch64-root:
+	dpkg --print-foreign-architectures | grep -qx arm64 || dpkg --add-architecture arm64
+	apt-get update -qq
+	apt-get install -y -qq qemu-user-static
+	rm -rf $(AARCH64_ROOT).debs && mkdir -p $(AARCH64_ROOT).debs $(AARCH64_ROOT)
+	cd $(AARCH64_ROOT).debs && apt-get download python3.11-minimal:arm64 \
+		libpython3.11-minimal:arm64 libpython3.11-stdlib:arm64 libc6:arm64 zlib1g:arm64 \
+		libexpat1:arm64 libgcc-s1:arm64 libffi8:arm64 libssl3:arm64 libbz2-1.0:arm64 \
+		liblzma5:arm64 libsqlite3-0:arm64 libuuid1:arm64 libcrypt1:arm64
+	for deb in $(AARCH64_ROOT).debs/*.deb; do dpkg-deb -x "$$deb" $(AARCH64_ROOT); done
+
+# The aarch64 wheel's core loads and computes under qemu with an aarch64 Python.
+prove-aarch64:
+	rm -rf $(DIST)/aarch64-unpacked
+	$(PYTHON) -m zipfile -e $(wildcard $(DIST)/*manylinux*_aarch64.whl) $(DIST)/aarch64-unpacked
+	PYTHONPATH=$(abspath $(DIST))/aarch64-unpacked qemu-aarch64-static -L $(AARCH64_ROOT) \
+		$(AARCH64_ROOT)/usr/bin/python3.11 scripts/core_smoke.py
+
+clean-dist:
+	rm -rf $(DIST)
