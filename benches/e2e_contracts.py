@@ -11,8 +11,11 @@ Scenarios (figures go to docs/performance.md):
               (first, last, total), gateway CPU per turn, and whether the two trajectory
               files are byte-identical.
   ttft        time to first token of a streamed session turn, --stream-upstream buffered vs
-              relay (the mock engine at 20 ms to first token and 5 ms per token, 64-token
-              completions), alternating turns: p50 TTFT and p50 total time.
+              relay against a default engine (served buffered: its stream drops logprobs)
+              vs relay against an engine with a tool-call parser (the mock engine at 20 ms to
+              first token and 5 ms per token, one token per stream step, 64-token
+              completions ended by the stop token), alternating turns: p50 TTFT, p50 total
+              time and the in-process gateway's CPU per turn (/proc); every turn recorded.
 """
 
 from __future__ import annotations
@@ -147,23 +150,38 @@ def scenario_ttft(quick: bool) -> dict[str, Any]:
     mock = ("--ttft-ms", "20", "--token-delay-ms", "5", "--completion-tokens", "64")
     mock += ("--completion-tokens-jitter", "0", "--stream-chunk-tokens", "1")
     with ExitStack() as stack:
-        engine = stack.enter_context(mock_engine(*mock))
+        # A default engine (no parser: its stream drops the logprobs of steps without text,
+        # so `relay` serves it buffered) and one with a tool-call parser (really relayed).
+        plain = stack.enter_context(mock_engine(*mock))
+        parsed = stack.enter_context(mock_engine(*mock, "--tool-call-parser", "qwen25"))
+        setups = {
+            "buffered": (plain, "buffered"),
+            "relay_default_engine": (plain, "relay"),
+            "relay_parser_engine": (parsed, "relay"),
+        }
         configs = {
-            mode: stack.enter_context(inprocess_gateway(engine, "--stream-upstream", mode))
-            for mode in ("buffered", "relay")
+            name: stack.enter_context(inprocess_gateway(engine, "--stream-upstream", mode))
+            for name, (engine, mode) in setups.items()
         }
         clients = {name: httpx.Client(base_url=gw.url, timeout=60) for name, gw in configs.items()}
         stack.callback(lambda: [c.close() for c in clients.values()])
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in configs}
+        cpu = dict.fromkeys(configs, 0.0)
         for round_index in range(rounds):
             for name, client in clients.items():
+                pid = configs[name].proc.pid  # type: ignore[union-attr]
                 sid = client.post("/sessions").json()["session_id"]
+                before = cpu_seconds(pid)
                 samples[name].append(_streamed_turn(client, sid, f"question {round_index}"))
+                cpu[name] += cpu_seconds(pid) - before
+                records = client.get(f"/sessions/{sid}").json()["records"]
+                assert len(records) == 1, f"{name}: the streamed turn was not recorded"
                 client.delete(f"/sessions/{sid}")
         return {
             name: {
                 "ttft_ms_p50": round(statistics.median(t for t, _ in runs), 1),
                 "total_ms_p50": round(statistics.median(total for _, total in runs), 1),
+                "gateway_cpu_ms_per_turn": round(1000 * cpu[name] / rounds, 2),
             }
             for name, runs in samples.items()
         }

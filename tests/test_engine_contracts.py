@@ -346,16 +346,28 @@ def test_indexer_top_k_is_recorded_and_in_samples() -> None:
 # -- streamed turns ------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def parser_engine() -> Iterator[ServerProcess]:
+    # Relayed turns need an engine whose stream carries every logprob: one with a parser
+    # (against others the gateway serves streamed turns buffered; tests/test_relay_exact.py).
+    with mock_engine(*R3_ENGINE, "--tool-call-parser", "qwen25") as proc:
+        yield proc
+
+
 def sse_data(response: httpx.Response) -> list[str]:
     return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
 
 
 def test_relayed_stream_is_recorded_token_exactly_like_a_whole_turn(
-    engine: ServerProcess, client: httpx.Client
+    parser_engine: ServerProcess,
 ) -> None:
     # SGLang rejects return_meta_info with stream (serving_chat.py); the relay asks for the
     # ids in sglext and the usage, and rebuilds the record (session/stream.py).
-    with gateway_over(engine, "--r3", "--r3-topk", "2", "--stream-upstream", "relay") as gw:
+    engine = parser_engine
+    with (
+        gateway_over(engine, "--r3", "--r3-topk", "2", "--stream-upstream", "relay") as gw,
+        gateway_over(engine, "--r3", "--r3-topk", "2") as client,
+    ):
         streamed, whole = new_session(gw), new_session(client)
         messages = [{"role": "user", "content": "tell me"}]
         reply = turn(gw, streamed, messages, stream=True, seed=3)
@@ -386,8 +398,8 @@ def test_relayed_stream_is_recorded_token_exactly_like_a_whole_turn(
         assert content == buffered["records"][0]["response"]["choices"][0]["message"]["content"]
 
 
-def test_relayed_stream_usage_only_when_asked(engine: ServerProcess) -> None:
-    with gateway_over(engine, "--stream-upstream", "relay", workers="0") as gw:
+def test_relayed_stream_usage_only_when_asked(parser_engine: ServerProcess) -> None:
+    with gateway_over(parser_engine, "--stream-upstream", "relay", workers="0") as gw:
         sid = new_session(gw)
         options = {"include_usage": True}
         reply = turn(

@@ -24,6 +24,8 @@ from sessiongate.demo.verify import trajectory_problems
 def gateway() -> Iterator[ServerProcess]:
     port = free_port()
     argv = ["serve", "--port", str(port), "--workers", "0", "--r3", "--stream-upstream", "relay"]
+    # An engine with a parser streams every logprob, so streamed turns are really relayed.
+    argv += ["--mock-args", "--tool-call-parser qwen25"]
     with ServerProcess(argv, port) as proc:
         yield proc
 

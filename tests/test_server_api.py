@@ -416,7 +416,8 @@ def test_stream_without_finish_ends_with_an_error_event_unrecorded() -> None:
 
 def test_client_gone_mid_stream_leaves_the_session_unrecorded_and_usable() -> None:
     port = free_port()
-    slow = "--token-delay-ms 20 --completion-tokens 40"
+    # With a parser the engine's stream is relayed (without one the turn is served buffered).
+    slow = "--token-delay-ms 20 --completion-tokens 40 --tool-call-parser qwen25"
     argv = ["serve", "--port", str(port), "--mock-args", slow, "--stream-upstream", "relay"]
     with ServerProcess(argv, port) as gw:
         session_id = httpx.post(gw.url + "/sessions").json()["session_id"]

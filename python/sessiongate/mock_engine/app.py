@@ -60,9 +60,23 @@ _INDEXER_PLACEHOLDER = "@@sessiongate-mock-indexer-topk@@"
 INDEXER_POSITIONS = 4096
 # SGLang's ChatCompletionRequest.model default (protocol.py DEFAULT_MODEL_NAME).
 DEFAULT_MODEL = "default"
-_STREAM_META_ERROR = (
-    "return_meta_info is not supported with streaming. "
-    "Please set stream=false when using return_meta_info=true."
+# serving_chat.py `_convert_to_internal_request`, checked in this order with `stream`.
+_STREAM_ERRORS = (
+    (
+        "return_prompt_token_ids",
+        "return_prompt_token_ids is not supported with streaming. "
+        "Please set stream=false when using return_prompt_token_ids=true.",
+    ),
+    (
+        "return_token_ids",
+        "return_token_ids is not supported with streaming on /v1/chat/completions. "
+        "Please set stream=false when using return_token_ids=true.",
+    ),
+    (
+        "return_meta_info",
+        "return_meta_info is not supported with streaming. "
+        "Please set stream=false when using return_meta_info=true.",
+    ),
 )
 
 
@@ -120,6 +134,9 @@ class ChatRequest:
     include_usage: bool = False
     reasoning: bool = False
     lora: str | None = None
+    # A stream the scheduler aborted at once (a bad routed_experts_start_len): its message.
+    abort_message: str | None = None
+    want_cached_details: bool = False  # return_cached_tokens_details
 
 
 @dataclass(slots=True)
@@ -281,8 +298,9 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
     stream = body.get("stream") is True
     # serving_chat.py `_convert_to_internal_request` raises ValueError, which
     # `handle_request` answers with err_type "BadRequest".
-    if stream and body.get("return_meta_info") is True:
-        raise ApiError(_STREAM_META_ERROR, "BadRequest")
+    for name, message in _STREAM_ERRORS if stream else ():
+        if body.get(name) is True:
+            raise ApiError(message, "BadRequest")
     caps = [body[c] for c in ("max_tokens", "max_completion_tokens") if body.get(c) is not None]
     if any(c < 1 for c in caps):
         raise ApiError("max_tokens must be >= 1")
@@ -290,18 +308,22 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
     lora = _lora(body, cfg.model_name, cfg.lora_adapters)
     want_r3 = body.get("return_routed_experts") is True
     r3_start = body.get("routed_experts_start_len") or 0
-    if want_r3:  # scheduler.py `handle_generate_request`: aborted with 400 (BadRequestError)
+    r3_error: str | None = None
+    if want_r3:  # scheduler.py `handle_generate_request`: FINISH_ABORT, status 400
         if r3_start < 0:
-            raise ApiError(
+            r3_error = (
                 f"recv_req.routed_experts_start_len={r3_start} is lower than 0. "
                 "Please use a non-negative routed_experts_start_len."
             )
         if r3_start > len(prompt_ids):
-            raise ApiError(
+            r3_error = (
                 f"recv_req.routed_experts_start_len={r3_start} is higher than the number of "
                 f"input tokens len(req.origin_input_ids)={len(prompt_ids)}. Please use a "
                 "smaller routed_experts_start_len."
             )
+    if r3_error is not None and not stream:
+        # tokenizer_manager.py `_handle_abort_finish_reason`: status 400 -> ValueError -> 400.
+        raise ApiError(r3_error)
     tools = body.get("tools") or None
     if body.get("tool_choice") == "none":
         tools = None  # SGLang's tool-call parser is off for tool_choice "none"
@@ -328,6 +350,8 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
         include_usage=stream_options.get("include_usage") is True,
         reasoning=cfg.reasoning_parser is not None and kwargs.get("enable_thinking") is not False,
         lora=lora,
+        abort_message=r3_error,
+        want_cached_details=body.get("return_cached_tokens_details") is True,
         model=model if isinstance(model, str) and model else DEFAULT_MODEL,
     )
 
@@ -462,7 +486,11 @@ def _openai_logprobs(completion: Completion, start: int, stop: int) -> dict[str,
         content.append(
             {
                 "token": text,
-                "bytes": list(text.encode()),
+                # From the token id (byte-level BPE): a piece of a character has text
+                # "\ufffd" but its own bytes.
+                "bytes": list(completion.token_bytes[i])
+                if completion.token_bytes
+                else list(text.encode()),
                 "logprob": completion.logprobs[i],
                 "top_logprobs": [],
             }
@@ -481,6 +509,15 @@ def _usage(completion: Completion, cached: int, cfg: MockEngineConfig) -> dict[s
         "reasoning_tokens": reasoning,
         "completion_tokens_details": {"reasoning_tokens": reasoning} if reasoning else None,
     }
+
+
+def _cached_details(req: ChatRequest, cached: int) -> dict[str, int] | None:
+    """sglext.cached_tokens_details when asked (serving_chat.py): the scheduler reports none
+    for a request with nothing cached, else the device / host split (output_streamer.py
+    `get_cached_tokens_details`; the mock's cache is all device memory)."""
+    if not req.want_cached_details or cached <= 0:
+        return None
+    return {"device": cached, "host": 0}
 
 
 def _choice_finish(completion: Completion, *, stream: bool) -> tuple[str, Any, dict[str, Any]]:
@@ -562,6 +599,9 @@ def build_reply(
     if req.want_r3 and not req.want_meta:
         sglext["routed_experts"] = _R3_PLACEHOLDER
         splices[_R3_PLACEHOLDER] = _r3_parts(req, completion, cfg)
+    details = _cached_details(req, out.cached_tokens)
+    if details is not None:
+        sglext["cached_tokens_details"] = details
     if req.want_input_ids:
         sglext["input_ids"] = req.prompt_ids
     if req.want_output_ids:
@@ -663,9 +703,10 @@ class _Chunks:
 
 
 def _piece_events(
-    chunks: _Chunks, req: ChatRequest, completion: Completion, piece: StreamPiece
+    chunks: _Chunks, req: ChatRequest, completion: Completion, piece: StreamPiece, flush: bool
 ) -> list[bytes]:
-    """The chunks of one streamed step (serving_chat.py `_generate_stream_content`)."""
+    """The chunks of one engine step (serving_chat.py `_generate_stream_content`). `flush`:
+    the engine runs a reasoning or tool-call parser."""
     events: list[bytes] = []
     logprobs = _openai_logprobs(completion, piece.start, piece.stop) if req.want_logprobs else None
     if piece.reasoning:  # reasoning first, carrying the step's logprobs
@@ -679,8 +720,9 @@ def _piece_events(
     elif piece.content:
         events.append(chunks.content(content=piece.content, logprobs=logprobs))
         logprobs = None
-    if logprobs is not None and (req.reasoning or req.tools is not None):
-        # With a parser active, logprobs not attached yet get a chunk of their own.
+    if logprobs is not None and flush:
+        # Only an engine with a parser sends a step's unattached logprobs in a chunk of
+        # their own; on the plain path a step without text loses them.
         events.append(chunks.content(logprobs=logprobs))
     return events
 
@@ -692,30 +734,45 @@ async def _stream_events(
     state: EngineState,
     abort: asyncio.Event,
 ) -> AsyncIterator[Part]:
-    """serving_chat.py `_generate_chat_stream`: role chunk, step chunks, finish chunk, the
-    sglext chunk, the usage chunk (only with stream_options.include_usage), [DONE]."""
+    """serving_chat.py `_generate_chat_stream`: the role chunk with the engine's first
+    output, then per step its chunks, the finish chunk, the sglext chunk, the usage chunk
+    (only with stream_options.include_usage), [DONE]."""
     cfg = state.config
     chunks = _Chunks(req, int(time.time()))
+    # The tool-call path stands for an engine with a tool-call parser.
+    flush = cfg.reasoning_parser is not None or cfg.tool_call_parser is not None
+    flush = flush or req.tools is not None
     state.in_flight += 1
     try:
-        yield chunks.content(role="assistant", content="")
-        if await _wait(state, cfg.ttft_ms / 1000, abort) == "closing":
-            return  # shutting down: end the stream early, like an engine going away
-        pieces = await anyio.to_thread.run_sync(
-            state.generator.stream_pieces, completion, cfg.stream_chunk_tokens
-        )
         final = completion
-        for piece in pieces:
-            delay = cfg.token_delay_ms * (piece.stop - piece.start) / 1000
-            status = await _wait(state, delay, abort)
-            if status == "closing":
-                return
-            if status == "abort":
-                final = state.generator.aborted(completion, piece.start)
-                state.aborted += 1
-                break
-            for event in _piece_events(chunks, req, completion, piece):
-                yield event
+        if req.abort_message is not None:
+            # The scheduler aborted it before any token (FINISH_ABORT, status 400). The
+            # status crosses the process boundary as a plain int, so the stream's
+            # `isinstance(status_code, HTTPStatus)` test fails: no error chunk, a finish
+            # "abort" like a graceful abort; the prompt was replaced by one token.
+            final = dataclasses.replace(state.generator.aborted(completion, 0), prompt_tokens=1)
+            yield chunks.content(role="assistant", content="")
+        else:
+            if await _wait(state, cfg.ttft_ms / 1000, abort) == "closing":
+                return  # shutting down: end the stream early, like an engine going away
+            pieces = await anyio.to_thread.run_sync(
+                state.generator.stream_pieces, completion, cfg.stream_chunk_tokens
+            )
+            for n, piece in enumerate(pieces):
+                if n:
+                    delay = cfg.token_delay_ms * (piece.stop - piece.start) / 1000
+                    status = await _wait(state, delay, abort)
+                    if status == "closing":
+                        return
+                    if status == "abort":
+                        final = state.generator.aborted(completion, piece.start)
+                        state.aborted += 1
+                        break
+                else:
+                    # The first output of the engine brings the role chunk.
+                    yield chunks.content(role="assistant", content="")
+                for event in _piece_events(chunks, req, completion, piece, flush):
+                    yield event
 
         finish, matched, _ = _choice_finish(final, stream=True)
         yield chunks.content(finish=finish, matched_stop=matched)
@@ -724,9 +781,12 @@ async def _stream_events(
             parts: list[Part] = []
             splices: dict[str, list[Part]] = {}
             non_ids: dict[str, Any] = {}
-            if req.want_r3:
+            if req.want_r3 and req.abort_message is None:
                 non_ids["routed_experts"] = _R3_PLACEHOLDER
                 splices[_R3_PLACEHOLDER] = _r3_parts(req, final, cfg)
+            details = _cached_details(req, cached)
+            if details is not None:
+                non_ids["cached_tokens_details"] = details
             ids: dict[str, Any] = {}
             if req.want_input_ids:
                 ids["input_ids"] = req.prompt_ids
@@ -802,6 +862,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         completion_tokens=config.completion_tokens,
         completion_tokens_jitter=config.completion_tokens_jitter,
         tool_call_rate=config.tool_call_rate,
+        non_ascii=config.non_ascii,
     )
     state = EngineState(
         config,
@@ -869,10 +930,21 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
 
         if req.stream:
             state.streams += 1
+            events = _stream_events(req, completion, cached, state, abort)
+            # serving_chat.py `_handle_streaming_request` waits for the first chunk (the
+            # role chunk, with the first token) before the 200 goes out.
+            try:
+                first = await events.__anext__()
+            except StopAsyncIteration:
+                return error_response("mock engine is shutting down", "InternalServerError", 503)
+
+            async def body() -> AsyncIterator[Part]:
+                yield first
+                async for event in events:
+                    yield event
+
             return StreamingResponse(
-                _stream_events(req, completion, cached, state, abort),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
+                body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
         state.in_flight += 1
         try:
@@ -937,6 +1009,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
                 "is_generation": True,
                 "weight_version": state.weight_version,
                 "reasoning_parser": config.reasoning_parser,
+                "tool_call_parser": config.tool_call_parser,
             }
         )
 

@@ -69,7 +69,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--stream-chunk-tokens",
         type=int,
         default=d.stream_chunk_tokens,
-        help="tokens per SSE chunk (default %(default)s)",
+        help="tokens per engine step of a stream, SGLang's --stream-interval (default %(default)s)",
     )
     p.add_argument(
         "--weight-version",
@@ -87,6 +87,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=d.reasoning_parser,
         metavar="NAME",
         help="open completions with a <think> block parsed into reasoning_content",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=d.tool_call_parser,
+        metavar="NAME",
+        help="emulate an engine with a tool-call parser (stream steps keep their logprobs)",
+    )
+    p.add_argument(
+        "--non-ascii",
+        action="store_true",
+        help="completions mix in non-ASCII words (characters split over tokens)",
     )
     p.add_argument("--indexer-layers", type=int, default=d.indexer_layers, help="0 = off")
     p.add_argument("--indexer-topk", type=int, default=d.indexer_topk)
@@ -132,6 +143,8 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         weight_version=args.weight_version,
         lora_adapters=tuple(n.strip() for n in args.lora_adapters.split(",") if n.strip()),
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
+        non_ascii=args.non_ascii,
         indexer_layers=args.indexer_layers,
         indexer_topk=args.indexer_topk,
         enable_cache_report=args.enable_cache_report,

@@ -26,7 +26,8 @@ class MockEngineConfig:
     r3_topk: int = 0
     r3_experts: int = 64
     tool_call_rate: float = 0.0
-    stream_chunk_tokens: int = 4  # tokens per SSE content chunk
+    # Tokens per engine step of a stream: SGLang's --stream-interval (default 1).
+    stream_chunk_tokens: int = 1
     log_level: str = "warning"
     # SGLang's --weight-version (default "default"); changed at run time by
     # POST /update_weight_version.
@@ -37,6 +38,12 @@ class MockEngineConfig:
     # SGLang's --reasoning-parser: completions open with a <think> block that is split into
     # reasoning_content. Any name is accepted; all behave like qwen3 / deepseek-r1.
     reasoning_parser: str | None = None
+    # SGLang's --tool-call-parser. With it or a reasoning parser, a stream step's logprobs
+    # get a chunk of their own when no text carries them (serving_chat.py); without both, a
+    # step without text loses them. Requests with tools always take the mock's tool path.
+    tool_call_parser: str | None = None
+    # Draw words with non-ASCII characters too (multi-token characters, "\ufffd" token texts).
+    non_ascii: bool = False
     # Indexer top-k capture (sparse-attention models): meta_info.indexer_topk when both > 0.
     indexer_layers: int = 0
     indexer_topk: int = 0

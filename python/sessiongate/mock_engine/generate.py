@@ -36,6 +36,13 @@ WORDS: tuple[str, ...] = (
     "many", "most", "only", "also", "just", "very", "well", "here", "now", "done",
 )  # fmt: skip
 
+# Words outside ASCII (`--non-ascii`): byte-level BPE splits their characters over several
+# tokens, so single tokens decode to "\ufffd" and stream steps can end inside a character.
+NON_ASCII_WORDS: tuple[str, ...] = (
+    "café", "naïve", "über", "señor", "größe", "déjà", "été", "façade", "日本", "東京",
+    "数据", "模型", "привет", "мир", "λόγος", "🙂", "🚀", "½", "→",
+)  # fmt: skip
+
 # R3 rows come from one pool of random rows per (layers, topk, experts), built once and then
 # only sliced per reply (blocks placed by a hash of the token prefix): this many bytes of
 # base64 (4.5 MiB raw), rounded up to whole chunks.
@@ -48,7 +55,6 @@ R3_BLOCK_ROWS = 96
 # Runs of R3 slices smaller than this (small row shapes) are joined up to about _COALESCE_TO.
 _COALESCE_BELOW = 16 << 10
 _COALESCE_TO = 256 << 10
-_STREAM_WINDOW = 8  # tokens of left context when decoding one stream chunk
 _TOOL_CALL_OPEN = "\n<tool_call>\n"
 _TOOL_CALL_CLOSE = "\n</tool_call>"
 # Reasoning block tags, as Qwen3 / DeepSeek-R1 style reasoning parsers expect them.
@@ -115,6 +121,8 @@ class Completion:
     think_text: str = ""  # the reasoning block as generated ("" when none)
     think_token_count: int = 0
     token_texts: tuple[str, ...] = ()  # decode([id]) per id (logprob token text)
+    # Each id's own bytes (byte-level BPE), () when the tokenizer is not byte-level.
+    token_bytes: tuple[bytes, ...] = ()
 
     @property
     def completion_tokens(self) -> int:
@@ -206,19 +214,26 @@ class CompletionGenerator:
         completion_tokens: int = 32,
         completion_tokens_jitter: int = 0,
         tool_call_rate: float = 0.0,
+        non_ascii: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.engine_seed = engine_seed
         self.completion_tokens = completion_tokens
         self.jitter = completion_tokens_jitter
         self.tool_call_rate = tool_call_rate
+        self.non_ascii = non_ascii
         self.end_id = tokenizer.end_of_turn_token_id
         self._table = self._build_table()
 
     def _build_table(self) -> _WordTable:
         enc = self.tokenizer.encode
-        first = {w: len(enc(w)) for w in WORDS}
-        nxt = {w: len(enc(" " + w)) for w in WORDS}
+        pool = WORDS + NON_ASCII_WORDS if self.non_ascii else WORDS
+        first = {w: len(enc(w)) for w in pool}
+        nxt = {w: len(enc(" " + w)) for w in pool}
+        if self.non_ascii:
+            # Multi-token words on purpose; a max_tokens cut takes exactly max_tokens ids
+            # instead (`_plain`), possibly inside a character, as an engine does.
+            return _WordTable(pool, first, nxt)
         single = tuple(w for w in WORDS if first[w] == 1 and nxt[w] == 1)
         # Prefer one-token words so a max_tokens cut lands exactly on the limit.
         words = single if len(single) >= 16 else WORDS
@@ -321,6 +336,11 @@ class CompletionGenerator:
         text, ids = self._fit_words(words, target - 1)
         if budget is not None and len(ids) + 1 > budget:
             text, ids = self._fit_words(words, budget)
+            if self.non_ascii and len(ids) < budget:
+                # An engine stops at exactly max_tokens, mid-word or mid-character.
+                cut = self.tokenizer.encode(" ".join(words))[:budget]
+                if len(cut) == budget:
+                    text, ids = self.tokenizer.decode(cut), cut
             return self._finish(
                 key, prompt_ids, think_text, think_ids, text, ids, [], "", None,
                 truncated=max_tokens,
@@ -397,6 +417,7 @@ class CompletionGenerator:
             think_text=think_text,
             think_token_count=len(think_ids),
             token_texts=tuple(self.tokenizer.decode([i]) for i in ids),
+            token_bytes=token_bytes(self.tokenizer, ids),
         )
 
     def aborted(self, completion: Completion, tokens: int) -> Completion:
@@ -427,18 +448,20 @@ class CompletionGenerator:
             think_text=think_text if n_think else "",
             think_token_count=n_think,
             token_texts=completion.token_texts[:k],
+            token_bytes=completion.token_bytes[:k],
         )
 
     def stream_pieces(self, completion: Completion, chunk_tokens: int) -> list[StreamPiece]:
-        """Split the reply into streamed steps of about `chunk_tokens` tokens each.
+        """The reply as the engine streams it: one step per `chunk_tokens` tokens (SGLang's
+        `--stream-interval`, 1 by default), each with the text delta the detokenizer gives.
 
-        Reasoning and content deltas concatenate to `completion.reasoning` and
-        `completion.content`. Deltas come from decoding a short window before the step (so
-        the split costs O(completion length)); a step whose tokens do not decode to a clean
-        continuation (e.g. half a multi-byte character) shows nothing yet. A step that would
-        show nothing at all is merged into the next one (the last into the previous one):
-        SGLang drops the logprobs of a plain-text step without text, and a real scheduler
-        coalesces such steps too, so every token's logprob reaches the client.
+        The deltas follow managers/detokenizer_manager.py: a step whose new text decodes
+        cleanly sends it; a step whose new text is empty or ends in an incomplete UTF-8
+        character ("\ufffd") sends only its printable prefix (`_printable`) and decodes again
+        with the next step; the final step sends the rest of the (stop-trimmed) text. So
+        steps without text are common: the end-of-turn token (a special token decodes to
+        nothing) and tokens inside a multi-byte character. Reasoning and content deltas
+        concatenate to `completion.reasoning` and `completion.content`.
         """
         text = completion.text
         n_text = completion.completion_tokens - (1 if completion.has_end else 0)
@@ -451,46 +474,105 @@ class CompletionGenerator:
         c_lo = len(completion.think_text)
         c_hi = c_lo + len(completion.content)
         t_hi = len(text)
-        raw: list[StreamPiece] = []
-        sent = 0  # characters of `text` already shown
-        done = 0  # text tokens whose characters have been shown
+        pieces: list[StreamPiece] = []
+        surr = read = 0  # the detokenizer's offsets into the ids
+        committed = 0  # characters of `text` decoded cleanly
+        sent = 0  # characters of `text` already streamed (committed + printable)
         for start in range(0, completion.completion_tokens, chunk_tokens):
             stop = min(start + chunk_tokens, completion.completion_tokens)
             shown = sent
-            if stop >= n_text:
-                shown = t_hi  # the last text step flushes whatever is held back
-            elif start < n_text:
-                lo = max(0, done - _STREAM_WINDOW)
-                head, both = decode(text_ids[lo:done]), decode(text_ids[lo:stop])
-                if both.startswith(head) and text.startswith(both[len(head) :], sent):
-                    shown, done = sent + len(both) - len(head), stop
+            if stop >= completion.completion_tokens:
+                shown = t_hi  # finished: the rest of the text
+            else:
+                upto = min(stop, n_text)
+                new = decode(text_ids[surr:upto])[len(decode(text_ids[surr:read])) :]
+                if new and not new.endswith("\ufffd"):
+                    committed += len(new)
+                    surr, read = read, upto
+                    shown = max(sent, committed)
+                else:
+                    shown = max(sent, committed + len(_printable(new)))
             reasoning = text[max(sent, r_lo) : max(min(shown, r_hi), r_lo)] if r_hi else ""
             content = text[max(sent, c_lo) : max(min(shown, c_hi), c_lo)]
             call = None
             if completion.tool_call is not None and sent < t_hi <= shown:
                 call = completion.tool_call
             sent = shown
-            raw.append(StreamPiece(start, stop, content, call, reasoning))
-        pieces: list[StreamPiece] = []
-        pending: int | None = None  # start of empty steps waiting for the next visible one
-        for piece in raw:
-            start = piece.start if pending is None else pending
-            if not (piece.content or piece.reasoning or piece.tool_call):
-                pending = start
-                continue
-            pending = None
-            pieces.append(
-                StreamPiece(start, piece.stop, piece.content, piece.tool_call, piece.reasoning)
-            )
-        if pending is not None:
-            if pieces:
-                last = pieces[-1]
-                pieces[-1] = StreamPiece(
-                    last.start, raw[-1].stop, last.content, last.tool_call, last.reasoning
-                )
-            else:  # nothing visible at all (e.g. only the end token): one empty step
-                pieces.append(StreamPiece(0, completion.completion_tokens, ""))
+            pieces.append(StreamPiece(start, stop, content, call, reasoning))
         return pieces
+
+
+def _printable(text: str) -> str:
+    """What the detokenizer streams of text that is not clean yet (its
+    `find_printable_text`): all of it after a newline or a CJK character, all but the last
+    character after a CJK one, else up to the last space."""
+    if text.endswith("\n"):
+        return text
+    if text and _is_cjk(text[-1]):
+        return text
+    if len(text) > 1 and _is_cjk(text[-2]):
+        return text[:-1]
+    return text[: text.rfind(" ") + 1]
+
+
+def _is_cjk(char: str) -> bool:
+    code = ord(char)
+    return any(lo <= code <= hi for lo, hi in _CJK_RANGES)
+
+
+# The CJK Unified Ideographs blocks and their compatibility forms.
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
+)  # fmt: skip
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars = list(kept)
+    extra = 0
+    for b in range(256):
+        if b not in kept:
+            kept.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(kept, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def token_bytes(tokenizer: TokenizerLike, ids: Sequence[int]) -> tuple[bytes, ...]:
+    """Each id's bytes from its vocabulary piece, as SGLang's `token_id_to_bytes` gives the
+    logprob `bytes` of a byte-level BPE tokenizer (entrypoints/openai/utils.py); () when the
+    tokenizer is not byte-level (SGLang then encodes the token text)."""
+    piece_of = getattr(tokenizer, "id_to_token", None)
+    if piece_of is None or not _is_byte_level(tokenizer):
+        return ()
+    out: list[bytes] = []
+    for i in ids:
+        piece = piece_of(i) or ""
+        raw = bytes(_BYTE_DECODER[c] for c in piece if c in _BYTE_DECODER)
+        if not piece or len(raw) != len(piece):  # not byte-level representable
+            raw = tokenizer.decode([i]).encode()
+        out.append(raw)
+    return tuple(out)
+
+
+@functools.cache
+def _is_byte_level_id(tokenizer: TokenizerLike) -> bool:
+    # SGLang's probe: "é" is the piece chr(0xC3) + chr(0xA9) in a byte-level vocabulary.
+    piece_of = getattr(tokenizer, "id_to_token", None)
+    pieces = "".join(piece_of(i) or "" for i in tokenizer.encode("é")) if piece_of else ""
+    return bytes(_BYTE_DECODER.get(c, 0) for c in pieces) == "é".encode()
+
+
+def _is_byte_level(tokenizer: TokenizerLike) -> bool:
+    try:
+        return _is_byte_level_id(tokenizer)
+    except TypeError:  # an unhashable tokenizer: probe every time
+        return _is_byte_level_id.__wrapped__(tokenizer)
 
 
 def _first_tool_name(tools: Sequence[Any] | None) -> str | None:

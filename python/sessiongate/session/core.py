@@ -122,6 +122,8 @@ class SessionCore:
         self.turns_aborted = 0
         # Turns recorded without R3 under --r3-missing warn.
         self.r3_missing_turns = 0
+        # Relayed turns served buffered because the engine's stream drops logprobs.
+        self.relay_fallback_turns = 0
         # Bytes of every stored TurnRecord (TurnRecord.size) over all sessions, kept up to
         # date by each commit and close so the budget check never scans the sessions.
         self.records_bytes = 0
@@ -692,6 +694,8 @@ class SessionCore:
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
+            if relay and not await self._stream_is_exact(session.root_id):
+                relay = False
             fields = self._upstream_fields(turn, template_kwargs, relay=relay)
             if self.stamper is not None:
                 routing_headers = self.stamper.headers(routing_ctx)
@@ -755,6 +759,30 @@ class SessionCore:
             return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.client_body))
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
 
+    async def _stream_is_exact(self, root_id: str) -> bool:
+        """Whether the engine's chat stream carries a logprob for every sampled token.
+
+        SGLang 0.5.23 attaches a stream step's logprobs to its text chunk, and a step without
+        text (the stop token, a token inside a multi-byte character) has none, so its
+        logprobs are sent only by an engine with a reasoning or tool-call parser, which
+        flushes them in a chunk of their own (serving_chat.py `_generate_stream_content`).
+        The engine's `/model_info` names its parsers. Against an engine without one the turn
+        is served buffered (exact, one chunk) rather than relayed and then refused; an
+        upstream without `/model_info` is relayed, and the reply check still refuses a
+        stream that comes up short.
+        """
+        info = await self.upstream.model_info(root_id)
+        if info is None or info.get("reasoning_parser") or info.get("tool_call_parser"):
+            return True
+        if not self.relay_fallback_turns:
+            logger.warning(
+                "--stream-upstream relay: the engine runs no reasoning or tool-call parser, "
+                "so its chat stream drops the logprobs of steps without text; streamed turns "
+                'are served buffered (docs/api.md, "Streamed turns")'
+            )
+        self.relay_fallback_turns += 1
+        return False
+
     def _upstream_fields(
         self, turn: _Turn, template_kwargs: dict[str, Any], *, relay: bool
     ) -> dict[str, Any]:
@@ -771,6 +799,9 @@ class SessionCore:
             fields["return_meta_info"] = False
             fields["return_output_ids_in_sglext"] = True
             fields["stream_options"] = {"include_usage": True}
+            # The usage chunk has cached tokens only with --enable-cache-report; sglext has
+            # them when asked (none when nothing was cached).
+            fields["return_cached_tokens_details"] = True
         else:
             fields["stream"] = False
             fields["return_meta_info"] = True

@@ -189,6 +189,7 @@ class StreamedTurn:
     logprobs: list[float] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
     output_ids: list[int] | None = None
+    cached_details: dict[str, Any] | None = None  # sglext.cached_tokens_details
     routed_experts: memoryview | None = None
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
@@ -244,6 +245,9 @@ class StreamedTurn:
             if not isinstance(ids, list) or not ids or not isinstance(ids[0], list):
                 raise _broken("sglext.output_ids is not a list of id lists")
             self.output_ids = ids[0]
+        details = sglext.get("cached_tokens_details")
+        if isinstance(details, dict):
+            self.cached_details = details
         if r3 is not None:
             self.routed_experts = r3
         elif isinstance(sglext.get("routed_experts"), str):
@@ -287,6 +291,8 @@ class StreamedTurn:
         completion_tokens = usage.get("completion_tokens", len(ids))
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None:
+            cached = _cached_from_details(self.cached_details)
         # SGLang's meta_info says "stop" where the OpenAI finish reason says "tool_calls".
         kind = "stop" if self.finish_reason == "tool_calls" else self.finish_reason
         meta: dict[str, Any] = {
@@ -324,6 +330,16 @@ class StreamedTurn:
         at = body.find(_R3_MEMBER)
         value = at + len(b'"routed_experts":"')
         return b"".join([body[:value], self.routed_experts, body[value + len(_R3_PLACEHOLDER) :]])
+
+
+def _cached_from_details(details: dict[str, Any] | None) -> int:
+    """Cached prompt tokens from sglext.cached_tokens_details (asked with
+    return_cached_tokens_details): device + host + storage; SGLang sends none when nothing
+    was cached (scheduler_components/output_streamer.py)."""
+    if details is None:
+        return 0
+    parts = (details.get(k) for k in ("device", "host", "storage"))
+    return sum(p for p in parts if isinstance(p, int) and not isinstance(p, bool))
 
 
 def sse(data: bytes) -> bytes:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 from collections.abc import Iterable, Sequence
 
@@ -67,6 +68,8 @@ class UpstreamPool:
         self.health_path = health_path
         self._round_robin = itertools.count()
         self._prober: asyncio.Task[None] | None = None
+        # GET /model_info per upstream, once it answered with a JSON object.
+        self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
 
     @property
     def base_url(self) -> str:
@@ -224,6 +227,30 @@ class UpstreamPool:
             if retry is None:
                 raise
             return await attempt(retry)
+
+    async def model_info(self, root_id: str | None) -> dict[str, object] | None:
+        """The `/model_info` of the upstream `root_id` is pinned to (SGLang: the engine's
+        parsers and weight version), asked once per upstream; None when it has none."""
+        index = self.index_for(root_id)
+        known = self._model_info[index]
+        if known is not None:
+            return known
+        try:
+            stream = await self.clients[index].open_stream("GET", "/model_info")
+        except UpstreamTransportError:
+            return None  # the turn itself will meet (and report) the same failure
+        try:
+            body = await stream.read_all() if stream.status == 200 else b""
+        finally:
+            await stream.aclose()
+        try:
+            info = json.loads(body) if body else None
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):
+            return None
+        self._model_info[index] = info
+        return info
 
     def upstream_states(self) -> list[dict[str, object]]:
         """`[{"url", "healthy", "last_error"?}]`: what `/health` shows of each upstream."""
