@@ -10,7 +10,8 @@ import pytest
 
 import sessiongate._core as core
 
-STUB = Path(__file__).resolve().parents[1] / "python" / "sessiongate" / "_core.pyi"
+# The stub beside the installed core (the source tree's under an editable install).
+STUB = Path(core.__file__).resolve().parent / "_core.pyi"
 
 
 def _public(names: object) -> set[str]:

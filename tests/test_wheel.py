@@ -69,7 +69,8 @@ IMPORT_ALL = f"""
 import importlib, pkgutil, sys
 import sessiongate
 assert sessiongate.__file__.startswith(sys.prefix), sessiongate.__file__
-names = [m.name for m in pkgutil.walk_packages(sessiongate.__path__, "sessiongate.")]
+walked = pkgutil.walk_packages(sessiongate.__path__, "sessiongate.")
+names = [m.name for m in walked if not m.name.endswith(".__main__")]  # those run the CLI
 for name in names:
     try:
         importlib.import_module(name)

@@ -68,7 +68,8 @@ class UpstreamPool:
         self.health_path = health_path
         self._round_robin = itertools.count()
         self._prober: asyncio.Task[None] | None = None
-        # GET /model_info per upstream, once it answered with a JSON object.
+        # GET /model_info per upstream, once it answered: its JSON object, or {} when it
+        # answered with none (an engine that is not SGLang).
         self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
 
     @property
@@ -234,7 +235,7 @@ class UpstreamPool:
         index = self.index_for(root_id)
         known = self._model_info[index]
         if known is not None:
-            return known
+            return known or None
         try:
             stream = await self.clients[index].open_stream("GET", "/model_info")
         except UpstreamTransportError:
@@ -248,6 +249,7 @@ class UpstreamPool:
         except ValueError:
             info = None
         if not isinstance(info, dict):
+            self._model_info[index] = {}  # asked once: every turn would ask again
             return None
         self._model_info[index] = info
         return info
