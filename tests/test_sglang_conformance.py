@@ -19,6 +19,7 @@ import pytest
 
 from procs import ServerProcess, mock_engine
 from sessiongate.tokenizer import load_tokenizer
+from tool_templates import QWEN35_STYLE, tokenizer_dir
 
 L, K, E = 4, 2, 16  # R3 shape
 IL, IK = 3, 5  # indexer layers / top-k
@@ -502,3 +503,42 @@ def test_routed_experts_rows_follow_the_token_prefix(engine: ServerProcess) -> N
     r3_b, topk_b, _ = turn(unique_prompt(12))
     assert not np.array_equal(r3_a[0], r3_b[0]) and not np.array_equal(r3_a[0], r3_1[0])
     assert not np.array_equal(topk_a[0], topk_b[0])
+
+
+# ---------------------------------------------------------------- tool-call arguments
+
+
+def test_assistant_tool_call_arguments_are_parsed_before_the_template(
+    engine: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # entrypoints/openai/serving_chat.py `_apply_jinja_template` runs
+    # `normalize_assistant_tool_call_arguments(message, strict=True)` on every message before
+    # rendering: JSON-text arguments reach the template as an object (`parse_tool_call_arguments`),
+    # so a template reading `arguments|items` renders the history an agent echoes back; text
+    # that is not a JSON object is a ValueError, answered by serving_base.py `handle_request`
+    # as a 400 "BadRequest".
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    directory = tokenizer_dir(tmp_path_factory.mktemp("qwen35"), QWEN35_STYLE)
+    with mock_engine("--tokenizer", str(directory)) as qwen35:
+        reply = post(qwen35, {"messages": history, "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    for arguments, reason in (
+        ('{"q": ', "must be valid JSON"),
+        ("[1]", "must be a JSON object"),
+    ):
+        bad = {**call, "function": {"name": "f", "arguments": arguments}}
+        body = {"messages": [history[0], {**history[1], "tool_calls": [bad]}, history[2]]}
+        refused = post(engine, body)
+        assert refused.status_code == 400
+        assert refused.json() == {
+            "object": "error",
+            "message": f"Assistant tool call function.arguments {reason}.",
+            "type": "BadRequest",
+            "param": None,
+            "code": 400,
+        }

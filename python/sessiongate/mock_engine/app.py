@@ -43,6 +43,7 @@ from sessiongate.mock_engine.generate import (
     routed_experts_b64_parts,
 )
 from sessiongate.mock_engine.prefix_cache import PrefixCache
+from sessiongate.tokenizer.tool_arguments import ToolArgumentsError, template_messages
 
 # A body slice: bytes, or a read-only view into the shared R3 pool.
 Part: TypeAlias = bytes | memoryview
@@ -228,10 +229,17 @@ def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
         if low < 0 or high >= tokenizer.vocab_size:
             raise ApiError(f"input_ids out of range [0, {tokenizer.vocab_size})")
         return list(ids)
+    # serving_chat.py `_apply_jinja_template` parses assistant tool-call arguments before it
+    # renders (`normalize_assistant_tool_call_arguments`, strict); its ValueError is a 400
+    # "BadRequest" in serving_base.py `handle_request`.
+    try:
+        messages = template_messages(body["messages"])
+    except ToolArgumentsError as exc:
+        raise ApiError(exc.reason, "BadRequest") from exc
     kwargs = body.get("chat_template_kwargs") or {}
     try:
         ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            body["messages"],
+            messages,
             add_generation_prompt=True,
             tools=body.get("tools"),
             chat_template_kwargs=kwargs or None,
