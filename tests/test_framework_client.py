@@ -159,6 +159,21 @@ def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
     assert sample["rollout_log_probs"].tolist() == expected_lp[first_prompt:]
     assert sample["status"] == "completed"
     assert sample["weight_versions"] == [r["weight_version"] for r in records]
+    # Records keep the engine's whole reply, the fields SGLang 0.5.23 added included.
+    for record in records:
+        response = record["response"]
+        meta = response["choices"][0]["meta_info"]
+        spans = [
+            {
+                "version": record["weight_version"],
+                "start": 0,
+                "end": len(meta["output_token_logprobs"]),
+            }
+        ]
+        assert meta["weight_versions"] == response["metadata"]["weight_versions"] == spans
+        assert "cached_tokens_details" in meta
+        assert isinstance(meta["response_sent_to_client_ts"], float)
+        assert record["cached_tokens"] == meta["cached_tokens"]
     # R3: one row per token but the last, [layers, top-k] each, as the last turn sent it.
     assert sample["rollout_routed_experts"].shape == (len(tokens) - 1, 3, 2)
     assert sample["rollout_indexer_topk"] is None
