@@ -115,7 +115,8 @@ class Rig:
             backend = self.proxy.start().url
         port = free_port()
         args = ["serve", "--port", str(port), "--workers", str(WORKERS), "--backend", backend]
-        args += ["--r3", "--timeout", str(self.timeout), "--health-interval", "0.5"]
+        args += ["--r3", "--r3-topk", "8", "--timeout", str(self.timeout)]
+        args += ["--health-interval", "0.5"]
         self.gateway = ServerProcess(args, port, timeout=60).start()
         return self
 

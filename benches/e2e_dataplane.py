@@ -500,8 +500,8 @@ def tcp_gateway() -> Iterator[ServerProcess]:
         mock = ["mock-engine", "--port", str(port), *R3_MOCK.split()]
         with (
             ServerProcess(mock, port) as engine,
-            WorkerProcess(free_port(), secret, engine.url, "--r3") as w0,
-            WorkerProcess(free_port(), secret, engine.url, "--r3") as w1,
+            WorkerProcess(free_port(), secret, engine.url, "--r3", "--r3-topk", "8") as w0,
+            WorkerProcess(free_port(), secret, engine.url, "--r3", "--r3-topk", "8") as w1,
             router(secret, w0.endpoint, w1.endpoint) as gw,
         ):
             deadline = time.monotonic() + 60

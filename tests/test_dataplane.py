@@ -80,7 +80,7 @@ def _equivalence_script(url: str, cover: int = 0) -> tuple[list[tuple[Any, ...]]
     Root ids are random, so the script's six sessions may all land on one worker; with
     `cover`, unrecorded extra sessions then chat until that many workers have served one."""
     volatile = re.compile(
-        r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id|parent_session_id)"'
+        r'"(id|created|timestamp|request_timestamp|e2e_latency|response_sent_to_client_ts|session_id|parent_session_id)"'
         r':("[^"]*"|[0-9.e-]+)'
     )
     ids: dict[str, str] = {}

@@ -122,7 +122,7 @@ def test_routing_mode_header_replaces_the_default_one(engine: ServerProcess) -> 
 
 
 def test_r3_missing_from_the_reply_is_a_502_and_nothing_is_recorded() -> None:
-    with mock_engine() as no_r3, gateway_over(no_r3, "--r3") as gw:
+    with mock_engine() as no_r3, gateway_over(no_r3, "--r3", "--r3-topk", "2") as gw:
         sid = new_session(gw)
         reply = turn(gw, sid, [{"role": "user", "content": "hi"}])
         assert reply.status_code == 502
@@ -134,7 +134,7 @@ def test_r3_missing_from_the_reply_is_a_502_and_nothing_is_recorded() -> None:
 def test_r3_missing_warn_records_and_counts() -> None:
     with (
         mock_engine() as no_r3,
-        gateway_over(no_r3, "--r3", "--r3-missing", "warn", workers="0") as gw,
+        gateway_over(no_r3, "--r3", "--r3-topk", "2", "--r3-missing", "warn", workers="0") as gw,
     ):
         sid = new_session(gw)
         assert turn(gw, sid, [{"role": "user", "content": "hi"}]).status_code == 200

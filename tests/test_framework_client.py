@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from procs import ServerProcess, free_port
+from tool_templates import TEMPLATES, tokenizer_dir
 
 np = pytest.importorskip("numpy", reason="numpy is in the test extra")
 st_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is in the test extra")
@@ -157,6 +159,21 @@ def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
     assert sample["rollout_log_probs"].tolist() == expected_lp[first_prompt:]
     assert sample["status"] == "completed"
     assert sample["weight_versions"] == [r["weight_version"] for r in records]
+    # Records keep the engine's whole reply, the fields SGLang 0.5.23 added included.
+    for record in records:
+        response = record["response"]
+        meta = response["choices"][0]["meta_info"]
+        spans = [
+            {
+                "version": record["weight_version"],
+                "start": 0,
+                "end": len(meta["output_token_logprobs"]),
+            }
+        ]
+        assert meta["weight_versions"] == response["metadata"]["weight_versions"] == spans
+        assert "cached_tokens_details" in meta
+        assert isinstance(meta["response_sent_to_client_ts"], float)
+        assert record["cached_tokens"] == meta["cached_tokens"]
     # R3: one row per token but the last, [layers, top-k] each, as the last turn sent it.
     assert sample["rollout_routed_experts"].shape == (len(tokens) - 1, 3, 2)
     assert sample["rollout_indexer_topk"] is None
@@ -183,3 +200,26 @@ def test_samples_of_an_empty_session_and_bad_input(gateway: ServerProcess) -> No
     assert samples == [] and empty_reason == "no_records"
     missing = httpx.post(f"{gateway.url}/sessions/{'0' * 32}/samples", json={})
     assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_agent_tool_loop_on_mapping_templates(tmp_path: Path, name: str) -> None:
+    # Templates that iterate tool-call arguments as a mapping (Qwen3.5 `arguments|items`,
+    # MiniMax `arguments.items()`) get the engine's JSON text parsed, as SGLang and the
+    # framework's `normalize_tool_arguments` give it to them: the turn after a tool call
+    # renders, and the record keeps the text the engine sent.
+    directory = tokenizer_dir(tmp_path / name, TEMPLATES[name])
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", "1", "--tokenizer", str(directory)]
+    argv += ["--mock-args", "--tool-call-rate 1 --completion-tokens 12"]
+    with ServerProcess(argv, port, timeout=60) as gateway:
+        session_id = agent_episode(gateway.url, turns=3)
+        session = httpx.get(f"{gateway.url}/sessions/{session_id}").json()
+        samples, _, _ = decode_samples(collect_samples(gateway.url, session_id, None))
+    records = session["records"]
+    assert len(records) == 3
+    for record in records:
+        call = record["response"]["choices"][0]["message"]["tool_calls"][0]
+        assert isinstance(call["function"]["arguments"], str)
+        assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert samples[0]["tokens"].tolist() == session["metadata"]["accumulated_token_ids"]

@@ -42,7 +42,8 @@ def engine() -> Iterator[ServerProcess]:
 def _serve(engine: ServerProcess, *extra: str) -> ServerProcess:
     port = free_port()
     return ServerProcess(
-        ["serve", "--port", str(port), "--backend", engine.url, "--r3", *extra], port
+        ["serve", "--port", str(port), "--backend", engine.url, "--r3", "--r3-topk", "2", *extra],
+        port,
     )
 
 

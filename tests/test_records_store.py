@@ -27,7 +27,7 @@ from test_tcp_workers import SECRET, WorkerProcess, eventually, router
 R3_MOCK = "--r3-layers 8 --r3-topk 2"
 CHILDREN = re.compile(r'"child_session_ids":\[[^\]]*\]')
 VOLATILE = re.compile(
-    r'"(id|created|timestamp|request_timestamp|e2e_latency|session_id|parent_session_id)":'
+    r'"(id|created|timestamp|request_timestamp|e2e_latency|response_sent_to_client_ts|session_id|parent_session_id)":'
     r'("[^"]*"|[0-9.e-]+|\[[^\]]*\])'
 )
 SESSIONS = 20
@@ -132,7 +132,7 @@ def test_restarted_standalone_worker_recovers(records: Path, tmp_path: Path) -> 
     port = free_port()
     with ServerProcess(["mock-engine", "--port", str(port), *R3_MOCK.split()], port) as engine:
         worker_port = free_port()
-        extra = ("--records-dir", str(records), "--r3")
+        extra = ("--records-dir", str(records), "--r3", "--r3-topk", "2")
         with WorkerProcess(worker_port, secret, engine.url, *extra) as worker:
             with router(secret, worker.endpoint) as gateway:
                 wait_healthy(gateway.url)

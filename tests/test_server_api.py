@@ -47,6 +47,8 @@ def gateway(engine: ServerProcess) -> Iterator[ServerProcess]:
             "--backend",
             engine.url,
             "--r3",
+            "--r3-topk",
+            "2",
             "--max-body-bytes",
             "200000",
         ],

@@ -19,6 +19,7 @@ import pytest
 
 from procs import ServerProcess, mock_engine
 from sessiongate.tokenizer import load_tokenizer
+from tool_templates import QWEN35_STYLE, tokenizer_dir
 
 L, K, E = 4, 2, 16  # R3 shape
 IL, IK = 3, 5  # indexer layers / top-k
@@ -204,7 +205,11 @@ def test_stream_chunks_are_shaped_like_sglang(engine: ServerProcess, tok: Any) -
 
 
 def test_non_stream_meta_info_metadata_and_cached_tokens(engine: ServerProcess, tok: Any) -> None:
-    # managers/tokenizer_manager.py `_handle_batch_output` (meta_info keys and order) and
+    # managers/tokenizer_manager.py `_handle_batch_output` (meta_info keys and order:
+    # `weight_versions` from utils/weight_versions.py `add_weight_versions_to_meta_info`,
+    # `cached_tokens_details` from managers/scheduler_components/output_streamer.py
+    # `get_cached_tokens_details`, `response_sent_to_client_ts` stamped by
+    # `_wait_one_response` once the output is finished) and
     # `add_logprob_to_meta_info` / `detokenize_logprob_tokens` (text in logprobs: the chat
     # endpoint sets return_text_in_logprobs=True in serving_chat.py); serving_chat.py
     # `_build_chat_response` (top-level metadata from utils/weight_versions.py
@@ -213,6 +218,7 @@ def test_non_stream_meta_info_metadata_and_cached_tokens(engine: ServerProcess, 
     # RequestValidationError handler (400, type "Bad Request").
     prompt = unique_prompt(2)
     body = {"messages": MESSAGES, "input_ids": prompt, "logprobs": True, "return_meta_info": True}
+    before = time.time()
     first = post(engine, {**body, "some_unknown_field": {"x": 1}})
     assert first.status_code == 200
     reply = first.json()
@@ -229,23 +235,38 @@ def test_non_stream_meta_info_metadata_and_cached_tokens(engine: ServerProcess, 
         "reasoning_tokens",
         "completion_tokens",
         "cached_tokens",
+        "weight_versions",
+        "cached_tokens_details",
         "e2e_latency",
+        "response_sent_to_client_ts",
     ]
     ids = [e[1] for e in meta["output_token_logprobs"]]
     assert [e[2] for e in meta["output_token_logprobs"]] == [tok.decode([i]) for i in ids]
     assert meta["output_token_logprobs_length"] == meta["completion_tokens"] == len(ids)
     assert meta["id"] == reply["id"] and meta["weight_version"] == "w0"
-    assert reply["metadata"] == {"weight_version": "w0"}
-    assert meta["cached_tokens"] == 0
+    spans = [{"version": "w0", "start": 0, "end": len(ids)}]
+    assert meta["weight_versions"] == spans
+    assert reply["metadata"] == {"weight_version": "w0", "weight_versions": spans}
+    assert meta["cached_tokens"] == 0 and meta["cached_tokens_details"] is None
+    sent = meta["response_sent_to_client_ts"]
+    assert isinstance(sent, float) and before <= sent <= time.time()
     assert reply["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     # Next turn: the previous prompt and all but its last sampled token are cached.
     turn2 = post(engine, {**body, "input_ids": [*prompt, *ids, 7, 8, 9]}).json()
     expected = len(prompt) + len(ids) - 1
     assert turn2["choices"][0]["meta_info"]["cached_tokens"] == expected
+    details = turn2["choices"][0]["meta_info"]["cached_tokens_details"]
+    assert details == {"device": expected, "host": 0}
     assert turn2["usage"]["prompt_tokens_details"] == {"cached_tokens": expected}
     # Without logprobs the engine adds no logprob keys.
     bare = post(engine, {**body, "logprobs": False}).json()["choices"][0]["meta_info"]
     assert "output_token_logprobs" not in bare
+    # Without return_meta_info the top-level metadata still has the spans.
+    plain = post(engine, {"messages": MESSAGES, "input_ids": unique_prompt(9)}).json()
+    completion_tokens = plain["usage"]["completion_tokens"]
+    assert plain["metadata"]["weight_versions"] == [
+        {"version": "w0", "start": 0, "end": completion_tokens}
+    ]
     # messages is required even with input_ids.
     missing = post(engine, {"input_ids": prompt})
     assert missing.status_code == 400
@@ -344,7 +365,7 @@ def test_weight_version(engine: ServerProcess, thinker: ServerProcess) -> None:
     # `/update_weight_version` (UpdateWeightVersionReqInput, reply body) and `/model_info`;
     # tokenizer_manager.py meta_info["weight_version"]; utils/weight_versions.py metadata.
     body = {"messages": MESSAGES, "return_meta_info": True}
-    assert post(thinker, body).json()["metadata"] == {"weight_version": "default"}
+    assert post(thinker, body).json()["metadata"]["weight_version"] == "default"
     update = httpx.post(engine.url + "/update_weight_version", json={"new_version": "w1"})
     try:
         assert update.status_code == 200
@@ -354,7 +375,8 @@ def test_weight_version(engine: ServerProcess, thinker: ServerProcess) -> None:
             "new_version": "w1",
         }
         reply = post(engine, body).json()
-        assert reply["metadata"] == {"weight_version": "w1"}
+        assert reply["metadata"]["weight_version"] == "w1"
+        assert [s["version"] for s in reply["metadata"]["weight_versions"]] == ["w1"]
         assert reply["choices"][0]["meta_info"]["weight_version"] == "w1"
         assert httpx.get(engine.url + "/model_info").json()["weight_version"] == "w1"
     finally:
@@ -505,3 +527,73 @@ def test_routed_experts_rows_follow_the_token_prefix(engine: ServerProcess) -> N
     r3_b, topk_b, _ = turn(unique_prompt(12))
     assert not np.array_equal(r3_a[0], r3_b[0]) and not np.array_equal(r3_a[0], r3_1[0])
     assert not np.array_equal(topk_a[0], topk_b[0])
+
+
+# ---------------------------------------------------------------- tool-call arguments
+
+
+def test_assistant_tool_call_arguments_are_parsed_before_the_template(
+    engine: ServerProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # entrypoints/openai/serving_chat.py `_apply_jinja_template` runs
+    # `normalize_assistant_tool_call_arguments(message, strict=True)` on every message before
+    # rendering: JSON-text arguments reach the template as an object (`parse_tool_call_arguments`),
+    # so a template reading `arguments|items` renders the history an agent echoes back; text
+    # that is not a JSON object is a ValueError, answered by serving_base.py `handle_request`
+    # as a 400 "BadRequest".
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"q": 1}'}}
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    directory = tokenizer_dir(tmp_path_factory.mktemp("qwen35"), QWEN35_STYLE)
+    with mock_engine("--tokenizer", str(directory)) as qwen35:
+        reply = post(qwen35, {"messages": history, "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    for arguments, reason in (
+        ('{"q": ', "must be valid JSON"),
+        ("[1]", "must be a JSON object"),
+    ):
+        bad = {**call, "function": {"name": "f", "arguments": arguments}}
+        body = {"messages": [history[0], {**history[1], "tool_calls": [bad]}, history[2]]}
+        refused = post(engine, body)
+        assert refused.status_code == 400
+        assert refused.json() == {
+            "object": "error",
+            "message": f"Assistant tool call function.arguments {reason}.",
+            "type": "BadRequest",
+            "param": None,
+            "code": 400,
+        }
+
+
+# ---------------------------------------------------------------- health and meta-only flags
+
+
+def test_health_is_an_empty_200(engine: ServerProcess) -> None:
+    # entrypoints/http_server.py `health_generate` serves GET /health: `Response(status_code=200)`
+    # once the engine answers, no body.
+    reply = httpx.get(engine.url + "/health", timeout=10)
+    assert reply.status_code == 200
+    assert reply.content == b""
+
+
+@pytest.mark.parametrize("flag", ["return_sampling_mask", "return_flat_raw_output_top_logprobs"])
+def test_meta_info_only_flags_need_return_meta_info(engine: ServerProcess, flag: str) -> None:
+    # entrypoints/openai/serving_chat.py `_validate_request`: "<flag> requires
+    # return_meta_info=true.", answered by serving_base.py `handle_request` with
+    # `create_error_response` (400, "BadRequestError"); protocol.py declares both as bool.
+    refused = post(engine, {"messages": MESSAGES, flag: True})
+    assert refused.status_code == 400
+    assert refused.json() == {
+        "object": "error",
+        "message": f"{flag} requires return_meta_info=true.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    assert post(engine, {"messages": MESSAGES, flag: True, "return_meta_info": True}).is_success
+    assert post(engine, {"messages": MESSAGES, flag: False}).is_success
+    mistyped = post(engine, {"messages": MESSAGES, flag: "yes"})
+    assert mistyped.status_code == 400 and mistyped.json()["type"] == "Bad Request"

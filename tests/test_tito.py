@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from sessiongate.session.tito import (
     parse_chat_template_kwargs,
 )
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
+from tool_templates import TEMPLATES, tokenizer_dir
 
 TOKENIZER = load_tokenizer(None)
 ENGINE = TitoEngine(TOKENIZER)
@@ -199,3 +201,32 @@ def test_turn_suffix_is_cached_per_kwargs() -> None:
     )
     assert engine.mismatches([*messages, reply], None, checkpoint, wide) == []
     assert engine.mismatches([*messages, reply], None, checkpoint) != []
+
+
+# Templates that iterate tool-call arguments as a mapping (Qwen3.5, MiniMax): the session
+# records the engine's JSON text, the template gets the object, and the incremental prompt
+# still equals a full render of the history, token for token.
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_tool_turn_on_mapping_templates_is_token_exact(tmp_path: Path, name: str) -> None:
+    tokenizer = load_tokenizer(tokenizer_dir(tmp_path / name, TEMPLATES[name]))
+    engine = TitoEngine(tokenizer)
+    arguments = '{"city": "Zürich", "days": [1, 2], "units": {"t": "C"}}'
+    call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": arguments}}
+    assistant = {"role": "assistant", "content": "", "tool_calls": [call]}
+    history: list[dict[str, Any]] = [{"role": "user", "content": "Weather?"}]
+    checkpoint = engine.first_turn_ids(history, None)
+    # The engine samples the tool-call text the template would render for the call.
+    without = tokenizer.render(history, add_generation_prompt=True)
+    with_call = tokenizer.render([*history, assistant], add_generation_prompt=False)
+    reply = with_call[len(without) :].removesuffix("\n")
+    checkpoint += [*tokenizer.encode(reply.removesuffix("<|im_end|>")), engine.end_of_turn_id]
+    appended = [{"role": "tool", "tool_call_id": "c1", "content": "21"}]
+    prompt = [
+        *checkpoint,
+        *engine.junction_ids(checkpoint),
+        *engine.appended_ids(assistant, appended, None),
+    ]
+    assert engine.mismatches([*history, assistant], None, checkpoint) == []
+    history += [assistant, *appended]
+    assert prompt == tokenizer.apply_chat_template(history, add_generation_prompt=True)
+    assert call["function"]["arguments"] == arguments  # the record's text is untouched

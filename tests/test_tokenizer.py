@@ -21,6 +21,7 @@ from sessiongate.tokenizer import (
     TokenizerError,
     load_tokenizer,
 )
+from tool_templates import TEMPLATES, tokenizer_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "scripts" / "build_builtin_tokenizer.py"
@@ -198,7 +199,8 @@ def test_render_layout():
         "<|im_start|>user\nWeather?<|im_end|>\n"
         "<|im_start|>assistant\n"
         '\n<tool_call>\n{"name": "w", "arguments": {"city": "Zürich"}}\n</tool_call>'
-        '\n<tool_call>\n{"name": "w", "arguments": {"city":"Bern"}}\n</tool_call><|im_end|>\n'
+        # JSON text reaches the template parsed, as under SGLang: the `tojson` spelling.
+        '\n<tool_call>\n{"name": "w", "arguments": {"city": "Bern"}}\n</tool_call><|im_end|>\n'
         "<|im_start|>tool\n21<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
@@ -530,3 +532,77 @@ def test_bad_chat_template_kwargs(kwargs: Any, match: str):
             add_generation_prompt=True,
             chat_template_kwargs=kwargs,
         )
+
+
+# --- tool-call arguments reach the template as objects ------------------------------------
+# SGLang parses an assistant tool call's JSON-text arguments into an object before any Jinja
+# template renders (sglang/srt/entrypoints/openai/serving_chat.py
+# `normalize_assistant_tool_call_arguments`, strict), and so does the rollout framework
+# (miles/utils/chat_template_utils/template.py `normalize_tool_arguments`): templates that
+# iterate arguments as a mapping fail on the string the engine returned.
+
+WEATHER_CALL = {"id": "c1", "type": "function", "function": {"name": "weather"}}
+
+
+def _tool_turn(arguments: Any) -> list[dict[str, Any]]:
+    call = {**WEATHER_CALL, "function": {**WEATHER_CALL["function"], "arguments": arguments}}
+    return [
+        {"role": "user", "content": "Weather in Bern?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "qwen3.5-style",
+            "<function=weather>\n<parameter=city>\nBern\n</parameter>\n"
+            "<parameter=days>\n[1, 2]\n</parameter>\n</function>",
+        ),
+        (
+            "minimax-style",
+            '<invoke name="weather"><parameter name="city">Bern</parameter>'
+            '<parameter name="days">[1, 2]</parameter></invoke>',
+        ),
+    ],
+)
+def test_mapping_templates_render_json_text_arguments(
+    tmp_path: Path, name: str, expected: str
+) -> None:
+    tok = load_tokenizer(tokenizer_dir(tmp_path / name, TEMPLATES[name]))
+    text = '{"city": "Bern", "days": [1, 2]}'
+    messages = _tool_turn(text)
+    rendered = tok.render(messages, add_generation_prompt=True)
+    assert expected in rendered
+    assert rendered == tok.render(_tool_turn(json.loads(text)), add_generation_prompt=True)
+    # The caller's messages (a session's record) keep the engine's text.
+    assert messages[1]["tool_calls"][0]["function"]["arguments"] == text
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ('{"city": ', "must be valid JSON"),
+        ("", "must be valid JSON"),
+        ('{"n": NaN}', "must be valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('"Bern"', "must be a JSON object"),
+    ],
+)
+def test_arguments_that_are_not_a_json_object_are_refused(arguments: str, message: str) -> None:
+    with pytest.raises(TokenizerError) as info:
+        TOK.render(_tool_turn(arguments), add_generation_prompt=True)
+    assert str(info.value) == (
+        "messages[1].tool_calls[0].function.arguments: Assistant tool call "
+        f"function.arguments {message}."
+    )
+
+
+def test_object_arguments_and_other_roles_pass_through() -> None:
+    messages = _tool_turn({"city": "Bern"})
+    # A user message's stray tool_calls are not the template's business (SGLang only
+    # normalises assistant messages).
+    messages[0]["tool_calls"] = [{"function": {"name": "x", "arguments": "not json"}}]
+    assert '"arguments": {"city": "Bern"}' in TOK.render(messages, add_generation_prompt=False)

@@ -43,6 +43,7 @@ from sessiongate.mock_engine.generate import (
     routed_experts_b64_parts,
 )
 from sessiongate.mock_engine.prefix_cache import PrefixCache
+from sessiongate.tokenizer.tool_arguments import ToolArgumentsError, template_messages
 
 # A body slice: bytes, or a read-only view into the shared R3 pool.
 Part: TypeAlias = bytes | memoryview
@@ -196,7 +197,12 @@ _BOOL_FIELDS = (
     "return_input_ids_in_sglext",
     "return_output_ids_in_sglext",
     "separate_reasoning",
+    "return_sampling_mask",
+    "return_flat_raw_output_top_logprobs",
 )
+# serving_chat.py `_validate_request`: flags that only make sense with meta_info, refused
+# (400 "BadRequestError") when it is off.
+_NEEDS_META_INFO = ("return_sampling_mask", "return_flat_raw_output_top_logprobs")
 
 
 def _schema_errors(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -245,10 +251,17 @@ def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
         if low < 0 or high >= tokenizer.vocab_size:
             raise ApiError(f"input_ids out of range [0, {tokenizer.vocab_size})")
         return list(ids)
+    # serving_chat.py `_apply_jinja_template` parses assistant tool-call arguments before it
+    # renders (`normalize_assistant_tool_call_arguments`, strict); its ValueError is a 400
+    # "BadRequest" in serving_base.py `handle_request`.
+    try:
+        messages = template_messages(body["messages"])
+    except ToolArgumentsError as exc:
+        raise ApiError(exc.reason, "BadRequest") from exc
     kwargs = body.get("chat_template_kwargs") or {}
     try:
         ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-            body["messages"],
+            messages,
             add_generation_prompt=True,
             tools=body.get("tools"),
             chat_template_kwargs=kwargs or None,
@@ -295,6 +308,9 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
     # serving_chat.py `_validate_request`.
     if not body["messages"]:
         raise ApiError("Messages cannot be empty.")
+    for flag in _NEEDS_META_INFO:
+        if body.get(flag) is True and body.get("return_meta_info") is not True:
+            raise ApiError(f"{flag} requires return_meta_info=true.")
     stream = body.get("stream") is True
     # serving_chat.py `_convert_to_internal_request` raises ValueError, which
     # `handle_request` answers with err_type "BadRequest".
@@ -409,6 +425,14 @@ def meta_info(
     meta["reasoning_tokens"] = completion.reasoning_tokens
     meta["completion_tokens"] = completion.completion_tokens
     meta["cached_tokens"] = cached_tokens
+    # utils/weight_versions.py `add_weight_versions_to_meta_info`: the spans of output tokens
+    # per weight version; the mock samples a whole reply under one version.
+    meta["weight_versions"] = weight_version_spans(weight_version, completion.completion_tokens)
+    # scheduler_components/output_streamer.py `get_cached_tokens_details`: null without a
+    # cache hit, else the split by cache tier (no hierarchical cache: all on the device).
+    meta["cached_tokens_details"] = (
+        {"device": cached_tokens, "host": 0} if cached_tokens > 0 else None
+    )
     splices: dict[str, list[Part]] = {}
     if with_r3:
         meta["routed_experts"] = _R3_PLACEHOLDER
@@ -418,7 +442,15 @@ def meta_info(
         meta["indexer_topk_num_layers"] = cfg.indexer_layers
         splices[_INDEXER_PLACEHOLDER] = _indexer_parts(req, completion, cfg)
     meta["e2e_latency"] = e2e_latency
+    # tokenizer_manager.py stamps the wall-clock time just before handing the finished output
+    # to the endpoint.
+    meta["response_sent_to_client_ts"] = time.time()
     return meta, splices
+
+
+def weight_version_spans(version: str, completion_tokens: int) -> list[dict[str, Any]]:
+    """`meta_info.weight_versions` of a reply sampled under one weight version."""
+    return [{"version": version, "start": 0, "end": completion_tokens}]
 
 
 def dumps_spliced(payload: Any, splices: Mapping[str, list[Part]]) -> list[Part]:
@@ -613,7 +645,14 @@ def build_reply(
         "model": req.model,
         "choices": [choice],
         "usage": _usage(completion, out.cached_tokens, cfg),
-        "metadata": {"weight_version": out.weight_version},
+        # utils/weight_versions.py `build_endpoint_weight_version_metadata`, from the
+        # engine's meta_info whether or not the client asked to see it.
+        "metadata": {
+            "weight_version": out.weight_version,
+            "weight_versions": weight_version_spans(
+                out.weight_version, completion.completion_tokens
+            ),
+        },
     }
     if sglext:
         payload["sglext"] = sglext
@@ -995,7 +1034,9 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         return req, completion, cached
 
     async def health(request: Request) -> Response:
-        return _json({"status": "ok"})
+        # http_server.py `health_generate` (also GET /health): a 200 with an empty body once
+        # the engine answers (SGLang probes it with a one-token generation first).
+        return Response(status_code=200)
 
     async def models(request: Request) -> Response:
         model = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "mock"}

@@ -72,14 +72,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="local Hugging Face tokenizer directory (default: the built-in tokenizer)",
     )
-    parser.add_argument("--r3", action="store_true", help="ask the upstream for routed experts")
-    parser.add_argument(
-        "--r3-topk",
-        type=int,
-        default=0,
-        help="experts per token per layer: shapes R3 as [tokens, layers, topk] in trajectory "
-        "files (default 0: [tokens, layers*topk])",
-    )
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="upstream timeout in seconds (600)"
     )
@@ -252,13 +244,9 @@ def session_settings_from(args: argparse.Namespace) -> SessionSettings:
         raise SystemExit("--max-trim-tokens must be >= 0")
     if args.header_session_ttl < 0:
         raise SystemExit("--header-session-ttl must be >= 0")
-    if args.r3_topk < 0:
-        raise SystemExit("--r3-topk must be >= 0")
     return SessionSettings(
         allowed_append_roles=roles,
         max_trim_tokens=args.max_trim_tokens,
-        r3=args.r3,
-        r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         **turn_settings(args),
         **session_mode_settings(args),
@@ -296,6 +284,31 @@ def backend_list(args: argparse.Namespace) -> list[str]:
     return backends
 
 
+def _option_value(argv: list[str], flag: str) -> str | None:
+    """The value of the last `flag V` or `flag=V` in `argv`, as argparse reads it."""
+    value = None
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return value
+
+
+def embedded_mock_r3(args: argparse.Namespace) -> list[str]:
+    """The R3 arguments `serve --r3` adds for the embedded mock engine (none when
+    --mock-args shapes R3 itself), and the mock's top-k in `args.r3_topk` unless --r3-topk
+    was given: the gateway configures that engine, so it knows its shape before any turn."""
+    if not args.r3 or backend_list(args) != [MOCK_BACKEND]:
+        return []
+    extra = shlex.split(args.mock_args)
+    added = [] if "--r3-layers" in extra else list(DEFAULT_MOCK_R3)
+    topk = _option_value([*added, *extra], "--r3-topk")
+    if args.r3_topk == 0 and topk is not None and topk.isdigit():
+        args.r3_topk = int(topk)
+    return added
+
+
 @contextmanager
 def backend_urls(args: argparse.Namespace) -> Iterator[tuple[list[str], ChildProcess | None]]:
     """The upstream URLs; for 'mock', a mock engine child process for the duration."""
@@ -308,10 +321,7 @@ def backend_urls(args: argparse.Namespace) -> Iterator[tuple[list[str], ChildPro
     if args.tokenizer:
         mock_args += ["--tokenizer", args.tokenizer]
     extra = shlex.split(args.mock_args)
-    if args.r3 and "--r3-layers" not in extra:
-        mock_args += DEFAULT_MOCK_R3
-        if args.r3_topk == 0:
-            args.r3_topk = int(DEFAULT_MOCK_R3[-1])
+    mock_args += embedded_mock_r3(args)
     child = ChildProcess("mock-engine", [*mock_args, *extra]).start()
     url = f"http://127.0.0.1:{port}"
     try:
@@ -433,6 +443,7 @@ def run_local(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
     from sessiongate.routing import RoutingConfigError, load_mode
 
+    embedded_mock_r3(args)  # the embedded engine's R3 shape, before it is validated
     session_settings_from(args)  # validate before starting anything
     try:
         load_mode(args.session_routing, args.session_routing_opt)
@@ -485,9 +496,6 @@ def run_local(args: argparse.Namespace) -> int:
             "--log-level",
             args.log_level,
             *(["--tokenizer", args.tokenizer] if args.tokenizer else []),
-            *(["--r3"] if args.r3 else []),
-            "--r3-topk",
-            str(args.r3_topk),
             *turn_argv(args),
             *session_mode_argv(args),
             # Local workers split this machine's memory; Ray actors size for their host.

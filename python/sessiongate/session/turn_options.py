@@ -15,6 +15,16 @@ R3_MISSING_CHOICES = ("error", "warn")
 
 def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("session turn contract")
+    group.add_argument("--r3", action="store_true", help="ask the upstream for routed experts")
+    group.add_argument(
+        "--r3-topk",
+        type=int,
+        default=0,
+        help="with --r3: experts per token per layer, which shapes routed experts as "
+        "[tokens, layers, topk] in samples and trajectory files (default: learned from "
+        "config.json in the --tokenizer checkpoint directory; without one --r3 refuses to "
+        "start)",
+    )
     group.add_argument(
         "--r3-addition",
         action="store_true",
@@ -80,10 +90,47 @@ def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def resolve_r3_topk(args: argparse.Namespace) -> int:
+    """`args.r3_topk`, learned from the model when --r3 is on and it was not given.
+
+    The trainer needs routed experts as [tokens, layers, topk]; a flat row it cannot use, and
+    finding that out at `POST /sessions/{id}/samples` (422), after a whole rollout was
+    recorded, is too late. So the top-k comes from --r3-topk, else from the checkpoint's
+    config.json next to the tokenizer (`num_experts_per_tok`, read as SGLang sizes
+    routed_experts: session/r3_shape.py), else --r3 refuses to start. SGLang's model info
+    (`/model_info`, `/server_info`) does not carry it, so the engine cannot be asked.
+    Sets `args.r3_topk` (forwarded to worker processes as given).
+    """
+    if args.r3_topk < 0:
+        raise SystemExit("--r3-topk must be >= 0")
+    if not args.r3 or args.r3_topk > 0:
+        return int(args.r3_topk)
+    from sessiongate.session.r3_shape import read_moe_shape
+
+    try:
+        shape = read_moe_shape(args.tokenizer)
+    except ValueError as exc:
+        raise SystemExit(f"--r3: {exc}") from None
+    if shape is None:
+        where = (
+            f"--tokenizer {args.tokenizer} has no config.json naming num_experts_per_tok"
+            if args.tokenizer
+            else "the built-in tokenizer is no model checkpoint"
+        )
+        raise SystemExit(
+            f"--r3 needs the model's MoE top-k (experts per token) to shape routed experts "
+            f"for the trainer, and {where}: give --r3-topk K, or --tokenizer the checkpoint "
+            "directory whose config.json has it"
+        )
+    args.r3_topk = shape.topk
+    return shape.topk
+
+
 def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The SessionSettings fields of these options, validated (SystemExit on bad values)."""
     if args.r3_addition and not args.r3:
         raise SystemExit("--r3-addition needs --r3")
+    r3_topk = resolve_r3_topk(args)
     if args.indexer_topk < 0:
         raise SystemExit("--indexer-topk must be >= 0")
     kwargs: dict[str, Any] = {}
@@ -101,6 +148,8 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise SystemExit(f"--message-matcher: {exc}") from None
     return {
+        "r3": args.r3,
+        "r3_topk": r3_topk,
         "r3_addition": args.r3_addition,
         "r3_missing": args.r3_missing,
         "indexer_replay": args.indexer_replay,
@@ -115,7 +164,10 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def turn_argv(args: argparse.Namespace) -> list[str]:
     """These options as the argv a worker process is started with."""
-    argv = ["--r3-missing", args.r3_missing, "--indexer-topk", str(args.indexer_topk)]
+    argv = ["--r3-topk", str(args.r3_topk), "--r3-missing", args.r3_missing]
+    argv += ["--indexer-topk", str(args.indexer_topk)]
+    if args.r3:
+        argv.append("--r3")
     argv += ["--message-matcher", args.message_matcher]
     argv += ["--stream-upstream", args.stream_upstream]
     if args.r3_addition:

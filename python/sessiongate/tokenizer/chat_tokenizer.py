@@ -19,6 +19,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
+from sessiongate.tokenizer.tool_arguments import template_messages
 
 __all__ = [
     "BUILTIN_TOKENIZER_DIR",
@@ -133,8 +134,13 @@ class ChatTokenizer:
         in transformers; they may override special-token variables, ``template_kwargs`` win
         over ``chat_template_kwargs``, and neither may set ``messages``, ``tools`` or
         ``add_generation_prompt``.
+
+        Assistant tool-call ``arguments`` given as JSON text reach the template as the object
+        they denote, as SGLang and the rollout framework render them (see tool_arguments.py);
+        text that is not a JSON object raises TokenizerError. ``messages`` is not changed.
         """
         _check_messages(messages)
+        messages = template_messages(messages)
         if tools is not None and (
             not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
         ):

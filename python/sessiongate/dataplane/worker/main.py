@@ -54,8 +54,6 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tokenizer", default=None, help="local Hugging Face tokenizer directory (built-in)"
     )
-    parser.add_argument("--r3", action="store_true", help="ask the upstream for routed experts")
-    parser.add_argument("--r3-topk", type=int, default=0, help="experts per token per layer (0)")
     parser.add_argument("--timeout", type=float, default=600.0, help="upstream timeout (600 s)")
     parser.add_argument(
         "--allowed-append-roles",
@@ -130,8 +128,6 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
             r.strip() for r in args.allowed_append_roles.split(",") if r.strip()
         ),
         max_trim_tokens=args.max_trim_tokens,
-        r3=args.r3,
-        r3_topk=args.r3_topk,
         header_session_ttl=args.header_session_ttl,
         not_found_note=not_found_note,
         **turn_settings(args),
