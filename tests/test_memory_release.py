@@ -83,3 +83,16 @@ def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> 
             await core.aclose()
 
     asyncio.run(scenario())
+
+
+def test_workers_keep_freed_records_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        memory, "_MALLOPT", lambda param, value: bool(calls.append((param, value))) or 1
+    )
+    assert memory.keep_freed_records_warm() is True
+    # One arena (a body sink allocated in a thread reuses the heap's pages), blocks up to
+    # 32 MiB from the heap, no automatic trim of its top (FreedMemoryTrimmer does that).
+    assert calls == [(-8, 1), (-3, 32 << 20), (-1, 1 << 30)]
+    monkeypatch.setattr(memory, "_MALLOPT", None)
+    assert memory.keep_freed_records_warm() is False

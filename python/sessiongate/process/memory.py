@@ -1,15 +1,15 @@
-"""Give freed memory back to the operating system.
+"""Keep freed records' memory for reuse while a worker is busy; give it back once it is quiet.
 
-glibc keeps freed heap memory for reuse, and its mmap threshold grows with the largest block
-freed (up to 32 MiB), so after the first large reply most records live in the heap rather
-than in their own mappings. That reuse is what keeps R3 turns fast (fresh pages cost several
-times a warm reuse on these VMs, docs/performance.md), but it also means a worker's RSS stays
-at its high-water mark after every session is deleted (measured: 114 MiB -> 2.0 GiB after a
-2-minute R3 soak whose sessions were all deleted). `malloc_trim(0)` returns the free pages
-inside the heap, keeping the allocator's warm-reuse behaviour between trims.
+An R3 turn's reply (~24 MiB) is received into a new `bytes` that its record keeps until the
+session closes. Whether that memory is fresh or reused decides the turn's cost: the kernel
+zeroes and maps fresh pages, about half of a turn's CPU on these VMs (docs/performance.md).
+`keep_freed_records_warm` makes glibc keep the memory of closed sessions for the next ones.
 
-A trim waits for the worker to go quiet: trimming between two sessions of a running load
-hands back exactly the pages the next session's turns would have reused.
+`malloc_trim(0)` then gives the free pages back (measured before it: a worker stayed at
+2.0 GiB after a 2-minute R3 soak whose sessions were all deleted). A trim waits for the
+worker to go quiet: trimming between two sessions of a running load hands back exactly the
+pages the next session's turns would have reused. Memory freed under steady load is trimmed
+at the latest `max_delay` seconds later.
 """
 
 from __future__ import annotations
@@ -38,6 +38,30 @@ def _load_libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | 
 
 
 _MALLOC_TRIM = _load_libc_function("malloc_trim", [ctypes.c_size_t])
+_MALLOPT = _load_libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+def keep_freed_records_warm() -> bool:
+    """Make glibc keep and reuse the memory of freed records (worker processes only; False
+    where that is not available). Without it every R3 turn's reply lands in fresh pages:
+    a body sink allocated in a thread comes from that thread's arena, whose 64 MiB heaps are
+    unmapped as soon as they are empty, and blocks above the dynamic mmap threshold get their
+    own mappings; the kernel then zeroes and faults in ~24 MiB per turn, about half of an
+    R3 turn's CPU (docs/performance.md). One arena for every thread, blocks up to 32 MiB (the
+    largest threshold glibc accepts) from the heap and no automatic trimming of its top: the
+    next session reuses the pages warm, and `FreedMemoryTrimmer` gives them back once the
+    worker goes quiet."""
+    if _MALLOPT is None:
+        return False
+    ok = _MALLOPT(_M_ARENA_MAX, 1)
+    ok &= _MALLOPT(_M_MMAP_THRESHOLD, 32 << 20)
+    ok &= _MALLOPT(_M_TRIM_THRESHOLD, 1 << 30)
+    return bool(ok)
 
 
 def release_free_memory() -> bool:
