@@ -3,6 +3,7 @@
     python benches/e2e_dataplane.py                 # all scenarios, full size
     python benches/e2e_dataplane.py --quick         # small sizes (a smoke run)
     python benches/e2e_dataplane.py --only r3       # one scenario (names below)
+    python benches/e2e_dataplane.py --only r3cpu --ref-python ../ref/.venv/bin/python
 
 Scenarios (figures go to docs/performance.md):
   r3       8 concurrent sessions x 20 turns with 16 MiB of R3 per turn: --workers 1 vs 2.
@@ -14,6 +15,11 @@ Scenarios (figures go to docs/performance.md):
            Rust core vs SESSIONGATE_IMPL=python, rounds in both orders.
   impl     the r3 scenario (--workers 2) with the Rust core vs SESSIONGATE_IMPL=python, side by
            side in alternating rounds: turns/s and CPU per turn of each process role.
+  r3cpu    worker CPU per R3 turn (4 sessions x 5 turns, 2,000-word prompts, 64 new tokens,
+           R3 64 layers x top-32: ~22-25 MiB of base64 per turn, --workers 1) of the Rust core
+           beside SESSIONGATE_IMPL=python and, with --ref-python, beside another checkout's
+           interpreter (a venv of a reference commit), one gateway each, in alternating
+           rounds on warm gateways; medians and spreads, page faults and turns/s.
   transport  the r3 scenario with 2 workers on each transport: local UNIX-socket workers vs
            2 `sessiongate worker` processes over loopback TCP vs 2 Ray-placed workers (a
            private local Ray instance; skipped without `ray`), plus gateway CPU per turn
@@ -512,6 +518,92 @@ def tcp_gateway() -> Iterator[ServerProcess]:
             yield gw
 
 
+def minor_faults(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+# --ref-python: the interpreter of a reference checkout for the r3cpu scenario.
+REF_PYTHON: list[str] = []
+R3CPU_MOCK = "--r3-layers 64 --r3-topk 32 --completion-tokens 64 --completion-tokens-jitter 0"
+
+
+def scenario_r3cpu(quick: bool) -> dict[str, Any]:
+    """Worker CPU per R3 turn, sessions coming and going on long-lived gateways (the way a
+    rollout uses one): every round runs 4 sessions x 5 turns on each gateway, then deletes
+    them; the gateways take turns in alternating order so background noise and the VM's
+    memory state hit all alike. A first round per gateway warms it and is not counted."""
+    rounds = 2 if quick else 12
+    configs = {
+        "rust": ({}, sys.executable),
+        "python": ({"SESSIONGATE_IMPL": "python"}, sys.executable),
+    }
+    if REF_PYTHON:
+        configs["ref"] = ({}, REF_PYTHON[0])
+    prompt = " ".join(["word"] * 2000)
+
+    async def load(url: str) -> tuple[int, float]:
+        latencies: list[float] = []
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            started = time.perf_counter()
+            await asyncio.gather(*(session_turns(client, 5, prompt, latencies) for _ in range(4)))
+            return len(latencies), time.perf_counter() - started
+
+    per_round: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
+    with ExitStack() as stack:
+        gateways: dict[str, ServerProcess] = {}
+        for name, (env, python) in configs.items():
+            port = free_port()
+            args = ["serve", "--port", str(port), *FRONT, "--workers", "1", "--r3"]
+            gw = ServerProcess(
+                [*args, "--mock-args", R3CPU_MOCK], port, timeout=60, env=env, python=python
+            )
+            gateways[name] = stack.enter_context(gw)
+        roles = {name: process_roles(gw) for name, gw in gateways.items()}
+        for gw in gateways.values():
+            asyncio.run(load(gw.url))  # warm-up round
+        order = list(configs)
+        for round_index in range(rounds):
+            for name in order if round_index % 2 == 0 else order[::-1]:
+                worker = roles[name]["workers"][0]
+                router = roles[name]["router"][0]
+                cpu0, router0, faults0 = (
+                    cpu_seconds(worker),
+                    cpu_seconds(router),
+                    minor_faults(worker),
+                )
+                turns, elapsed = asyncio.run(load(gateways[name].url))
+                per_round[name].append(
+                    {
+                        "worker_ms": (cpu_seconds(worker) - cpu0) * 1000 / turns,
+                        "router_ms": (cpu_seconds(router) - router0) * 1000 / turns,
+                        "faults": (minor_faults(worker) - faults0) / turns,
+                        "turns_per_s": turns / elapsed,
+                    }
+                )
+    results: dict[str, Any] = {}
+    for name, runs in per_round.items():
+        worker = [run["worker_ms"] for run in runs]
+        results[name] = {
+            "worker_cpu_ms_per_turn_median": round(statistics.median(worker), 1),
+            "worker_cpu_ms_per_turn_min_max": [round(min(worker), 1), round(max(worker), 1)],
+            "worker_cpu_ms_per_turn_rounds": [round(w, 1) for w in worker],
+            "router_cpu_ms_per_turn_median": round(
+                statistics.median(run["router_ms"] for run in runs), 1
+            ),
+            "worker_page_faults_per_turn_median": round(
+                statistics.median(run["faults"] for run in runs)
+            ),
+            "turns_per_s_median": round(statistics.median(run["turns_per_s"] for run in runs), 1),
+        }
+    rust = results["rust"]["worker_cpu_ms_per_turn_median"]
+    results["worker_cpu_over_rust"] = {
+        name: round(results[name]["worker_cpu_ms_per_turn_median"] / rust, 2)
+        for name in configs
+        if name != "rust"
+    }
+    return results
+
+
 def scenario_transport(quick: bool) -> dict[str, Any]:
     """The r3 load over 2 workers on each transport. All three gateways run side by side and
     the loads alternate in order round by round, so background noise hits them alike."""
@@ -574,6 +666,7 @@ SCENARIOS = {
     "cpu": scenario_cpu,
     "impl": scenario_impl,
     "transport": scenario_transport,
+    "r3cpu": scenario_r3cpu,
 }
 
 
@@ -587,7 +680,13 @@ def main() -> int:
         choices=("auto", "compiled", "python"),
         help="the front door of the gateways the get and r3 scenarios start (serve --front)",
     )
+    parser.add_argument(
+        "--ref-python",
+        help="r3cpu: also measure the gateway run by this interpreter (another checkout's venv)",
+    )
     args = parser.parse_args()
+    if args.ref_python:
+        REF_PYTHON[:] = [args.ref_python]
     if args.front:
         FRONT[:] = ["--front", args.front]
     figures: dict[str, Any] = {"machine": {"cores": os.cpu_count()}}

@@ -126,22 +126,27 @@ async def run_phase(url: str, sessions: int, seconds: float, rate: float) -> dic
     }
 
 
+# Workers give freed memory back once they have had no request for 10 s
+# (process/memory.py): snapshots after the deletes wait that long and a little more.
+SETTLE_S = 12
+
+
 def soak(label: str, args: argparse.Namespace, minutes: float, *extra: str) -> dict[str, Any]:
     with gateway("--workers", "2", *extra) as gw:
         roles = process_roles(gw)
         # Warm-up (lazy imports, caches, allocator arenas), deleted: then the baseline.
         asyncio.run(run_phase(gw.url, min(50, args.sessions), 15, args.rate / 2))
-        time.sleep(2)
+        time.sleep(SETTLE_S)
         start = snapshot(roles)
         figures = asyncio.run(run_phase(gw.url, args.sessions, 60 * minutes, args.rate))
-        time.sleep(2)  # let the workers finish closing
+        time.sleep(SETTLE_S)  # let the workers finish closing and trim
         after = snapshot(roles)
         # More rounds of the same load on the same gateway: memory that keeps growing round
         # after round is a leak; memory that settles is the allocator's high-water mark.
         later = []
         for _ in range(args.repeat):
             asyncio.run(run_phase(gw.url, args.sessions, 60 * minutes, args.rate))
-            time.sleep(2)
+            time.sleep(SETTLE_S)
             later.append(snapshot(roles))
         health = httpx.get(gw.url + "/health").json()
     return {

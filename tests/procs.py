@@ -66,8 +66,11 @@ class ServerProcess:
         ready_path: str = "/health",
         timeout: float = 30.0,
         env: dict[str, str] | None = None,
+        python: str = sys.executable,
     ) -> None:
         self.args = list(args)
+        # Another checkout's interpreter (a venv of a reference commit) for A/B benchmarks.
+        self.python = python
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.ready_path = ready_path
@@ -77,7 +80,7 @@ class ServerProcess:
         self._log = tempfile.NamedTemporaryFile(prefix="sessiongate-test-", suffix=".log")
 
     def start(self) -> ServerProcess:
-        cmd = [sys.executable, "-m", "sessiongate", *self.args]
+        cmd = [self.python, "-m", "sessiongate", *self.args]
         self.proc = subprocess.Popen(
             cmd,
             stdout=self._log,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sessiongate.process import memory
@@ -28,3 +30,69 @@ def test_trims_are_batched_and_one_at_a_time(monkeypatch: pytest.MonkeyPatch) ->
     trimmer.done()
     assert not trimmer.freed(0, idle=True)  # nothing pending
     assert trimmer.trims == 3
+
+
+def test_a_due_trim_waits_for_a_quiet_spell(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Trimming between two sessions of a running load returns the pages the next turns
+    # would reuse warm: a due trim waits until requests stop, at most max_delay.
+    monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
+    now = [100.0]
+    trimmer = FreedMemoryTrimmer(threshold=10, quiet=1.0, max_delay=30.0, clock=lambda: now[0])
+    assert trimmer.wait() == 0  # never active: nothing to wait for
+    trimmer.active()
+    assert trimmer.freed(10)
+    assert trimmer.wait() == 1.0
+    now[0] += 0.5
+    trimmer.active()  # the next request came: postpone
+    assert trimmer.wait() == 1.0
+    now[0] += 1.0
+    assert trimmer.wait() == 0  # quiet for a second
+    trimmer.done()
+    # Under steady load the trim still runs once it has been due for max_delay.
+    assert trimmer.freed(10)
+    for _ in range(40):
+        now[0] += 0.9
+        trimmer.active()
+    assert trimmer.wait() == 0
+
+
+def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessiongate.session import core as core_module
+    from sessiongate.session.protocol import CoreRequest
+    from sessiongate.tokenizer import load_tokenizer
+    from sessiongate.upstream import UpstreamPool
+
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
+    monkeypatch.setattr(core_module, "release_free_memory", lambda: bool(trims.append(1)) or True)
+
+    async def scenario() -> None:
+        # Never contacted: creating sessions asks nothing of the upstream.
+        core = core_module.SessionCore(load_tokenizer(None), UpstreamPool(["http://127.0.0.1:9"]))
+        core._trimmer = trimmer = FreedMemoryTrimmer(threshold=10, quiet=0.2)
+        try:
+            assert trimmer.freed(10)
+            core._background(core._trim_freed_memory())
+            for _ in range(5):  # a request every 0.1 s: the trim keeps waiting
+                await core.handle(CoreRequest(op="create", body=b"{}"))
+                await asyncio.sleep(0.1)
+                assert not trims
+            await asyncio.wait(core._tasks, timeout=2)
+            assert trims == [1] and trimmer.trims == 1 and not trimmer.running
+        finally:
+            await core.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_workers_keep_freed_records_warm(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        memory, "_MALLOPT", lambda param, value: bool(calls.append((param, value))) or 1
+    )
+    assert memory.keep_freed_records_warm() is True
+    # One arena (a body sink allocated in a thread reuses the heap's pages), blocks up to
+    # 32 MiB from the heap, no automatic trim of its top (FreedMemoryTrimmer does that).
+    assert calls == [(-8, 1), (-3, 32 << 20), (-1, 1 << 30)]
+    monkeypatch.setattr(memory, "_MALLOPT", None)
+    assert memory.keep_freed_records_warm() is False

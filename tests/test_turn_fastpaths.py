@@ -667,8 +667,8 @@ def test_turn_ids_reach_the_engine_and_the_record_exactly(
         assert core.tito.mismatches(session.messages, None, session.accumulated_ids) == []
     finally:
         loop.run_until_complete(core.aclose())
-        # Background work the close started (giving freed memory back): finish it.
-        # (gather() of nothing asks the policy for a loop, which an earlier test may have unset.)
+        # Background work still running (aclose ends the core's own memory trims); gather()
+        # of nothing would ask the policy for a loop, which an earlier test may have unset.
         if pending := asyncio.all_tasks(loop):
             loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.close()

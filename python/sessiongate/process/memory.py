@@ -1,12 +1,15 @@
-"""Give freed memory back to the operating system.
+"""Keep freed records' memory for reuse while a worker is busy; give it back once it is quiet.
 
-glibc keeps freed heap memory for reuse, and its mmap threshold grows with the largest block
-freed (up to 32 MiB), so after the first large reply most records live in the heap rather
-than in their own mappings. That reuse is what keeps R3 turns fast (fresh pages cost several
-times a warm reuse on these VMs, docs/performance.md), but it also means a worker's RSS stays
-at its high-water mark after every session is deleted (measured: 114 MiB -> 2.0 GiB after a
-2-minute R3 soak whose sessions were all deleted). `malloc_trim(0)` returns the free pages
-inside the heap, keeping the allocator's warm-reuse behaviour between trims.
+An R3 turn's reply (~24 MiB) is received into a new `bytes` that its record keeps until the
+session closes. Whether that memory is fresh or reused decides the turn's cost: the kernel
+zeroes and maps fresh pages, about half of a turn's CPU on these VMs (docs/performance.md).
+`keep_freed_records_warm` makes glibc keep the memory of closed sessions for the next ones.
+
+`malloc_trim(0)` then gives the free pages back (measured before it: a worker stayed at
+2.0 GiB after a 2-minute R3 soak whose sessions were all deleted). A trim waits for the
+worker to go quiet: trimming between two sessions of a running load hands back exactly the
+pages the next session's turns would have reused. Memory freed under steady load is trimmed
+at the latest `max_delay` seconds later.
 """
 
 from __future__ import annotations
@@ -14,25 +17,51 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
+def _load_libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    library = ctypes.util.find_library("c")
+    if library is None:
         return None
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        function = getattr(ctypes.CDLL(library), name)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim  # type: ignore[no-any-return]
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function  # type: ignore[no-any-return]
 
 
-_MALLOC_TRIM = _load_malloc_trim()
+_MALLOC_TRIM = _load_libc_function("malloc_trim", [ctypes.c_size_t])
+_MALLOPT = _load_libc_function("mallopt", [ctypes.c_int, ctypes.c_int])
+
+# mallopt parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+def keep_freed_records_warm() -> bool:
+    """Make glibc keep and reuse the memory of freed records (worker processes only; False
+    where that is not available). Without it every R3 turn's reply lands in fresh pages:
+    a body sink allocated in a thread comes from that thread's arena, whose 64 MiB heaps are
+    unmapped as soon as they are empty, and blocks above the dynamic mmap threshold get their
+    own mappings; the kernel then zeroes and faults in ~24 MiB per turn, about half of an
+    R3 turn's CPU (docs/performance.md). One arena for every thread, blocks up to 32 MiB (the
+    largest threshold glibc accepts) from the heap and no automatic trimming of its top: the
+    next session reuses the pages warm, and `FreedMemoryTrimmer` gives them back once the
+    worker goes quiet."""
+    if _MALLOPT is None:
+        return False
+    ok = _MALLOPT(_M_ARENA_MAX, 1)
+    ok &= _MALLOPT(_M_MMAP_THRESHOLD, 32 << 20)
+    ok &= _MALLOPT(_M_TRIM_THRESHOLD, 1 << 30)
+    return bool(ok)
 
 
 def release_free_memory() -> bool:
@@ -47,24 +76,50 @@ def release_free_memory() -> bool:
 class FreedMemoryTrimmer:
     """Counts bytes freed by closed sessions and trims once `threshold` bytes accumulated, or
     when the last session is gone, one trim at a time (a burst of deletes costs a few trims,
-    not thousands)."""
+    not thousands). A trim that is due still waits until no request has come for `quiet`
+    seconds (`wait()`), or until it has waited `max_delay` seconds."""
 
-    def __init__(self, threshold: int = 64 << 20) -> None:
+    def __init__(
+        self,
+        threshold: int = 64 << 20,
+        *,
+        quiet: float = 10.0,
+        max_delay: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.threshold = threshold
+        self.quiet = quiet
+        self.max_delay = max_delay
+        self.clock = clock
         self.pending = 0
         self.trims = 0
         self.running = False
+        self.last_active = float("-inf")
+        self.due_since = 0.0
+
+    def active(self) -> None:
+        """A request arrived or a turn ended: memory is in use, postpone a due trim."""
+        self.last_active = self.clock()
 
     def freed(self, nbytes: int, *, idle: bool = False) -> bool:
         """Record `nbytes` freed (`idle`: nothing is stored any more); True when a trim
-        should start now."""
+        should be started now (it then waits for `wait()` to say 0)."""
         self.pending += max(0, nbytes)
         enough = self.pending >= self.threshold or (idle and self.pending > 0)
         if self.running or not enough or _MALLOC_TRIM is None:
             return False
         self.running = True
         self.pending = 0
+        self.due_since = self.clock()
         return True
+
+    def wait(self) -> float:
+        """Seconds the started trim should still wait: 0 once the worker has been quiet for
+        `quiet` seconds or the trim has been due for `max_delay` seconds."""
+        now = self.clock()
+        quiet_at = self.last_active + self.quiet
+        latest = self.due_since + self.max_delay
+        return max(0.0, min(quiet_at, latest) - now)
 
     def done(self) -> None:
         self.running = False

@@ -170,6 +170,8 @@ class SessionCore:
 
     async def handle(self, request: CoreRequest) -> CoreReply:
         self.start()
+        if request.op != "health":  # health checks come on a timer, not with work
+            self._trimmer.active()
         handler = self._ops.get(request.op)
         if handler is None:
             return error_reply(BadRequest(f"unknown operation {request.op!r}"))
@@ -190,6 +192,10 @@ class SessionCore:
                 await self._expiry
         for session in list(self.sessions.values()):
             await self._close(session, "shutdown")
+        # A trim still waiting for a quiet spell is moot once the process is ending.
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.stamper is not None:
             self.stamper.release_all()
         await self.upstream.aclose()
@@ -524,6 +530,9 @@ class SessionCore:
 
     async def _trim_freed_memory(self) -> None:
         try:
+            # Not while requests keep coming: their turns would reuse these pages warm.
+            while (delay := self._trimmer.wait()) > 0:
+                await asyncio.sleep(delay)
             await asyncio.to_thread(release_free_memory)
         finally:
             self._trimmer.done()
@@ -936,6 +945,7 @@ class SessionCore:
             return True
 
     async def _end_turn(self, turn: _Turn, succeeded: bool) -> None:
+        self._trimmer.active()
         async with turn.session.lock:
             if self.stamper is not None:
                 self.stamper.finish_turn(

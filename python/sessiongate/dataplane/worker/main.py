@@ -17,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
+from sessiongate.process.memory import keep_freed_records_warm
 from sessiongate.session.limit_options import add_limit_arguments, limit_settings
 from sessiongate.session.store.options import add_store_arguments, store_settings
 from sessiongate.session.tree_options import add_session_mode_option, session_mode_settings
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format=f"worker {args.index}: %(levelname)s %(message)s"
     )
+    keep_freed_records_warm()
     sock = socket.socket(fileno=args.fd)
     try:
         reason = asyncio.run(_main(args, sock))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint
 from sessiongate.dataplane.worker.main import add_session_arguments
 from sessiongate.process.children import PARENT_PID_ENV, die_with_parent
+from sessiongate.process.memory import keep_freed_records_warm
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.transport.connection import FrameConnection
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="sessiongate worker: %(levelname)s %(message)s"
     )
+    keep_freed_records_warm()
 
     def fail(message: str) -> SystemExit:
         return SystemExit(f"sessiongate worker: {message}")
