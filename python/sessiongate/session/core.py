@@ -451,10 +451,12 @@ class SessionCore:
         if request.body.strip():
             document = parse_json_object(request.body, "request body")
             max_seq_len = document.get("max_seq_len")
+            # Any integer: zero or less cuts every turn away, a 200 with `all_truncated`, as
+            # the framework's turn-boundary truncation does (docs/samples.md).
             if max_seq_len is not None and (
-                not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1
+                not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool)
             ):
-                raise BadRequest("field 'max_seq_len' must be a positive integer or null")
+                raise BadRequest("field 'max_seq_len' must be an integer or null")
             agent = document.get("metadata")  # tree sessions: the agent's, for the hooks
         _, records, accumulated, metadata, tree = await self._snapshot(request)
         session_metadata = {
