@@ -177,6 +177,17 @@ def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
     # R3: one row per token but the last, [layers, top-k] each, as the last turn sent it.
     assert sample["rollout_routed_experts"].shape == (len(tokens) - 1, 3, 2)
     assert sample["rollout_indexer_topk"] is None
+    # miles/utils/lifecycle.py `attach_lifecycle_metadata`: one segment per merged turn, ending
+    # at the record's timestamp and starting the engine's e2e_latency (seconds) before it.
+    lifecycle = sample["metadata"]["lifecycle"]
+    assert len(lifecycle) == len(records)
+    for turn, (segment, record) in enumerate(zip(lifecycle, records, strict=True)):
+        latency = record["response"]["choices"][0]["meta_info"]["e2e_latency"]
+        assert isinstance(latency, float) and latency >= 0
+        assert segment["t1"] == record["timestamp"]
+        assert segment["t0"] == record["timestamp"] - latency
+        assert segment["turn"] == turn + 1
+        assert segment["req_ts"] == record["request_timestamp"]
 
 
 def test_samples_truncated_to_max_seq_len(gateway: ServerProcess) -> None:

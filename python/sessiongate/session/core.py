@@ -885,6 +885,7 @@ class SessionCore:
                 indexer_topk=parsed.indexer_topk,
                 weight_version=parsed.weight_version,
                 cached_tokens=parsed.cached_tokens,
+                e2e_latency=parsed.e2e_latency,
                 request_timestamp=turn.request_timestamp,
             )
             messages = [*turn.messages, parsed.assistant_message]
