@@ -243,6 +243,7 @@ const K_R3: &[u8] = b"routed_experts";
 const K_TOPK: &[u8] = b"indexer_topk";
 const K_CACHED: &[u8] = b"cached_tokens";
 const K_WEIGHT: &[u8] = b"weight_version";
+const K_E2E: &[u8] = b"e2e_latency";
 const K_METADATA: &[u8] = b"metadata";
 
 /// An int-valued member: a JSON integer that fits i64, or anything else.
@@ -288,6 +289,8 @@ struct Meta {
     indexer_topk: Option<R3Field>,
     cached_tokens: Option<IntField>,
     weight_version: Option<StrField>,
+    /// None: absent; Some(None): not a number.
+    e2e_latency: Option<Option<f64>>,
 }
 
 /// A message object's span, and whether its `content` is absent (None) or null (Some(true)).
@@ -537,6 +540,8 @@ impl<'a> ReplyScanner<'a> {
                 meta.cached_tokens = Some(self.int_field()?);
             } else if collect && self.sc.key_is(&key, K_WEIGHT) {
                 meta.weight_version = Some(self.str_field()?);
+            } else if collect && self.sc.key_is(&key, K_E2E) {
+                meta.e2e_latency = Some(self.float_field()?);
             } else if collect && self.sc.key_is(&key, K_FINISH) {
                 let start = self.sc.pos;
                 self.sc.value()?;
@@ -581,6 +586,17 @@ impl<'a> ReplyScanner<'a> {
         }
         self.sc.value()?;
         Ok(StrField::Other)
+    }
+
+    /// A number member as Python's `float()` reads it (an integer too), else None.
+    fn float_field(&mut self) -> Scan<Option<f64>> {
+        if self.sc.kind()? != Kind::Number {
+            self.sc.value()?;
+            return Ok(None);
+        }
+        let start = self.sc.pos;
+        self.sc.scalar()?;
+        Ok(Some(parse_f64(&self.sc.s[start..self.sc.pos])))
     }
 
     fn int_field(&mut self) -> Scan<IntField> {
@@ -709,6 +725,7 @@ struct Good {
     prompt_tokens: Option<i64>,
     cached_tokens: Option<i64>,
     weight_version: Option<Str>,
+    e2e_latency: Option<f64>,
     cuts: Vec<(usize, usize)>,
 }
 
@@ -794,6 +811,7 @@ fn judge(scan: ReplyScan) -> Verdict {
         prompt_tokens: int(meta.prompt_tokens),
         cached_tokens: int(meta.cached_tokens),
         weight_version,
+        e2e_latency: meta.e2e_latency.flatten(),
         cuts: scan.cuts,
     }))
 }
@@ -840,6 +858,10 @@ pub struct ExtractedReply {
     /// `metadata.weight_version` if a string, else None.
     #[pyo3(get)]
     weight_version: Py<PyAny>,
+    /// `choices[0].meta_info.e2e_latency` as a float when it is a number (not a bool), else
+    /// None: the engine's seconds from receiving the request to finishing it.
+    #[pyo3(get)]
+    e2e_latency: Py<PyAny>,
     r3: B64Text,
     topk: B64Text,
 }
@@ -1005,6 +1027,7 @@ impl ExtractedReply {
             prompt_tokens: get("prompt_tokens")?,
             cached_tokens: get("cached_tokens")?,
             weight_version: get("weight_version")?,
+            e2e_latency: get("e2e_latency")?,
             r3: B64Text::from_twin(reply.getattr("routed_experts")?),
             topk: B64Text::from_twin(reply.getattr("indexer_topk")?),
         })
@@ -1102,6 +1125,7 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
         prompt_tokens: good.prompt_tokens.into_pyobject(py)?.into_any().unbind(),
         cached_tokens: good.cached_tokens.into_pyobject(py)?.into_any().unbind(),
         weight_version: weight_version.unbind(),
+        e2e_latency: good.e2e_latency.into_pyobject(py)?.into_any().unbind(),
         r3,
         topk,
     })
@@ -1565,6 +1589,24 @@ mod tests {
             r#""metadata":{"weight_version":"top"},"metadata":[],"#,
         );
         assert!(good(&body).weight_version.is_none());
+        // e2e_latency: any number as a float (an integer too), else None; the last one wins.
+        assert_eq!(
+            good(&reply(r#","e2e_latency":0.25"#, "")).e2e_latency,
+            Some(0.25)
+        );
+        assert_eq!(
+            good(&reply(r#","e2e_latency":-2"#, "")).e2e_latency,
+            Some(-2.0)
+        );
+        assert_eq!(
+            good(&reply(r#","e2e_latency":1e400"#, "")).e2e_latency,
+            Some(f64::INFINITY)
+        );
+        assert_eq!(good(&reply("", "")).e2e_latency, None);
+        for other in [r#""1""#, "true", "null", "[1]"] {
+            let body = reply(&format!(r#","e2e_latency":1.5,"e2e_latency":{other}"#), "");
+            assert_eq!(good(&body).e2e_latency, None, "{other}");
+        }
         match scan_reply(reply(r#","indexer_topk":[1]"#, "").as_bytes()) {
             Verdict::Broken(detail) => assert_eq!(
                 detail,

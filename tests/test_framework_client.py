@@ -177,6 +177,17 @@ def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
     # R3: one row per token but the last, [layers, top-k] each, as the last turn sent it.
     assert sample["rollout_routed_experts"].shape == (len(tokens) - 1, 3, 2)
     assert sample["rollout_indexer_topk"] is None
+    # miles/utils/lifecycle.py `attach_lifecycle_metadata`: one segment per merged turn, ending
+    # at the record's timestamp and starting the engine's e2e_latency (seconds) before it.
+    lifecycle = sample["metadata"]["lifecycle"]
+    assert len(lifecycle) == len(records)
+    for turn, (segment, record) in enumerate(zip(lifecycle, records, strict=True)):
+        latency = record["response"]["choices"][0]["meta_info"]["e2e_latency"]
+        assert isinstance(latency, float) and latency >= 0
+        assert segment["t1"] == record["timestamp"]
+        assert segment["t0"] == record["timestamp"] - latency
+        assert segment["turn"] == turn + 1
+        assert segment["req_ts"] == record["request_timestamp"]
 
 
 def test_samples_truncated_to_max_seq_len(gateway: ServerProcess) -> None:
@@ -190,6 +201,30 @@ def test_samples_truncated_to_max_seq_len(gateway: ServerProcess) -> None:
     assert len(sample["tokens"]) == limit
     assert sample["status"] == "truncated"
     assert sample["rollout_routed_experts"].shape[0] == limit - 1
+
+
+def test_max_seq_len_of_zero_or_less_truncates_everything(gateway: ServerProcess) -> None:
+    # miles/rollout/session/samples/merge.py `truncate_samples_by_total_tokens` keeps nothing
+    # when no turn fits, and core.py `collect_samples` answers that with a 200 payload of no
+    # samples and empty_reason "all_truncated"; an empty session stays "no_records".
+    session_id = agent_episode(gateway.url, turns=2)
+    accumulated = httpx.get(f"{gateway.url}/sessions/{session_id}").json()["metadata"][
+        "accumulated_token_ids"
+    ]
+    for limit in (0, -1, -(10**30)):
+        reply = httpx.post(
+            f"{gateway.url}/sessions/{session_id}/samples", json={"max_seq_len": limit}
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"] == "application/octet-stream"
+        samples, metadata, empty_reason = decode_samples(reply.content)
+        assert samples == [] and empty_reason == "all_truncated"
+        assert metadata["accumulated_token_ids"] == accumulated
+    samples, _, empty_reason = decode_samples(collect_samples(gateway.url, session_id, None))
+    assert empty_reason is None and len(samples) == 1  # nothing was consumed
+    empty = httpx.post(f"{gateway.url}/sessions", json={}).json()["session_id"]
+    samples, _, empty_reason = decode_samples(collect_samples(gateway.url, empty, 0))
+    assert samples == [] and empty_reason == "no_records"
 
 
 def test_samples_of_an_empty_session_and_bad_input(gateway: ServerProcess) -> None:

@@ -188,6 +188,31 @@ def test_durability_modes_record_and_recover(records: Path, durability: str) -> 
             assert fetch(gateway.url, sid) == before[sid]
 
 
+def test_samples_lifecycle_survives_recovery(records: Path) -> None:
+    """miles/utils/lifecycle.py: a segment starts the engine's meta_info.e2e_latency before
+    the record's timestamp. The records file keeps that latency, so the samples of records
+    read back from disk (--records-memory 0) and of a restarted gateway start where the
+    engine's reply says, byte for byte the same."""
+    with serve(records, "--records-memory", "0", workers=1) as gateway:
+        histories = rollouts(gateway.url, 2, 3)
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            documents = {sid: client.get(f"/sessions/{sid}").json() for sid in histories}
+            before = {sid: client.post(f"/sessions/{sid}/samples").content for sid in histories}
+    with serve(records, workers=1) as gateway:
+        with httpx.Client(base_url=gateway.url, timeout=60) as client:
+            for sid in histories:
+                assert client.post(f"/sessions/{sid}/samples").content == before[sid], sid
+    for sid, payload in before.items():
+        (sample,) = decode_samples_payload(payload)["samples"]
+        segments = sample["metadata"]["lifecycle"]
+        # One turn's sample keeps its one segment; merged turns list theirs.
+        for segment in segments if isinstance(segments, list) else [segments]:
+            record = documents[sid]["records"][segment["turn"] - 1]
+            latency = record["response"]["choices"][0]["meta_info"]["e2e_latency"]
+            assert segment["t0"] == record["timestamp"] - latency
+            assert segment["t1"] == record["timestamp"]
+
+
 def test_records_over_the_memory_budget_are_served_from_disk(records: Path) -> None:
     """--records-memory 0: every record is read back from its file for GET, trajectory and
     samples, and the answers equal those of a gateway that keeps everything in memory (the

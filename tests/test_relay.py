@@ -42,6 +42,7 @@ FIELDS = (
     "indexer_topk",
     "cached_tokens",
     "weight_version",
+    "e2e_latency",
 )
 R3_KEYS = ("routed_experts", "indexer_topk")
 PREFIX = "upstream reply breaks the chat contract: "
@@ -150,6 +151,9 @@ def metas(draw: st.DrawFn) -> Obj:
     if draw(st.booleans()):
         pairs.append(("weight_version", draw(texts | st.none() | values)))
     if draw(st.booleans()):
+        latency = finite | st.integers(-(2**1100), 2**1100) | st.sampled_from([1e400, -1e400])
+        pairs.append(("e2e_latency", draw(latency | st.none() | st.booleans() | values)))
+    if draw(st.booleans()):
         # A nested object with the same names: not a member of meta_info, so it stays.
         inner = Obj([("routed_experts", "keep"), ("meta_info", Obj([("indexer_topk", 1)]))])
         pairs.append(("nested", inner))
@@ -165,6 +169,7 @@ def metas(draw: st.DrawFn) -> Obj:
                     "indexer_topk",
                     "cached_tokens",
                     "weight_version",
+                    "e2e_latency",
                 ]
             )
         )
@@ -247,6 +252,7 @@ def test_generated_replies_agree(case: tuple[bytes, Obj]) -> None:
     assert r.indexer_topk == (None if topk is None else topk.encode())
     assert r.cached_tokens == oracle_int(meta.get("cached_tokens"))
     assert r.weight_version == oracle_weight_version(expected)
+    assert r.e2e_latency == oracle_float(meta.get("e2e_latency"))
     reasoning = expected["choices"][0]["message"].get("reasoning_content")
     if isinstance(reasoning, str):
         assert r.message["reasoning_content"] == reasoning
@@ -257,6 +263,16 @@ def test_generated_replies_agree(case: tuple[bytes, Obj]) -> None:
 
 def oracle_int(value: Any) -> int | None:
     return value if type(value) is int else None
+
+
+def oracle_float(value: Any) -> float | None:
+    """A number as the float its JSON text reads as (an integer beyond range: +-inf)."""
+    if type(value) not in (int, float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return float("inf") if value > 0 else float("-inf")
 
 
 def oracle_weight_version(doc: dict[str, Any]) -> str | None:
@@ -658,6 +674,40 @@ def test_weight_version(meta: str, top: str, want: str | None) -> None:
         r = assert_same_reply(with_top(body, top, first=first) if top else body)
         assert r.weight_version == want
         assert want is None or type(r.weight_version) is str
+
+
+@pytest.mark.parametrize(
+    ("meta", "want"),
+    [
+        ("", None),
+        (',"e2e_latency":0.125', 0.125),
+        (',"e2e_latency":3', 3.0),
+        (',"e2e_latency":-0.0', -0.0),
+        (',"e2e_latency":2.5E-3', 0.0025),
+        (',"e2e_latency":' + "9" * 400, float("inf")),
+        (',"e2e_latency":-1e999', float("-inf")),
+        (',"e2e_latency":Infinity', float("inf")),
+        (',"e2e_latency":null', None),
+        (',"e2e_latency":true', None),
+        (',"e2e_latency":"0.5"', None),
+        (',"e2e_latency":[0.5]', None),
+        # Duplicates: the last member wins.
+        (',"e2e_latency":"x","e2e_latency":1.5', 1.5),
+        (',"e2e_latency":1.5,"e2e_latency":{}', None),
+    ],
+)
+def test_e2e_latency(meta: str, want: float | None) -> None:
+    r = assert_same_reply(reply(meta))
+    assert r.e2e_latency == want
+    assert want is None or type(r.e2e_latency) is float
+
+
+def test_e2e_latency_nan_and_only_from_choice_zero() -> None:
+    for impl in (RUST, PY):
+        value = impl.extract_reply(reply(',"e2e_latency":NaN')).e2e_latency
+        assert value is not None and value != value
+    other = ',{"index":1,"message":{"content":"b"},"meta_info":{"e2e_latency":1.0}}'
+    assert assert_same_reply(reply(extra_choices=other)).e2e_latency is None
 
 
 def test_weight_version_only_from_choice_zero() -> None:

@@ -52,6 +52,7 @@ def sglang_reply(
     indexer_layers: int | None = None,
     weight_version: str | None = "w0",
     cached_tokens: int | None = 0,
+    e2e_latency: float | None = 0.25,
 ) -> bytes:
     """A non-stream SGLang chat reply (return_meta_info, logprobs) as the engine sends it."""
     meta: dict[str, Any] = {
@@ -60,8 +61,9 @@ def sglang_reply(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": len(ids),
         "output_token_logprobs": [[lp, i, None] for lp, i in zip(logprobs, ids, strict=True)],
-        "e2e_latency": 0.25,
     }
+    if e2e_latency is not None:
+        meta["e2e_latency"] = e2e_latency
     if cached_tokens is not None:
         meta["cached_tokens"] = cached_tokens
     if weight_version is not None:
@@ -131,6 +133,7 @@ def make_record(
         request_timestamp=timestamp - 1.0,
         weight_version=meta.get("weight_version"),
         cached_tokens=meta.get("cached_tokens"),
+        e2e_latency=meta.get("e2e_latency"),
     )
 
 
@@ -347,9 +350,10 @@ def test_single_turn_sample() -> None:
         "cached_tokens": 0,
         "total_prompt_tokens": record.prompt_len,
     }
-    # One turn keeps its one lifecycle segment (the framework merges nothing then).
+    # One turn keeps its one lifecycle segment (the framework merges nothing then); it starts
+    # the engine's e2e_latency before the record's timestamp (miles/utils/lifecycle.py).
     assert sample["metadata"] == {
-        "lifecycle": {"t0": None, "t1": 1000.0, "turn": 1, "req_ts": 999.0}
+        "lifecycle": {"t0": 1000.0 - 0.25, "t1": 1000.0, "turn": 1, "req_ts": 999.0}
     }
     shape = r3_of(sample)[0]
     assert shape == (len(sample["tokens"]) - 1, LAYERS, TOPK)
@@ -389,6 +393,7 @@ def test_three_turns_merge_into_one_sample() -> None:
     assert [seg["turn"] for seg in lifecycle] == [1, 2, 3]
     assert "prev_t1" not in lifecycle[0]
     assert [seg["prev_t1"] for seg in lifecycle[1:]] == [1000.0, 1001.0]
+    assert [seg["t0"] for seg in lifecycle] == [1000.0 - 0.25, 1001.0 - 0.25, 1002.0 - 0.25]
     # Full R3: the last turn's rows, which cover every token but the last.
     shape, rows = r3_of(sample)
     assert shape == (len(tokens) - 1, LAYERS, TOPK)
@@ -599,6 +604,16 @@ def test_missing_weight_version_is_left_out() -> None:
         session.prompts[0], session.records[0].completion_ids, weight_version=None
     )
     assert assemble(session)["weight_versions"] == ["w1"]
+
+
+def test_lifecycle_t0_is_null_without_the_engine_s_e2e_latency() -> None:
+    # miles/utils/lifecycle.py: t0 = timestamp - meta_info.e2e_latency, None when not reported.
+    session = build_session(2)
+    session.records[0] = make_record(
+        session.prompts[0], session.records[0].completion_ids, e2e_latency=None
+    )
+    lifecycle = assemble(session)["metadata"]["lifecycle"]
+    assert [seg["t0"] for seg in lifecycle] == [None, 1001.0 - 0.25]
 
 
 # -- R3 ---------------------------------------------------------------------------------------

@@ -611,3 +611,83 @@ def test_stream_request_answered_whole_is_one_chunk_and_recorded() -> None:
         assert json.loads(events[0])["choices"][0]["delta"]["content"] == "ok"
         records = httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]
         assert len(records) == 1 and records[0]["request"]["stream"] is True
+
+
+class _TwoChoiceEngine(_JsonEngine):
+    """A whole reply with two choices, a tool call, per-choice logprobs and usage: what the
+    one-chunk stream keeps of it is the rollout framework's choice, not the reply's."""
+
+    reply: ClassVar[dict[str, Any]] = {
+        "id": "r1",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": "héllo",
+                    "reasoning_content": "think",
+                    "tool_calls": [
+                        {"id": "c0", "type": "function", "function": {"name": "f"}},
+                        {"id": "c1", "type": "function", "function": {"name": "g"}},
+                    ],
+                },
+                "logprobs": {"content": []},
+                "finish_reason": "tool_calls",
+                "matched_stop": None,
+                "meta_info": {
+                    "completion_tokens": 2,
+                    "output_token_logprobs": [[-0.1, 11, None], [-0.2, 12, None]],
+                    "e2e_latency": 0.5,
+                },
+            },
+            {
+                "index": 1,
+                "message": {"role": "assistant", "content": "second"},
+                "finish_reason": "stop",
+            },
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+    }
+
+
+def test_buffered_stream_is_the_framework_s_one_chunk() -> None:
+    # miles/rollout/session/core.py `_chat_client_response` and `_response_to_stream_chunk`:
+    # one sized body of one event and `[DONE]`, fresh SSE headers, the first choice only
+    # (index 0, no logprobs, no meta_info), the tool calls indexed, then the usage.
+    with gateway_over(_TwoChoiceEngine) as gw:
+        session_id, response = first_turn(gw, stream=True)
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+        assert response.headers["cache-control"] == "no-cache"
+        assert response.headers["x-accel-buffering"] == "no"
+        assert "transfer-encoding" not in response.headers
+        assert int(response.headers["content-length"]) == len(response.content)
+        message = _TwoChoiceEngine.reply["choices"][0]["message"]
+        chunk = {
+            "id": "r1",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "role": "assistant",
+                        "content": "héllo",
+                        "reasoning_content": "think",
+                        "tool_calls": [
+                            {**call, "index": index}
+                            for index, call in enumerate(message["tool_calls"])
+                        ],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7},
+        }
+        event = json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+        assert response.content == b"data: " + event + b"\n\ndata: [DONE]\n\n"
+        assert len(httpx.get(f"{gw.url}/sessions/{session_id}").json()["records"]) == 1

@@ -133,6 +133,9 @@ class ExtractedReply:
     def weight_version(self) -> str | None:
         """``choices[0].meta_info.weight_version`` if a string, else the top-level
         ``metadata.weight_version`` if a string, else None."""
+    @property
+    def e2e_latency(self) -> float | None:
+        """``choices[0].meta_info.e2e_latency`` as a float when it is a number (not a bool)."""
 
 def extract_reply(body: Buffer) -> ExtractedReply:
     """Validate an upstream reply (ReplyContractError with the 502 message) and extract it."""

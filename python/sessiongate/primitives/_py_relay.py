@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import binascii
 import json
+import math
 import operator
 import re
 import sys
@@ -100,6 +101,7 @@ class ExtractedReply:
         "client_body",
         "completion_ids",
         "completion_tokens",
+        "e2e_latency",
         "finish_reason",
         "indexer_topk",
         "logprobs",
@@ -119,6 +121,7 @@ class ExtractedReply:
     prompt_tokens: int | None
     cached_tokens: int | None
     weight_version: str | None
+    e2e_latency: float | None
     _r3_view: memoryview | None
     _topk_view: memoryview | None
 
@@ -136,6 +139,7 @@ class ExtractedReply:
         indexer_topk: bytes | None = None,
         cached_tokens: int | None = None,
         weight_version: str | None = None,
+        e2e_latency: float | None = None,
         r3_view: memoryview | None = None,
         topk_view: memoryview | None = None,
     ) -> None:
@@ -153,6 +157,7 @@ class ExtractedReply:
         setter(self, "indexer_topk", indexer_topk)
         setter(self, "cached_tokens", cached_tokens)
         setter(self, "weight_version", weight_version)
+        setter(self, "e2e_latency", e2e_latency)
 
     @property
     def routed_experts_view(self) -> memoryview | None:
@@ -284,6 +289,7 @@ def extract_reply(body: _BytesLike) -> ExtractedReply:
         indexer_topk=encoded_topk,
         cached_tokens=_int_or_none(meta.get("cached_tokens")),
         weight_version=weight_version,
+        e2e_latency=_float_or_none(meta.get("e2e_latency")),
         r3_view=_slice_of(body, encoded),
         topk_view=_slice_of(body, encoded_topk),
     )
@@ -295,6 +301,16 @@ def _b64_member(meta: dict[str, Any], name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise _broken(f"choices[0].meta_info.{name} is not a base64 string (got {_kind(value)})")
     return value
+
+
+def _float_or_none(value: object) -> float | None:
+    """A JSON number as a float (an integer too, as the Rust core parses its text), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range: the text parses to +-inf
+        return math.inf if value > 0 else -math.inf
 
 
 def _int_or_none(value: object) -> int | None:

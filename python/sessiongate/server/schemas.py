@@ -120,7 +120,7 @@ class SessionDump(BaseModel):
 class SamplesRequest(Open):
     """Optional body of `POST /sessions/{id}/samples`; other members are ignored."""
 
-    max_seq_len: int | None = Field(None, ge=1)
+    max_seq_len: int | None = None
 
 
 # -- chat ------------------------------------------------------------------------------------

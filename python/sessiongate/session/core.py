@@ -457,10 +457,12 @@ class SessionCore:
         if request.body.strip():
             document = parse_json_object(request.body, "request body")
             max_seq_len = document.get("max_seq_len")
+            # Any integer: zero or less cuts every turn away, a 200 with `all_truncated`, as
+            # the framework's turn-boundary truncation does (docs/samples.md).
             if max_seq_len is not None and (
-                not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool) or max_seq_len < 1
+                not isinstance(max_seq_len, int) or isinstance(max_seq_len, bool)
             ):
-                raise BadRequest("field 'max_seq_len' must be a positive integer or null")
+                raise BadRequest("field 'max_seq_len' must be an integer or null")
             agent = document.get("metadata")  # tree sessions: the agent's, for the hooks
         _, records, accumulated, metadata, tree = await self._snapshot(request)
         session_metadata = {
@@ -765,7 +767,10 @@ class SessionCore:
 
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if wants_stream:
-            return CoreReply(200, [*SSE_HEADERS, *extra], stream=_one_chunk_sse(parsed.client_body))
+            # The turn is complete, so its one event goes out as one sized body, as the
+            # framework's does (no chunked framing).
+            sse = await _off_loop(_one_chunk_sse, parsed.client_body)
+            return CoreReply(200, [*SSE_HEADERS, *extra], sse)
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
 
     async def _stream_is_exact(self, root_id: str) -> bool:
@@ -889,6 +894,7 @@ class SessionCore:
                 indexer_topk=parsed.indexer_topk,
                 weight_version=parsed.weight_version,
                 cached_tokens=parsed.cached_tokens,
+                e2e_latency=parsed.e2e_latency,
                 request_timestamp=turn.request_timestamp,
             )
             messages = [*turn.messages, parsed.assistant_message]
@@ -1075,41 +1081,43 @@ async def _session_document_parts(
     yield b'],"metadata":' + metadata + b"}"
 
 
-async def _one_chunk_sse(client_body: bytes) -> AsyncIterator[bytes]:
-    """A buffered turn as one `chat.completion.chunk` event, then `[DONE]`: the whole message
-    as one delta (tool calls with their `index`, as streamed calls have), the usage, no
-    `meta_info` (SGLang streams none; the record has it), as the rollout framework does."""
+def _one_chunk_sse(client_body: bytes) -> bytes:
+    """A buffered turn as one `chat.completion.chunk` event, then `[DONE]`, shaped as the
+    rollout framework shapes it (miles/rollout/session/core.py `_response_to_stream_chunk`):
+    the first choice only, as index 0, its whole message as one delta (tool calls with their
+    `index`, as streamed calls have), its finish reason, then the usage when there is one; no
+    `logprobs` and no `meta_info` (the record has them)."""
     document = json.loads(client_body)
-    chunk_choices = []
-    for choice in document.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        message = choice.get("message") or {}
-        delta: dict[str, Any] = {
-            "role": message.get("role", "assistant"),
-            "content": message.get("content"),
-        }
-        if message.get("reasoning_content") is not None:
-            delta["reasoning_content"] = message["reasoning_content"]
-        if message.get("tool_calls"):
-            delta["tool_calls"] = [
-                {**call, "index": index} if isinstance(call, dict) else call
-                for index, call in enumerate(message["tool_calls"])
-            ]
-        chunk_choices.append(
-            {
-                "index": choice.get("index", 0),
-                "delta": delta,
-                "logprobs": choice.get("logprobs"),
-                "finish_reason": choice.get("finish_reason"),
-            }
-        )
-    chunk = {key: document[key] for key in ("id", "created", "model", "usage") if key in document}
-    chunk["object"] = "chat.completion.chunk"
-    chunk["choices"] = chunk_choices
-    yield b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
-    yield b"\n\n"
-    yield b"data: [DONE]\n\n"
+    choices = document.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    delta: dict[str, Any] = {
+        "role": message.get("role", "assistant"),
+        "content": message.get("content"),
+    }
+    if message.get("reasoning_content") is not None:
+        delta["reasoning_content"] = message["reasoning_content"]
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [
+            {**call, "index": index} if isinstance(call, dict) else call
+            for index, call in enumerate(message["tool_calls"])
+        ]
+    # The framework's key order, with id / created / model null when the reply lacks them.
+    chunk: dict[str, Any] = {
+        "id": document.get("id"),
+        "object": "chat.completion.chunk",
+        "created": document.get("created"),
+        "model": document.get("model"),
+        "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+    }
+    if document.get("usage") is not None:
+        chunk["usage"] = document["usage"]
+    try:
+        event = json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        # A lone surrogate the engine escaped: \u escapes are still valid JSON.
+        event = json.dumps(chunk, separators=(",", ":")).encode()
+    return b"data: " + event + b"\n\ndata: [DONE]\n\n"
 
 
 def _wants_usage(body: dict[str, Any]) -> bool:

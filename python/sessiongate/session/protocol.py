@@ -14,9 +14,13 @@ from sessiongate.session.errors import BadRequest, GatewayError
 from sessiongate.session.json_safety import MAX_JSON_DEPTH, NotUnicode, TooDeep, loads_checked
 
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
+# The rollout framework's fake stream (miles/rollout/session/core.py `_chat_client_response`)
+# and SGLang's own stream both say `text/event-stream; charset=utf-8` (Starlette adds the
+# charset); `x-accel-buffering: no` keeps a reverse proxy (nginx) from holding events back.
 SSE_HEADERS: list[tuple[str, str]] = [
-    ("content-type", "text/event-stream"),
+    ("content-type", "text/event-stream; charset=utf-8"),
     ("cache-control", "no-cache"),
+    ("x-accel-buffering", "no"),
 ]
 RECORDED_HEADER = "x-sessiongate-recorded"
 # The router's `/health` carries this header with the per-run token the supervisor put in

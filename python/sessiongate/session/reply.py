@@ -30,6 +30,8 @@ class ParsedReply:
     indexer_topk: memoryview | None
     weight_version: str | None
     cached_tokens: int | None
+    # choices[0].meta_info.e2e_latency (seconds) when a number: the samples' lifecycle t0.
+    e2e_latency: float | None = None
 
 
 def parse_reply(body: bytes) -> ParsedReply:
@@ -48,6 +50,7 @@ def parse_reply(body: bytes) -> ParsedReply:
         indexer_topk=extracted.indexer_topk_view,
         weight_version=extracted.weight_version,
         cached_tokens=extracted.cached_tokens,
+        e2e_latency=extracted.e2e_latency,
     )
 
 

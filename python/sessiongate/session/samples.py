@@ -263,9 +263,8 @@ def _common_prefix(output: Sequence[int], accumulated: Sequence[int], start: int
 
 def _lifecycle(record: TurnRecord, previous: TurnRecord | None, turn: int) -> dict[str, Any]:
     """The framework's per-turn timing segment (`attach_lifecycle_metadata`)."""
-    # The engine's e2e latency gives the segment start; records do not keep it (yet), so
-    # t0 is unknown unless a record type grows an `e2e_latency` attribute.
-    latency = getattr(record, "e2e_latency", None)
+    # The engine's e2e latency (seconds) gives the segment start; without it t0 is null.
+    latency = record.e2e_latency
     t1 = record.timestamp
     segment: dict[str, Any] = {"t0": t1 - latency if latency is not None else None, "t1": t1}
     segment["turn"] = turn

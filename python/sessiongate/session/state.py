@@ -51,6 +51,9 @@ class TurnRecord:
     weight_version: str | None = None
     # Prompt tokens the engine served from its prefix cache (meta_info.cached_tokens).
     cached_tokens: int | None = None
+    # The engine's seconds from the request to its finish (meta_info.e2e_latency): the
+    # samples' lifecycle segment starts that long before `timestamp`.
+    e2e_latency: float | None = None
 
     @property
     def aborted(self) -> bool:

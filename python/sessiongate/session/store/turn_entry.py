@@ -120,6 +120,7 @@ def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
             "r3_start_row": record.r3_start_row,
             "weight_version": record.weight_version,
             "cached_tokens": record.cached_tokens,
+            "e2e_latency": record.e2e_latency,
         },
         "routed_span": entry.routed_span,
         "indexer_span": entry.indexer_span,
@@ -186,6 +187,8 @@ def decode_turn(
         request_timestamp=meta["request_timestamp"],
         weight_version=meta["weight_version"],
         cached_tokens=meta["cached_tokens"],
+        # Absent from entries written before it was kept: t0 stays unknown for those.
+        e2e_latency=meta.get("e2e_latency"),
     )
     request_offset = blobs_start + tail_len + completion_len + logprob_len
     return TurnEntry(
