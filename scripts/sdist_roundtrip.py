@@ -1,6 +1,7 @@
 """Build the x86-64 wheel again from the sdist in `--dist` and compare it with the wheel
 built from the checkout: the same files, and the same bytes in each but the compiled core
-(whose build paths differ) and RECORD (which holds the core's hash). Exits 1 on a difference.
+(whose build paths differ), RECORD (which holds the core's hash) and the SBOM's per-build
+serial number, timestamp and build folder. Exits 1 on a difference.
 
     python scripts/sdist_roundtrip.py --dist dist     # `make check-sdist`
 """
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import re
 import subprocess
 import sys
 import tarfile
@@ -20,9 +23,27 @@ from pathlib import Path
 BUILD_DEPENDENT = ("sessiongate/_core.abi3.so", ".dist-info/RECORD")
 
 
+# maturin's software bill of materials gets a new serial number and timestamp per build and
+# names the folder it was built in; the rest (components, versions) must be the same.
+SBOM = ".cyclonedx.json"
+BUILD_FOLDER = re.compile(r'path\+file://[^#"]*#')
+
+
+def content(name: str, data: bytes) -> bytes:
+    if not name.endswith(SBOM):
+        return data
+    sbom = json.loads(data)
+    sbom.pop("serialNumber", None)
+    sbom.get("metadata", {}).pop("timestamp", None)
+    return BUILD_FOLDER.sub("path+file://SOURCE#", json.dumps(sbom, sort_keys=True)).encode()
+
+
 def digests(wheel: Path) -> dict[str, str]:
     with zipfile.ZipFile(wheel) as archive:
-        return {name: hashlib.sha256(archive.read(name)).hexdigest() for name in archive.namelist()}
+        return {
+            name: hashlib.sha256(content(name, archive.read(name))).hexdigest()
+            for name in archive.namelist()
+        }
 
 
 def main() -> int:
@@ -57,7 +78,7 @@ def main() -> int:
         return 1
     print(
         f"{rebuilt.name} from {sdist.name}: the same {len(ours)} files, identical bytes "
-        "but the compiled core and RECORD"
+        "but the compiled core, RECORD and the SBOM's serial number, timestamp and build folder"
     )
     return 0
 
