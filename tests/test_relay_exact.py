@@ -10,6 +10,7 @@ the engine's own non-stream reply to the same prompt gives them.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -102,9 +103,22 @@ def mock_requests(engine: ServerProcess, last: int) -> list[dict[str, Any]]:
     return requests
 
 
+def buffered_turns(client: httpx.Client, until: int) -> int:
+    """/health's relay_buffered_turns once the worker's heartbeat says `until` (the count
+    travels with heartbeats), or what it says after a few beats."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        [worker] = client.get("/health").json()["workers"]
+        count: int = worker["relay_buffered_turns"]
+        if count == until or time.monotonic() > deadline:
+            return count
+        time.sleep(0.1)
+
+
 def test_default_engine_stop_turns_record_every_logprob(plain: ServerProcess) -> None:
     with relay_gateway(plain) as gw:
         assert streamed_turns(gw, plain, "stop") == ["stop"] * 3
+        assert buffered_turns(gw, until=3) == 3
     # Served buffered: this engine's stream cannot carry every logprob.
     assert all(r["stream"] is False for r in mock_requests(plain, 6))
 
@@ -118,7 +132,7 @@ def test_parser_engine_turns_are_relayed_and_exact(parsed: ServerProcess) -> Non
     with relay_gateway(parsed) as gw:
         assert streamed_turns(gw, parsed, "stop") == ["stop"] * 3
         assert streamed_turns(gw, parsed, "length", max_tokens=7) == ["length"] * 3
-    # Relayed: the engine was asked for a stream, with what the record needs.
+        assert buffered_turns(gw, until=0) == 0
     # Relayed: each of the six turns asked the engine for a stream (the other requests are
     # this test's own non-stream references), with what the record needs.
     streamed = [r for r in mock_requests(parsed, 12) if r["stream"] is True]

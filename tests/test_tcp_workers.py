@@ -498,6 +498,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
             turns_recorded=0,
             turns_aborted=0,
             r3_missing_turns=0,
+            relay_buffered_turns=0,
             upstream=upstream,
             stamper=None,
             limits_status=dict,

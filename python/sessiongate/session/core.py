@@ -122,8 +122,9 @@ class SessionCore:
         self.turns_aborted = 0
         # Turns recorded without R3 under --r3-missing warn.
         self.r3_missing_turns = 0
-        # Relayed turns served buffered because the engine's stream drops logprobs.
-        self.relay_fallback_turns = 0
+        # Streamed turns served buffered under --stream-upstream relay because the engine's
+        # stream drops logprobs (/health's relay_buffered_turns).
+        self.relay_buffered_turns = 0
         # Bytes of every stored TurnRecord (TurnRecord.size) over all sessions, kept up to
         # date by each commit and close so the budget check never scans the sessions.
         self.records_bytes = 0
@@ -324,6 +325,7 @@ class SessionCore:
             "turns_recorded": self.turns_recorded,
             "turns_aborted": self.turns_aborted,
             "r3_missing_turns": self.r3_missing_turns,
+            "relay_buffered_turns": self.relay_buffered_turns,
             **self.limits_status(),
             **self.upstream.status(),  # "upstream": "ok" | "down", "upstreams": [...]
         }
@@ -788,13 +790,13 @@ class SessionCore:
         info = await self.upstream.model_info(root_id)
         if info is None or info.get("reasoning_parser") or info.get("tool_call_parser"):
             return True
-        if not self.relay_fallback_turns:
+        if not self.relay_buffered_turns:
             logger.warning(
                 "--stream-upstream relay: the engine runs no reasoning or tool-call parser, "
                 "so its chat stream drops the logprobs of steps without text; streamed turns "
                 'are served buffered (docs/api.md, "Streamed turns")'
             )
-        self.relay_fallback_turns += 1
+        self.relay_buffered_turns += 1
         return False
 
     def _upstream_fields(

@@ -303,9 +303,11 @@ class Router:
                     "generation": channel.generation,
                     "sessions": beat.get("sessions", 0),
                     "inflight": beat.get("inflight", 0),
-                    # Turns a trainer should know about: engine aborts, R3 recorded missing.
+                    # Turns a trainer should know about: engine aborts, R3 recorded missing,
+                    # streamed turns served buffered under relay.
                     "turns_aborted": beat.get("turns_aborted", 0),
                     "r3_missing_turns": beat.get("r3_missing_turns", 0),
+                    "relay_buffered_turns": beat.get("relay_buffered_turns", 0),
                     # Abuse limits (0 = off) and their usage (docs/reliability.md, "Limits").
                     **{key: beat.get(key, 0) for key in LIMIT_FIELDS},
                     "rejected": beat.get("rejected", {}),

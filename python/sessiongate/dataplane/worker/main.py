@@ -185,6 +185,7 @@ def core_status(core: SessionCore) -> dict[str, Any]:
         "turns_recorded": core.turns_recorded,
         "turns_aborted": core.turns_aborted,
         "r3_missing_turns": core.r3_missing_turns,
+        "relay_buffered_turns": core.relay_buffered_turns,
         "affinity_hits": core.upstream.affinity_hits,
         "repins": core.upstream.repins,
         "sessions_ended": core.stamper.ended if core.stamper else 0,
