@@ -1,4 +1,4 @@
-"""JSON relay benchmarks: extract + strip of upstream replies (docs/performance.md, issue 5).
+"""JSON relay benchmarks: extract + strip of upstream replies (docs/performance.md, "JSON relay").
 
 Rust core vs the `json` twin vs an `orjson` path (skipped when orjson is not importable), on
 mock-engine replies of 1, 16 and 128 MiB dominated by `routed_experts`; and the 16 MiB

@@ -1,4 +1,4 @@
-"""Session routing stamping benchmarks: Rust core vs Python twin in one run (issue 6).
+"""Session routing stamping benchmarks: Rust core vs Python twin in one run.
 
 Per request: the headers of the built-in header modes (`HeaderStamper.stamp`), the same with
 the routing context built from the session tree registry first (Python in both), and the

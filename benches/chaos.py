@@ -1,5 +1,5 @@
 """Faults under load: inject one fault at a time into a gateway serving a rollout-like load
-and measure what clients see and how fast the gateway recovers (issue 13, part 3).
+and measure what clients see and how fast the gateway recovers.
 
     python benches/chaos.py                  # every case, full length (~2 minutes)
     python benches/chaos.py --quick          # short phases (a smoke run)

@@ -344,7 +344,7 @@ def gateway_cpu(gw: ServerProcess) -> float:
 
 
 def scenario_impl(quick: bool) -> dict[str, Any]:
-    """Issue 5's end-to-end figure: the r3 load with the Rust core and with the Python twins
+    """The Rust core's end-to-end figure: the r3 load with the Rust core and with the twins
     (same --workers 2), alternating round by round so background noise hits both alike.
     Five rounds: single rounds swing 2x on this VM (first-touch memory, docs/performance.md)."""
     rounds = 1 if quick else 5

@@ -18,7 +18,7 @@ minus the p50 of the same client sending the same conversation straight to the e
 canned engine answers a token-in request (`input_ids`) with an SGLang-shaped reply
 (`meta_info` with the output ids and logprobs), so a turn is recorded exactly as with the
 real engine. The summary gives their ratio to sglang-router's stateless added p50 (the
-issue's session-turn goal). Figures go to docs/performance.md (issue 15).
+session-turn goal in docs/performance.md). Figures go to docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-//! JSON relay primitives for the upstream chat path (issue 5, docs/relay.md):
+//! JSON relay primitives for the upstream chat path (docs/relay.md):
 //!
 //! - `extract_reply(body)`: validate an upstream reply against the chat contract (DESIGN.md
 //!   "Upstream chat contract"), return the completion ids, logprobs, finish reason, assistant

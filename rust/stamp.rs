@@ -1,4 +1,4 @@
-//! Session routing stamping (issue 6; docs/routing.md "Stamping in Rust"):
+//! Session routing stamping (docs/routing.md "Stamping in Rust"):
 //!
 //! - `HeaderStamper(session, parent, root)`: header names per tier, validated once (RFC 9110
 //!   tokens, not owned by the gateway, unique case-insensitively), kept as interned Python

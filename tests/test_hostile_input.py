@@ -1,5 +1,5 @@
 """Hostile request input gets a clear 4xx with a JSON body, never a 5xx, a traceback or a hang
-(issue 13, "Bad input"; docs/api.md, "Hostile input").
+(docs/reliability.md, "Bad input"; docs/api.md, "Hostile input").
 
 Three layers: unit tests of the guards (`session/json_safety.py`, `server/routes.py`,
 `session/request_checks.py`); property tests (hypothesis, bounded for CI) of adversarial

@@ -1,4 +1,4 @@
-"""Slow and malformed clients cannot hold the gateway (issue 13, docs/reliability.md).
+"""Slow and malformed clients cannot hold the gateway (docs/reliability.md).
 
 Real `serve` processes, both layouts (router + worker, and in-process), driven with raw
 sockets: slowloris connections are cut off with a 408 while `/health` keeps answering, a

@@ -1,4 +1,4 @@
-"""Session routing stamping primitives: HeaderStamper and nvext_session_control (issue 6).
+"""Session routing stamping primitives: HeaderStamper and nvext_session_control.
 
 The Rust core and the pure-Python twin must agree: equal header dicts (same order), request
 bodies that parse equal (byte-equal for compact bodies without duplicate keys), same exception

@@ -1,4 +1,4 @@
-"""Trajectory trees (`session_mode = "tree"`, issue 16, docs/trajectory-trees.md): a session
+"""Trajectory trees (`session_mode = "tree"`, docs/trajectory-trees.md): a session
 branches at any depth and hands the trainer one sample per leaf.
 
 A `SessionCore` runs in-process on its own event loop (settings chosen per test) against a
