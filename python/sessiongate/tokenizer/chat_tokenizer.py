@@ -86,6 +86,7 @@ class ChatTokenizer:
         )
         self._generation_prompt_ids: tuple[int, ...] | None = None
         self._end_of_turn_token_id: int | None = None
+        self._assistant_header: str | None = None
 
     # --- ids <-> text --------------------------------------------------------------------
 
@@ -224,6 +225,44 @@ class ChatTokenizer:
         tail = self.encode(text[at + len(_PROBE_MARK) :])
         return next((i for i in tail if i in self._special_ids), self._eos_token_id)
 
+    @property
+    def assistant_header(self) -> str:
+        """Text that opens every assistant turn, or "" if unknown: ``<|im_start|>assistant``
+        for ChatML, ``<|im_assistant|>assistant<|im_middle|>`` and more for Kimi-style
+        templates, ``]~b]ai`` for MiniMax-style ones.
+
+        Derived from the template, as the rollout framework pins one per model family: the
+        common start of the generation prompt and of an assistant message rendered last and
+        before a user message (templates drop or add reasoning between those), trailing
+        whitespace dropped. "" when the renders disagree, or when the text before a user's
+        content contains it too (it would not tell the roles apart).
+        """
+        if self._assistant_header is None:
+            self._assistant_header = self._find_assistant_header()
+        return self._assistant_header
+
+    def _find_assistant_header(self) -> str:
+        mark = {"role": "assistant", "content": _PROBE_MARK}
+        user_mark = {"role": "user", "content": _PROBE_MARK}
+        try:
+            base = self.render([_PROBE_USER], add_generation_prompt=False)
+            openers = [
+                self.render([_PROBE_USER], add_generation_prompt=True),
+                self.render([_PROBE_USER, mark], add_generation_prompt=False),
+                self.render([_PROBE_USER, mark, _PROBE_USER], add_generation_prompt=False),
+            ]
+            before_user = self.render([user_mark], add_generation_prompt=False)
+        except TokenizerError:
+            return ""
+        if not all(text.startswith(base) for text in openers):
+            return ""
+        openers = [text[len(base) :] for text in openers]
+        openers[1:] = [text.split(_PROBE_MARK, 1)[0] for text in openers[1:]]
+        header = _common_prefix(openers).rstrip()
+        if not header or header in before_user.split(_PROBE_MARK, 1)[0]:
+            return ""
+        return header
+
     # --- facts ---------------------------------------------------------------------------
 
     @property
@@ -274,6 +313,13 @@ def check_template_kwargs(kwargs: object) -> Mapping[str, Any]:
                 f"chat_template_kwargs may not set {key!r}: it is set from the request itself"
             )
     return kwargs
+
+
+def _common_prefix(texts: list[str]) -> str:
+    """The longest text every one of `texts` starts with (character by character)."""
+    first, last = min(texts), max(texts)
+    end = next((i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), None)
+    return first if end is None else first[:end]
 
 
 def _check_messages(messages: object) -> None:
