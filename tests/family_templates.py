@@ -5,7 +5,8 @@ tokenizers flag them), so tests need no model files.
 Each keeps the trait that makes its family need pinned template variables:
 
 - QWEN3_STYLE: ChatML; an assistant's reasoning is rendered only after the last user message
-  unless `clear_thinking` is false (Qwen3 fixed templates, GLM).
+  unless `clear_thinking` is false (the Qwen families; Nemotron 3 with
+  `truncate_history_thinking`; Qwen3.5 also refuses a system message after the first).
 - KIMI_STYLE: `<|im_assistant|>assistant<|im_middle|>` headers, no newline after
   `<|im_end|>`; reasoning up to the last assistant without tool calls is emptied unless
   `preserve_thinking` is true (Kimi K2.5/K2.6).
@@ -122,25 +123,38 @@ not (clear_thinking | default(true))) -%}
 {%- if add_generation_prompt -%}{{- ']~b]ai\\n<think>\\n' -}}{%- endif -%}
 """
 
+# Qwen3.5 refuses a system message after the first; Nemotron 3 keeps history reasoning
+# under its own switch.
+QWEN35_STYLE = (
+    "{%- for m in messages -%}{%- if m.role == 'system' and not loop.first -%}"
+    "{{- raise_exception('System message must be at the beginning.') -}}"
+    "{%- endif -%}{%- endfor -%}\n" + QWEN3_STYLE
+)
+NEMOTRON3_STYLE = QWEN3_STYLE.replace("clear_thinking", "truncate_history_thinking")
+
+KIMI_TOKENS = (
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+)
+MINIMAX_TOKENS = ("]~!b[", "]~b]", "[e~[")
+
 # Family name (as --tito-model takes it) -> (template, its role tokens, end-of-sequence token).
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "qwen3": (QWEN3_STYLE, (), "<|im_end|>"),
-    "kimi26": (
-        KIMI_STYLE,
-        (
-            "<|im_user|>",
-            "<|im_assistant|>",
-            "<|im_system|>",
-            "<|im_middle|>",
-            "<|tool_calls_section_begin|>",
-            "<|tool_calls_section_end|>",
-            "<|tool_call_begin|>",
-            "<|tool_call_argument_begin|>",
-            "<|tool_call_end|>",
-        ),
-        "<|im_end|>",
-    ),
-    "minimax_m25": (MINIMAX_STYLE, ("]~!b[", "]~b]", "[e~["), "[e~["),
+    "qwennext": (QWEN3_STYLE, (), "<|im_end|>"),
+    "qwen35": (QWEN35_STYLE, (), "<|im_end|>"),
+    "nemotron3": (NEMOTRON3_STYLE, (), "<|im_end|>"),
+    "kimi25": (KIMI_STYLE, KIMI_TOKENS, "<|im_end|>"),
+    "kimi26": (KIMI_STYLE, KIMI_TOKENS, "<|im_end|>"),
+    "minimax_m25": (MINIMAX_STYLE, MINIMAX_TOKENS, "[e~["),
+    "minimax_m27": (MINIMAX_STYLE, MINIMAX_TOKENS, "[e~["),
 }
 
 

@@ -12,6 +12,7 @@ import pytest
 from family_templates import FAMILIES, family_tokenizer_dir
 from sessiongate.cli import build_parser
 from sessiongate.server.serve import session_settings_from
+from sessiongate.session.errors import BadRequest
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
@@ -171,7 +172,7 @@ def run_agent_session(
     return exact, engine.mismatches(history, TOOLS, accumulated)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", sorted(FAMILIES))  # every supported family but default
 def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, name: str) -> None:
     tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
     kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
@@ -182,3 +183,22 @@ def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, n
     exact, found = run_agent_session(tok, {}, kwargs)
     assert not exact
     assert found != []
+
+
+@pytest.mark.parametrize("name", ["minimax_m25", "qwen35"])
+def test_families_without_system_appends_lose_or_refuse_them(tmp_path: Path, name: str) -> None:
+    # Why those families leave `system` out of the appended roles.
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
+    engine = TitoEngine(tok)
+    stub = {"role": "assistant", "content": "ok"}
+    appended = [{"role": "system", "content": "New rule."}]
+    if name == "qwen35":
+        with pytest.raises(BadRequest, match="System message must be at the beginning"):
+            engine.appended_ids(stub, appended, None)
+    else:
+        assert "New rule." not in tok.decode(engine.appended_ids(stub, appended, None))
+    assert "system" not in settings("--tito-model", name).allowed_append_roles
+
+
+def test_every_supported_family_has_a_test_template() -> None:
+    assert set(TITO_FAMILIES) - {"default"} == set(FAMILIES)
