@@ -33,7 +33,8 @@ class TitoFamily:
     allowed_append_roles: frozenset[str] = ALL_APPEND_ROLES
     max_trim_tokens: int = 0
     # The framework renders this family with its own fixed template; the model's stock
-    # template does not honour `template_kwargs`, so the tokenizer needs one that does.
+    # template does not honour `template_kwargs`, so give one that does with
+    # --chat-template-path.
     needs_fixed_template: bool = False
 
 

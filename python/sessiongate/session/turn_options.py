@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES
@@ -74,6 +75,13 @@ def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="server-wide chat template variables, e.g. '{\"enable_thinking\": false}'; a "
         "request's own chat_template_kwargs win key by key",
+    )
+    group.add_argument(
+        "--chat-template-path",
+        default=None,
+        metavar="FILE",
+        help="Jinja chat template file used instead of the tokenizer's own (as the rollout "
+        "framework's --chat-template-path; give the engine the same template)",
     )
     group.add_argument(
         "--tito-model",
@@ -179,6 +187,13 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--chat-template-kwargs is not valid JSON: {exc}") from None
         if not isinstance(kwargs, dict):
             raise SystemExit("--chat-template-kwargs must be a JSON object")
+    if args.chat_template_path is not None:
+        from sessiongate.tokenizer import TokenizerError, read_chat_template_file
+
+        try:
+            read_chat_template_file(args.chat_template_path)
+        except TokenizerError as exc:
+            raise SystemExit(f"--chat-template-path: {exc}") from None
     family = tito_family(args)
     if family is not None:
         # The family's variables are defaults: keys given with --chat-template-kwargs win.
@@ -222,6 +237,9 @@ def turn_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--chat-template-kwargs", args.chat_template_kwargs]
     if args.tito_model is not None:
         argv += ["--tito-model", args.tito_model]
+    if args.chat_template_path is not None:
+        # Absolute: a worker process need not share the parent's working directory.
+        argv += ["--chat-template-path", os.path.abspath(args.chat_template_path)]
     if not args.smg_routing_key:
         argv.append("--no-smg-routing-key")
     return argv

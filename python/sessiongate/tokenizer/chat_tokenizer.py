@@ -29,6 +29,7 @@ __all__ = [
     "TokenizerError",
     "check_template_kwargs",
     "load_tokenizer",
+    "read_chat_template_file",
 ]
 
 BUILTIN_TOKENIZER_DIR = Path(__file__).resolve().parent / "data"
@@ -335,11 +336,42 @@ def _check_messages(messages: object) -> None:
 # --- loading ------------------------------------------------------------------------------
 
 
-def load_tokenizer(path: str | os.PathLike[str] | None = None) -> ChatTokenizer:
-    """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir."""
-    if path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME):
-        return _load_builtin()
-    return _load_directory(Path(path), name=os.fspath(path))
+def load_tokenizer(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    chat_template_path: str | os.PathLike[str] | None = None,
+) -> ChatTokenizer:
+    """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir.
+
+    ``chat_template_path`` names a Jinja template file used instead of the tokenizer's own
+    template (``--chat-template-path``, as the rollout framework sets
+    ``tokenizer.chat_template`` and SGLang's ``--chat-template`` from the same file).
+    """
+    builtin = path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME)
+    if chat_template_path is None:
+        return _load_builtin() if builtin else _load_directory(Path(path), name=os.fspath(path))
+    template = read_chat_template_file(chat_template_path)
+    if builtin:
+        return _load_directory(
+            BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME, template=template
+        )
+    return _load_directory(Path(path), name=os.fspath(path), template=template)
+
+
+def read_chat_template_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The source of a Jinja chat template file and its origin (the path), checked to
+    compile; TokenizerError saying why when it is missing, unreadable or not a template."""
+    file = Path(path)
+    if not file.is_file():
+        raise TokenizerError(f"chat template file not found: {file}")
+    try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"chat template file {file} is not readable: {exc}") from exc
+    if not source.strip():
+        raise TokenizerError(f"chat template file {file} is empty")
+    compile_template(source, str(file))  # a syntax error now, not at the first turn
+    return source, str(file)
 
 
 @functools.cache
@@ -348,7 +380,9 @@ def _load_builtin() -> ChatTokenizer:
     return _load_directory(BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME)
 
 
-def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
+def _load_directory(
+    directory: Path, *, name: str, template: tuple[str, str] | None = None
+) -> ChatTokenizer:
     if not directory.exists():
         raise TokenizerError(
             f"tokenizer directory not found: {directory} "
@@ -368,7 +402,10 @@ def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
 
     config = _read_json_object(directory / "tokenizer_config.json", required=True)
     special_map = _read_json_object(directory / "special_tokens_map.json", required=False)
-    template, origin = _find_chat_template(directory, config)
+    # A given template (source, origin) replaces the directory's: it need not have one.
+    chat_template, origin = (
+        template if template is not None else _find_chat_template(directory, config)
+    )
 
     special_tokens: dict[str, Any] = {}
     for source in (special_map, config):  # tokenizer_config.json wins, as in transformers
@@ -384,7 +421,7 @@ def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
         )
     return ChatTokenizer(
         tok,
-        chat_template=template,
+        chat_template=chat_template,
         eos_token=eos,
         name_or_path=name,
         special_tokens=special_tokens,

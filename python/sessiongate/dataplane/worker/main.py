@@ -143,7 +143,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     mode = load_mode(args.session_routing, args.session_routing_opt)
     store_config = store_settings(args, _store_index(args))
     core = SessionCore(
-        load_tokenizer(args.tokenizer),
+        load_tokenizer(args.tokenizer, chat_template_path=args.chat_template_path),
         UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
         settings,
         SessionStamper(mode) if mode is not None else None,
