@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from family_templates import FAMILIES, family_tokenizer_dir
 from sessiongate.session.errors import BadRequest, TitoMismatch
 from sessiongate.session.tito import (
     TitoEngine,
@@ -230,3 +231,53 @@ def test_tool_turn_on_mapping_templates_is_token_exact(tmp_path: Path, name: str
     history += [assistant, *appended]
     assert prompt == tokenizer.apply_chat_template(history, add_generation_prompt=True)
     assert call["function"]["arguments"] == arguments  # the record's text is untouched
+
+
+# --- mismatch labels on templates whose assistant header is not "<|im_start|>assistant" -----
+
+
+def _family_tokenizer(tmp_path: Path, name: str) -> ChatTokenizer:
+    if name in FAMILIES:
+        return load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
+    return load_tokenizer(tokenizer_dir(tmp_path / name, TEMPLATES[name]))
+
+
+@pytest.mark.parametrize("name", [*sorted(FAMILIES), "minimax-style"])
+def test_assistant_differences_are_labelled_assistant_text(tmp_path: Path, name: str) -> None:
+    # Kimi opens an assistant turn with <|im_assistant|>...<|im_middle|> and MiniMax with
+    # "]~b]ai" (or "ai" after <|im_start|>): no segment starts with the word "assistant",
+    # and the framework treats non_assistant_text as a hard failure.
+    tok = _family_tokenizer(tmp_path, name)
+    engine = TitoEngine(tok)
+    user = {"role": "user", "content": "hello"}
+    exact = tok.apply_chat_template(
+        [user, {"role": "assistant", "content": "world"}], add_generation_prompt=False
+    )
+    other = tok.apply_chat_template(
+        [user, {"role": "assistant", "content": "planet"}], add_generation_prompt=False
+    )
+    found = compare_token_sequences(tok, exact, other, engine.end_of_turn_id)
+    assert [m["type"] for m in found] == ["assistant_text"]
+    # A user's text is still non-assistant text.
+    other_user = tok.apply_chat_template(
+        [{"role": "user", "content": "howdy"}, {"role": "assistant", "content": "world"}],
+        add_generation_prompt=False,
+    )
+    found = compare_token_sequences(tok, exact, other_user, engine.end_of_turn_id)
+    assert [m["type"] for m in found] == ["non_assistant_text"]
+
+
+def test_assistant_header_is_derived_from_the_template(tmp_path: Path) -> None:
+    assert TOKENIZER.assistant_header == "<|im_start|>assistant"
+    assert _family_tokenizer(tmp_path, "minimax_m25").assistant_header == "]~b]ai"
+    kimi = _family_tokenizer(tmp_path, "kimi26").assistant_header
+    assert kimi.startswith("<|im_assistant|>assistant<|im_middle|>")
+    # A template whose only role marker is shared by every role cannot tell them apart.
+    shared = ChatTokenizer(
+        TOKENIZER.backend,
+        chat_template="{%- for m in messages -%}<|im_start|>{{ m.content }}<|im_end|>"
+        "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>{%- endif -%}",
+        eos_token="<|im_end|>",
+        name_or_path="shared-marker",
+    )
+    assert shared.assistant_header == ""

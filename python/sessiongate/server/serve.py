@@ -21,7 +21,7 @@ from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
-from sessiongate.session.settings import DEFAULT_APPEND_ROLES, SessionSettings
+from sessiongate.session.settings import SessionSettings
 from sessiongate.session.store.options import (
     add_store_arguments,
     check_store_options,
@@ -32,7 +32,12 @@ from sessiongate.session.tree_options import (
     session_mode_argv,
     session_mode_settings,
 )
-from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
+from sessiongate.session.turn_options import (
+    add_turn_arguments,
+    apply_tito_model,
+    turn_argv,
+    turn_settings,
+)
 
 MOCK_BACKEND = "mock"
 # R3 shape the embedded mock engine uses when --r3 is given without --mock-args.
@@ -106,14 +111,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--allowed-append-roles",
-        default=",".join(sorted(DEFAULT_APPEND_ROLES)),
-        help="roles an agent may append after an assistant turn (comma list; tool,user)",
+        default=None,
+        help="roles an agent may append after an assistant turn (comma list; default: "
+        "--tito-model's, else tool,user)",
     )
     parser.add_argument(
         "--max-trim-tokens",
         type=int,
-        default=0,
-        help="trailing checkpoint tokens allowed to differ in the next turn (0)",
+        default=None,
+        help="trailing checkpoint tokens allowed to differ in the next turn (default: "
+        "--tito-model's, else 0)",
     )
     parser.add_argument(
         "--session-header",
@@ -237,6 +244,7 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def session_settings_from(args: argparse.Namespace) -> SessionSettings:
+    apply_tito_model(args)
     roles = frozenset(r.strip() for r in args.allowed_append_roles.split(",") if r.strip())
     if not roles:
         raise SystemExit("--allowed-append-roles must name at least one role")

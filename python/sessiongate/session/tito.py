@@ -374,14 +374,26 @@ def compare_token_sequences(
                 }
             ]
     found: list[dict[str, Any]] = []
+    header = tokenizer.assistant_header
     exp_segments = _segments(expected, specials)
     act_segments = _segments(actual, specials)
-    for index, (exp_seg, act_seg) in enumerate(zip(exp_segments, act_segments, strict=True)):
+    for index, ((exp_at, exp_seg), (act_at, act_seg)) in enumerate(
+        zip(exp_segments, act_segments, strict=True)
+    ):
         if exp_seg == act_seg:
             continue
         expected_text = tokenizer.decode(exp_seg)
         actual_text = tokenizer.decode(act_seg)
-        in_assistant = expected_text.startswith("assistant")
+        if header:
+            # Both sides, as the framework's comparator does: a segment is assistant text only
+            # if each sequence has it inside an assistant turn.
+            in_assistant = _in_assistant_turn(
+                tokenizer, expected, exp_at + len(exp_seg), end_of_turn_id, header
+            ) and _in_assistant_turn(
+                tokenizer, actual, act_at + len(act_seg), end_of_turn_id, header
+            )
+        else:  # no header derivable from the template: the ChatML role name
+            in_assistant = expected_text.startswith("assistant")
         found.append(
             {
                 "type": "assistant_text" if in_assistant else "non_assistant_text",
@@ -394,11 +406,28 @@ def compare_token_sequences(
     return found
 
 
-def _segments(ids: list[int], specials: frozenset[int]) -> list[list[int]]:
-    segments: list[list[int]] = [[]]
-    for token in ids:
+def _in_assistant_turn(
+    tokenizer: ChatTokenizer, ids: list[int], end: int, end_of_turn_id: int, header: str
+) -> bool:
+    """Whether the turn holding `ids[:end]` opens with the assistant header.
+
+    The turn starts after the last end-of-turn token before `end`; its text is decoded with
+    the special tokens, so headers made of special tokens (Kimi's `<|im_assistant|>`,
+    MiniMax's `]~b]ai`) and segments after an intra-turn special token (Kimi's
+    `<|im_middle|>`) are recognised, not only a ChatML segment starting with "assistant".
+    """
+    start = end - 1
+    while start >= 0 and ids[start] != end_of_turn_id:
+        start -= 1
+    return tokenizer.decode(ids[start + 1 : end]).lstrip().startswith(header)
+
+
+def _segments(ids: list[int], specials: frozenset[int]) -> list[tuple[int, list[int]]]:
+    """The runs of non-special ids between special tokens, each with its start index."""
+    segments: list[tuple[int, list[int]]] = [(0, [])]
+    for at, token in enumerate(ids):
         if token in specials:
-            segments.append([])
+            segments.append((at + 1, []))
         else:
-            segments[-1].append(token)
+            segments[-1][1].append(token)
     return segments

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
+
+from sessiongate.session.settings import DEFAULT_APPEND_ROLES
+from sessiongate.session.tito_families import TitoFamily, resolve_tito_family
 
 STREAM_UPSTREAM_CHOICES = ("buffered", "relay")
 R3_MISSING_CHOICES = ("error", "warn")
@@ -73,6 +77,23 @@ def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
         "request's own chat_template_kwargs win key by key",
     )
     group.add_argument(
+        "--chat-template-path",
+        default=None,
+        metavar="FILE",
+        help="Jinja chat template file used instead of the tokenizer's own (as the rollout "
+        "framework's --chat-template-path; give the engine the same template)",
+    )
+    group.add_argument(
+        "--tito-model",
+        default=None,
+        metavar="NAME",
+        help="model family whose TITO defaults apply, named as the rollout framework's "
+        "--tito-model (qwen3, qwen35, qwennext, nemotron3, kimi25, kimi26, minimax_m25, "
+        "minimax_m27, default): its chat template variables, appended roles and max trim "
+        "tokens; --chat-template-kwargs keys, --allowed-append-roles and --max-trim-tokens "
+        "given explicitly win (docs/tokenizer.md, Model families)",
+    )
+    group.add_argument(
         "--stream-upstream",
         choices=STREAM_UPSTREAM_CHOICES,
         default="buffered",
@@ -126,6 +147,31 @@ def resolve_r3_topk(args: argparse.Namespace) -> int:
     return shape.topk
 
 
+def tito_family(args: argparse.Namespace) -> TitoFamily | None:
+    """The `--tito-model` family, or None without one (SystemExit on an unknown name)."""
+    if args.tito_model is None:
+        return None
+    try:
+        return resolve_tito_family(args.tito_model)
+    except ValueError as exc:
+        raise SystemExit(f"--tito-model: {exc}") from None
+
+
+def apply_tito_model(args: argparse.Namespace) -> None:
+    """Fill `--allowed-append-roles` and `--max-trim-tokens` left unset (None) from the
+    `--tito-model` family, else from the gateway's defaults (tool,user; 0).
+
+    Sets them on `args`, as resolve_r3_topk does, so worker processes are started with the
+    resolved values; a value given on the command line is kept.
+    """
+    family = tito_family(args)
+    if args.allowed_append_roles is None:
+        roles = family.allowed_append_roles if family is not None else DEFAULT_APPEND_ROLES
+        args.allowed_append_roles = ",".join(sorted(roles))
+    if args.max_trim_tokens is None:
+        args.max_trim_tokens = family.max_trim_tokens if family is not None else 0
+
+
 def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The SessionSettings fields of these options, validated (SystemExit on bad values)."""
     if args.r3_addition and not args.r3:
@@ -141,6 +187,17 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"--chat-template-kwargs is not valid JSON: {exc}") from None
         if not isinstance(kwargs, dict):
             raise SystemExit("--chat-template-kwargs must be a JSON object")
+    if args.chat_template_path is not None:
+        from sessiongate.tokenizer import TokenizerError, read_chat_template_file
+
+        try:
+            read_chat_template_file(args.chat_template_path)
+        except TokenizerError as exc:
+            raise SystemExit(f"--chat-template-path: {exc}") from None
+    family = tito_family(args)
+    if family is not None:
+        # The family's variables are defaults: keys given with --chat-template-kwargs win.
+        kwargs = {**family.template_kwargs, **kwargs}
     from sessiongate.session.messages import resolve_matcher
 
     try:
@@ -178,6 +235,11 @@ def turn_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--lora-path", args.lora_path]
     if args.chat_template_kwargs:
         argv += ["--chat-template-kwargs", args.chat_template_kwargs]
+    if args.tito_model is not None:
+        argv += ["--tito-model", args.tito_model]
+    if args.chat_template_path is not None:
+        # Absolute: a worker process need not share the parent's working directory.
+        argv += ["--chat-template-path", os.path.abspath(args.chat_template_path)]
     if not args.smg_routing_key:
         argv.append("--no-smg-routing-key")
     return argv

@@ -11,6 +11,7 @@ from sessiongate.tokenizer.chat_tokenizer import (
     ChatTokenizer,
     check_template_kwargs,
     load_tokenizer,
+    read_chat_template_file,
 )
 from sessiongate.tokenizer.template import TokenizerError
 
@@ -22,4 +23,5 @@ __all__ = [
     "TokenizerError",
     "check_template_kwargs",
     "load_tokenizer",
+    "read_chat_template_file",
 ]

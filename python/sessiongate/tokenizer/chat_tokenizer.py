@@ -29,6 +29,7 @@ __all__ = [
     "TokenizerError",
     "check_template_kwargs",
     "load_tokenizer",
+    "read_chat_template_file",
 ]
 
 BUILTIN_TOKENIZER_DIR = Path(__file__).resolve().parent / "data"
@@ -86,6 +87,7 @@ class ChatTokenizer:
         )
         self._generation_prompt_ids: tuple[int, ...] | None = None
         self._end_of_turn_token_id: int | None = None
+        self._assistant_header: str | None = None
 
     # --- ids <-> text --------------------------------------------------------------------
 
@@ -224,6 +226,44 @@ class ChatTokenizer:
         tail = self.encode(text[at + len(_PROBE_MARK) :])
         return next((i for i in tail if i in self._special_ids), self._eos_token_id)
 
+    @property
+    def assistant_header(self) -> str:
+        """Text that opens every assistant turn, or "" if unknown: ``<|im_start|>assistant``
+        for ChatML, ``<|im_assistant|>assistant<|im_middle|>`` and more for Kimi-style
+        templates, ``]~b]ai`` for MiniMax-style ones.
+
+        Derived from the template, as the rollout framework pins one per model family: the
+        common start of the generation prompt and of an assistant message rendered last and
+        before a user message (templates drop or add reasoning between those), trailing
+        whitespace dropped. "" when the renders disagree, or when the text before a user's
+        content contains it too (it would not tell the roles apart).
+        """
+        if self._assistant_header is None:
+            self._assistant_header = self._find_assistant_header()
+        return self._assistant_header
+
+    def _find_assistant_header(self) -> str:
+        mark = {"role": "assistant", "content": _PROBE_MARK}
+        user_mark = {"role": "user", "content": _PROBE_MARK}
+        try:
+            base = self.render([_PROBE_USER], add_generation_prompt=False)
+            openers = [
+                self.render([_PROBE_USER], add_generation_prompt=True),
+                self.render([_PROBE_USER, mark], add_generation_prompt=False),
+                self.render([_PROBE_USER, mark, _PROBE_USER], add_generation_prompt=False),
+            ]
+            before_user = self.render([user_mark], add_generation_prompt=False)
+        except TokenizerError:
+            return ""
+        if not all(text.startswith(base) for text in openers):
+            return ""
+        openers = [text[len(base) :] for text in openers]
+        openers[1:] = [text.split(_PROBE_MARK, 1)[0] for text in openers[1:]]
+        header = _common_prefix(openers).rstrip()
+        if not header or header in before_user.split(_PROBE_MARK, 1)[0]:
+            return ""
+        return header
+
     # --- facts ---------------------------------------------------------------------------
 
     @property
@@ -276,6 +316,13 @@ def check_template_kwargs(kwargs: object) -> Mapping[str, Any]:
     return kwargs
 
 
+def _common_prefix(texts: list[str]) -> str:
+    """The longest text every one of `texts` starts with (character by character)."""
+    first, last = min(texts), max(texts)
+    end = next((i for i, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), None)
+    return first if end is None else first[:end]
+
+
 def _check_messages(messages: object) -> None:
     if not isinstance(messages, list | tuple):
         raise TokenizerError(f"messages must be a list, got {type(messages).__name__}")
@@ -289,11 +336,42 @@ def _check_messages(messages: object) -> None:
 # --- loading ------------------------------------------------------------------------------
 
 
-def load_tokenizer(path: str | os.PathLike[str] | None = None) -> ChatTokenizer:
-    """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir."""
-    if path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME):
-        return _load_builtin()
-    return _load_directory(Path(path), name=os.fspath(path))
+def load_tokenizer(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    chat_template_path: str | os.PathLike[str] | None = None,
+) -> ChatTokenizer:
+    """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir.
+
+    ``chat_template_path`` names a Jinja template file used instead of the tokenizer's own
+    template (``--chat-template-path``, as the rollout framework sets
+    ``tokenizer.chat_template`` and SGLang's ``--chat-template`` from the same file).
+    """
+    builtin = path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME)
+    if chat_template_path is None:
+        return _load_builtin() if builtin else _load_directory(Path(path), name=os.fspath(path))
+    template = read_chat_template_file(chat_template_path)
+    if builtin:
+        return _load_directory(
+            BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME, template=template
+        )
+    return _load_directory(Path(path), name=os.fspath(path), template=template)
+
+
+def read_chat_template_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The source of a Jinja chat template file and its origin (the path), checked to
+    compile; TokenizerError saying why when it is missing, unreadable or not a template."""
+    file = Path(path)
+    if not file.is_file():
+        raise TokenizerError(f"chat template file not found: {file}")
+    try:
+        source = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"chat template file {file} is not readable: {exc}") from exc
+    if not source.strip():
+        raise TokenizerError(f"chat template file {file} is empty")
+    compile_template(source, str(file))  # a syntax error now, not at the first turn
+    return source, str(file)
 
 
 @functools.cache
@@ -302,7 +380,9 @@ def _load_builtin() -> ChatTokenizer:
     return _load_directory(BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME)
 
 
-def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
+def _load_directory(
+    directory: Path, *, name: str, template: tuple[str, str] | None = None
+) -> ChatTokenizer:
     if not directory.exists():
         raise TokenizerError(
             f"tokenizer directory not found: {directory} "
@@ -322,7 +402,10 @@ def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
 
     config = _read_json_object(directory / "tokenizer_config.json", required=True)
     special_map = _read_json_object(directory / "special_tokens_map.json", required=False)
-    template, origin = _find_chat_template(directory, config)
+    # A given template (source, origin) replaces the directory's: it need not have one.
+    chat_template, origin = (
+        template if template is not None else _find_chat_template(directory, config)
+    )
 
     special_tokens: dict[str, Any] = {}
     for source in (special_map, config):  # tokenizer_config.json wins, as in transformers
@@ -338,7 +421,7 @@ def _load_directory(directory: Path, *, name: str) -> ChatTokenizer:
         )
     return ChatTokenizer(
         tok,
-        chat_template=template,
+        chat_template=chat_template,
         eos_token=eos,
         name_or_path=name,
         special_tokens=special_tokens,

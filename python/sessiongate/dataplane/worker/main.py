@@ -21,7 +21,7 @@ from sessiongate.process.memory import keep_freed_records_warm
 from sessiongate.session.limit_options import add_limit_arguments, limit_settings
 from sessiongate.session.store.options import add_store_arguments, store_settings
 from sessiongate.session.tree_options import add_session_mode_option, session_mode_settings
-from sessiongate.session.turn_options import add_turn_arguments, turn_settings
+from sessiongate.session.turn_options import add_turn_arguments, apply_tito_model, turn_settings
 
 if TYPE_CHECKING:
     from sessiongate.session.core import SessionCore
@@ -58,14 +58,15 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="upstream timeout (600 s)")
     parser.add_argument(
         "--allowed-append-roles",
-        default="tool,user",
-        help="roles an agent may append after an assistant turn (tool,user)",
+        default=None,
+        help="roles an agent may append after an assistant turn (--tito-model's, else tool,user)",
     )
     parser.add_argument(
         "--max-trim-tokens",
         type=int,
-        default=0,
-        help="trailing checkpoint tokens allowed to differ in the next turn (0)",
+        default=None,
+        help="trailing checkpoint tokens allowed to differ in the next turn (--tito-model's, "
+        "else 0)",
     )
     parser.add_argument(
         "--header-session-ttl",
@@ -125,6 +126,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 
+    apply_tito_model(args)
     settings = SessionSettings(
         allowed_append_roles=frozenset(
             r.strip() for r in args.allowed_append_roles.split(",") if r.strip()
@@ -141,7 +143,7 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     mode = load_mode(args.session_routing, args.session_routing_opt)
     store_config = store_settings(args, _store_index(args))
     core = SessionCore(
-        load_tokenizer(args.tokenizer),
+        load_tokenizer(args.tokenizer, chat_template_path=args.chat_template_path),
         UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
         settings,
         SessionStamper(mode) if mode is not None else None,

@@ -1,0 +1,103 @@
+"""Per-model-family TITO defaults (`--tito-model NAME`), named as the rollout framework's
+`--tito-model` values.
+
+The framework pins, per family, template variables that keep its chat template append-only
+(a later message must not change how earlier turns render), the roles an agent may append
+after an assistant turn (narrowed where the template drops a role), and how many trailing
+checkpoint tokens may differ. These are the values read in its
+`miles/utils/chat_template_utils/tito_tokenizer.py`. Only families whose prompt boundaries the
+gateway's generic renderer reproduces are supported; the others are named with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+# What the framework allows when a family does not narrow it.
+ALL_APPEND_ROLES = frozenset({"tool", "user", "system", "assistant"})
+# Families whose template ignores a system message after the first (MiniMax) or refuses it
+# (Qwen3.5): an appended system message would vanish from the prompt without an error.
+_NO_SYSTEM = frozenset({"tool", "user", "assistant"})
+
+
+@dataclass(frozen=True)
+class TitoFamily:
+    """What `--tito-model NAME` sets. Explicit `--chat-template-kwargs` keys,
+    `--allowed-append-roles` and `--max-trim-tokens` win over these."""
+
+    name: str
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    allowed_append_roles: frozenset[str] = ALL_APPEND_ROLES
+    max_trim_tokens: int = 0
+    # The framework renders this family with its own fixed template; the model's stock
+    # template does not honour `template_kwargs`, so give one that does with
+    # --chat-template-path.
+    needs_fixed_template: bool = False
+
+
+def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
+    return TitoFamily(name, MappingProxyType(kwargs), **rest)
+
+
+FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
+    {
+        f.name: f
+        for f in (
+            # The framework's DEFAULT: the stock template, every role, nothing pinned.
+            _family("default", {}),
+            _family("qwen3", {"clear_thinking": False}, needs_fixed_template=True),
+            _family(
+                "qwen35",
+                {"clear_thinking": False},
+                allowed_append_roles=_NO_SYSTEM,
+                needs_fixed_template=True,
+            ),
+            _family("qwennext", {"clear_thinking": False}, needs_fixed_template=True),
+            # Stock template, append-only once history thinking is not truncated.
+            _family("nemotron3", {"truncate_history_thinking": False}),
+            # K2.5's stock template has no preserve_thinking switch; K2.6's has.
+            _family("kimi25", {"preserve_thinking": True}, needs_fixed_template=True),
+            _family("kimi26", {"preserve_thinking": True}),
+            _family(
+                "minimax_m25",
+                {"clear_thinking": False},
+                allowed_append_roles=_NO_SYSTEM,
+                needs_fixed_template=True,
+            ),
+            _family(
+                "minimax_m27",
+                {"clear_thinking": False},
+                allowed_append_roles=_NO_SYSTEM,
+                needs_fixed_template=True,
+            ),
+        )
+    }
+)
+
+# Framework families the gateway cannot serve token-exactly yet, and why.
+NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
+    {
+        "glm47": "its stop tokens <|user|>/<|observation|> also open the next message, so the "
+        "framework drops the sampled one at the junction (max_trim_tokens 1); the gateway "
+        "only inserts junction tokens",
+        "deepseekv32": "no Jinja chat template: the framework renders with DeepSeek's Python "
+        "encoder",
+        "deepseekv4": "no Jinja chat template (Python encoder), and appended tool/user turns "
+        "are merged, so the framework re-renders the whole history",
+        "inkling": "SGLang renders it with a token-level renderer, not a Jinja template",
+    }
+)
+
+
+def resolve_tito_family(name: str) -> TitoFamily:
+    """The family called `name`; ValueError naming the known ones otherwise."""
+    family = FAMILIES.get(name)
+    if family is not None:
+        return family
+    known = ", ".join(FAMILIES)
+    if name in NOT_SUPPORTED:
+        raise ValueError(f"{name!r} is not supported yet: {NOT_SUPPORTED[name]} (known: {known})")
+    raise ValueError(f"unknown model family {name!r} (known: {known})")
