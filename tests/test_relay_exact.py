@@ -18,18 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ServerProcess, free_port, mock_engine
+from procs import ServerProcess, mock_engine
+from test_engine_contracts import gateway_over
 
 
 @contextmanager
 def relay_gateway(engine: ServerProcess) -> Iterator[httpx.Client]:
-    port = free_port()
-    argv = ["serve", "--port", str(port), "--workers", "1", "--backend", engine.url]
-    argv += ["--stream-upstream", "relay"]
-    with (
-        ServerProcess(argv, port, timeout=60) as proc,
-        httpx.Client(base_url=proc.url, timeout=30) as client,
-    ):
+    with gateway_over(engine, "--stream-upstream", "relay") as client:
         yield client
 
 
