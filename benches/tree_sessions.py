@@ -36,8 +36,8 @@ import tracemalloc
 import urllib.request
 from typing import Any
 
+from sessiongate.protocol import CoreRequest
 from sessiongate.session.core import SessionCore
-from sessiongate.session.protocol import CoreRequest
 from sessiongate.session.settings import SessionMode, SessionSettings
 from sessiongate.tokenizer import load_tokenizer
 from sessiongate.upstream import UpstreamPool

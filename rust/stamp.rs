@@ -33,7 +33,7 @@ use crate::shard::type_name;
 const TCHAR_PUNCT: &[u8] = b"!#$%&'*+-.^_`|~";
 
 /// Names the gateway or the HTTP client set themselves (lowercase); a mode may not stamp them.
-/// Same set as `RESERVED_HEADER_NAMES` in routing/headers.py (a test compares them).
+/// Same set as `RESERVED_HEADER_NAMES` in primitives/header_names.py (a test compares them).
 const RESERVED_HEADER_NAMES: [&str; 12] = [
     "connection",
     "content-length",
@@ -858,7 +858,7 @@ fn nvext_session_control<'py>(
     Ok(out)
 }
 
-/// Test hook: `RESERVED_HEADER_NAMES` as compiled in (compared with routing/headers.py).
+/// Test hook: `RESERVED_HEADER_NAMES` as compiled in (compared with primitives/header_names.py).
 #[pyfunction]
 fn _reserved_header_names(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
     PyTuple::new(py, RESERVED_HEADER_NAMES)

@@ -1,4 +1,4 @@
-"""The compiled front door end to end (`serve --front`, process/compiled_front.py).
+"""The compiled front door end to end (`serve --front`, front/compiled.py).
 
 Real `serve` processes in both layouts in front of the real mock engine: stateless proxy
 requests are answered by the Rust server (they show in /metrics as the front's), and

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessiongate._core import CompiledFront
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
+from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
 
 LIVENESS = 10.0
 CHAT = "/v1/chat/completions"
@@ -801,7 +801,7 @@ def predicted_to_serve(
 ) -> bool:
     """Whether the front answers this request itself: the routing spec (`served_by_front`)
     plus the transport conditions under which Python must see the request instead."""
-    from sessiongate.server.routes import served_by_front
+    from sessiongate.front.routes import served_by_front
 
     names = [name.lower() for name, _ in headers]
     lengths = [value for name, value in headers if name.lower() == "content-length"]

@@ -105,7 +105,7 @@ def test_extracted_reply_members_match() -> None:
 
 # The compiled front is a server, not a primitive: its Python twin is the Python front itself
 # (`--front python`), `DispatchedRequest` is its request handed to that front's app, and
-# `front_route`'s twin is `server/routes.py::front_decision` (tests/test_front_route_twin.py),
+# `front_route`'s twin is `front/routes.py::front_decision` (tests/test_front_route_twin.py),
 # `front_forwarded_headers`'s is `http/forwarding.py` (tests/test_forwarding_twin.py).
 FRONT_NAMES = frozenset(
     {"CompiledFront", "DispatchedRequest", "front_route", "front_forwarded_headers"}

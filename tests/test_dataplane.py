@@ -70,7 +70,7 @@ def test_router_never_loads_session_core_or_tokenizer(tmp_path: Path) -> None:
     assert "sessiongate.dataplane.router.dispatch" in modules
     forbidden = {"sessiongate.session.core", "sessiongate.tokenizer", "tokenizers", "jinja2"}
     # FastAPI serves only /openapi.json and /docs, imported on their first request.
-    forbidden |= {"fastapi", "sessiongate.server.openapi", "sessiongate.server.schemas"}
+    forbidden |= {"fastapi", "sessiongate.front.openapi", "sessiongate.front.schemas"}
     assert not modules & forbidden, modules & forbidden
 
 

@@ -1,4 +1,4 @@
-"""process/front_requests.py: the Python side of the compiled front's dispatched requests.
+"""front/dispatched.py: the Python side of the compiled front's dispatched requests.
 
 A real `CompiledFront` (dispatch on) on a loopback socket, its wake-up pipe read by this
 test's event loop as the gateway's is, and a `GatewayApp` whose dispatch is scripted: what
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from sessiongate._core import CompiledFront
-from sessiongate.process.front_requests import DispatchedRequests
-from sessiongate.server.asgi import FrontendSettings, GatewayApp
-from sessiongate.session.protocol import CoreReply, CoreRequest
+from sessiongate.front.asgi import FrontendSettings, GatewayApp
+from sessiongate.front.dispatched import DispatchedRequests
+from sessiongate.protocol import CoreReply, CoreRequest
 from test_compiled_front_unit import LIVENESS, Reader, Upstream, get, post
 
 Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]

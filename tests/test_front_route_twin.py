@@ -1,6 +1,6 @@
 """The compiled front's routing decision equals the specification (twin rule).
 
-`server/routes.py::front_decision` (built on `classify`, the one URL contract) says which
+`front/routes.py::front_decision` (built on `classify`, the one URL contract) says which
 requests the compiled front answers itself, which it passes to Python as requests and which
 connections it hands off; `_core.front_route` (rust/front/route.rs) is the decision the Rust
 server makes. Generated request lines and headers must get the same answer from both.
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessiongate._core import front_route
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, front_decision
+from sessiongate.front.routes import DEFAULT_SESSION_HEADERS, front_decision
 
 SESSION_HEADERS = list(DEFAULT_SESSION_HEADERS)
 

@@ -1,7 +1,7 @@
 """Hostile request input gets a clear 4xx with a JSON body, never a 5xx, a traceback or a hang
 (docs/reliability.md, "Bad input"; docs/api.md, "Hostile input").
 
-Three layers: unit tests of the guards (`session/json_safety.py`, `server/routes.py`,
+Three layers: unit tests of the guards (`json_safety.py`, `front/routes.py`,
 `session/request_checks.py`); property tests (hypothesis, bounded for CI) of adversarial
 bodies against an in-process `SessionCore` whose upstream is a real mock engine; and the
 regressions of what a hostile client found, end to end through `serve --workers 1`.
@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from procs import ServerProcess, free_port, mock_engine
-from sessiongate.server.routes import classify
+from sessiongate.errors import BadRequest, GatewayError
+from sessiongate.front.routes import classify
+from sessiongate.json_safety import MAX_JSON_DEPTH
+from sessiongate.protocol import CoreReply, CoreRequest, parse_json_object
 from sessiongate.session.core import SessionCore
-from sessiongate.session.errors import BadRequest, GatewayError
-from sessiongate.session.json_safety import MAX_JSON_DEPTH
-from sessiongate.session.protocol import CoreReply, CoreRequest, parse_json_object
 from sessiongate.session.request_checks import check_turn_fields
 from sessiongate.tokenizer import load_tokenizer
 from sessiongate.upstream import UpstreamPool

@@ -15,7 +15,7 @@ from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import CHUNK_SIZE, CREDIT_WINDOW
 from sessiongate.dataplane.worker.loop import WorkerLoop
 from sessiongate.primitives import FrameTooLarge
-from sessiongate.session.protocol import CoreReply, CoreRequest
+from sessiongate.protocol import CoreReply, CoreRequest
 
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 

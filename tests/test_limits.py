@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from procs import ServerProcess, free_port, mock_engine
+from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session import core as core_module
 from sessiongate.session.core import SessionCore
 from sessiongate.session.limit_options import (
@@ -25,7 +26,6 @@ from sessiongate.session.limit_options import (
     limit_settings,
     parse_size,
 )
-from sessiongate.session.protocol import CoreReply, CoreRequest
 from sessiongate.session.settings import SessionSettings
 from sessiongate.tokenizer import load_tokenizer
 from sessiongate.upstream import UpstreamPool

@@ -57,8 +57,8 @@ def test_a_due_trim_waits_for_a_quiet_spell(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessiongate.protocol import CoreRequest
     from sessiongate.session import core as core_module
-    from sessiongate.session.protocol import CoreRequest
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 

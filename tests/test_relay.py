@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 import sessiongate._core as core
 from json_models import Obj, Writer, plain
+from sessiongate.errors import UpstreamError
 from sessiongate.primitives import errors, get_impl
 from sessiongate.primitives.errors import ReplyContractError, RequestRewriteError
-from sessiongate.session.errors import UpstreamError
 from sessiongate.session.reply import parse_reply
 
 RUST = get_impl("rust")

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from sessiongate.primitives.header_names import is_token, split_header_names, validate_header_name
 from sessiongate.routing import (
     BUILTIN_MODES,
     DynamoHeaders,
@@ -20,7 +21,6 @@ from sessiongate.routing import (
     SmgRoutingKey,
     check_mode_class,
 )
-from sessiongate.routing.headers import is_token, split_header_names, validate_header_name
 
 ROOT = "0123456789abcdef0123456789abcdef"
 CHILD = f"{ROOT}.fedcba9876543210fedcba9876543210"

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from procs import ServerProcess, free_port
+from sessiongate.errors import BadRequest
 from sessiongate.routing.stamper import branch_declaration, is_final_turn
-from sessiongate.session.errors import BadRequest
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sessiongate.errors import SamplesError
 from sessiongate.mock_engine.generate import CompletionGenerator
-from sessiongate.session.errors import SamplesError
 from sessiongate.session.r3_rows import ReplayError, session_routed_rows
 from sessiongate.session.samples import assemble_samples, build_samples_payload
 from sessiongate.session.state import TurnRecord

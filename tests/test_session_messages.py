@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessiongate.session.errors import BadRequest
+from sessiongate.errors import BadRequest
 from sessiongate.session.messages import (
     DEFAULT_MATCHER,
     MATCHERS,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate.session.errors import UpstreamError
+from sessiongate.errors import UpstreamError
 from sessiongate.session.reply import parse_reply
 from sessiongate.session.stream import (
     DONE,

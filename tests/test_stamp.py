@@ -22,6 +22,7 @@ import sessiongate._core as core
 from json_models import Obj, Writer, plain
 from sessiongate.primitives import get_impl
 from sessiongate.primitives.errors import RequestRewriteError
+from sessiongate.primitives.header_names import RESERVED_HEADER_NAMES, validate_header_name
 from sessiongate.routing import (
     DynamoHeaders,
     DynamoNvext,
@@ -31,7 +32,6 @@ from sessiongate.routing import (
     SessionRoutingMode,
     SmgRoutingKey,
 )
-from sessiongate.routing.headers import RESERVED_HEADER_NAMES, validate_header_name
 from sessiongate.routing.stamper import SessionStamper
 
 RUST = get_impl("rust")
@@ -119,7 +119,7 @@ def test_validation_agrees(tiers):
         assert p[0] == "ok" and repr(r[1]) == repr(p[1])
     else:
         assert r == p
-    # The same rules as routing/headers.py, name by name.
+    # The same rules as primitives/header_names.py, name by name.
     for names in tiers:
         for name in names:
             single = outcome(RUST.HeaderStamper, [name], [], [])

@@ -483,7 +483,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
     from sessiongate.dataplane.router.dispatch import Router
     from sessiongate.dataplane.transport.tcp import listen_socket
     from sessiongate.dataplane.worker.server import WorkerServer
-    from sessiongate.session.protocol import CoreReply, CoreRequest
+    from sessiongate.protocol import CoreReply, CoreRequest
 
     secret = SECRET.encode()
 

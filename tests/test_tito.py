@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from family_templates import FAMILIES, family_tokenizer_dir
-from sessiongate.session.errors import BadRequest, TitoMismatch
+from sessiongate.errors import BadRequest, TitoMismatch
 from sessiongate.session.tito import (
     TitoEngine,
     compare_token_sequences,

@@ -11,8 +11,8 @@ import pytest
 
 from family_templates import FAMILIES, family_tokenizer_dir
 from sessiongate.cli import build_parser
+from sessiongate.errors import BadRequest
 from sessiongate.server.serve import session_settings_from
-from sessiongate.session.errors import BadRequest
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES

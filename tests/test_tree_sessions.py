@@ -22,9 +22,9 @@ import pytest
 
 from procs import ServerProcess, mock_engine
 from sessiongate.formats.safetensors import decode as read_safetensors_file
+from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session import tree as tree_module
 from sessiongate.session.core import SessionCore
-from sessiongate.session.protocol import CoreReply, CoreRequest
 from sessiongate.session.samples import Sample
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.store.records_store import RecordsStore, StoreSettings

@@ -21,12 +21,14 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from procs import ServerProcess, mock_engine
+from sessiongate import json_safety
+from sessiongate.errors import BadRequest, GatewayError, TitoMismatch
+from sessiongate.json_safety import NotUnicode, TooDeep, loads_checked
+from sessiongate.protocol import CoreRequest
 from sessiongate.routing.base import RoutingContext, SessionRoutingMode
 from sessiongate.routing.stamper import SessionStamper
-from sessiongate.session import json_safety, messages, tito
+from sessiongate.session import messages, tito
 from sessiongate.session.core import SessionCore
-from sessiongate.session.errors import BadRequest, GatewayError, TitoMismatch
-from sessiongate.session.json_safety import NotUnicode, TooDeep, loads_checked
 from sessiongate.session.messages import (
     MATCHERS,
     _empty_as_none,
@@ -36,7 +38,6 @@ from sessiongate.session.messages import (
     plan_history,
     strict_match,
 )
-from sessiongate.session.protocol import CoreRequest
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer

@@ -288,7 +288,7 @@ def front_route(
     ``"handoff"``): ``"proxy"`` when the front serves the request itself (GET/POST under
     ``/v1/``, except a chat POST with a non-empty session header), ``"dispatch"`` for the
     other GET, POST and DELETE requests (except the documentation pages), else ``"handoff"``
-    (``server/routes.py::front_decision``)."""
+    (``front/routes.py::front_decision``)."""
 
 def front_forwarded_headers(
     headers: list[tuple[str, bytes]], reply: bool = False

@@ -78,7 +78,7 @@ fn parse_digits(value: &[u8]) -> Option<u64> {
     })
 }
 
-/// `Authorization: Bearer <key>`, checked as `server/asgi.py::_check_auth` does: split at the
+/// `Authorization: Bearer <key>`, checked as `front/asgi.py::_check_auth` does: split at the
 /// first space, the scheme compared case-insensitively, the token in constant time.
 fn authorized(value: &[u8], key: &[u8]) -> bool {
     let (scheme, token) = match value.iter().position(|&b| b == b' ') {

@@ -16,8 +16,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
-from sessiongate.process.compiled_front import add_front_arguments
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.placement.remote import RemoteSettings
@@ -59,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     from sessiongate.dataplane.router.dispatch import Router, open_channel, watch_control_socket
     from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
-    from sessiongate.process.compiled_front import open_front_door, serve_with_front
-    from sessiongate.process.http_protocol import gateway_protocol
-    from sessiongate.process.http_server import QuietServer, uvicorn_config
-    from sessiongate.server.asgi import FrontendSettings, GatewayApp
-    from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
+    from sessiongate.front.asgi import FrontendSettings, GatewayApp
+    from sessiongate.front.compiled import open_front_door, serve_with_front
+    from sessiongate.front.http_protocol import gateway_protocol
+    from sessiongate.front.http_server import QuietServer, uvicorn_config
+    from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
 
     if not die_with_parent():
         return 0

@@ -7,9 +7,9 @@ import asyncio
 import sys
 from typing import Any
 
+from sessiongate.front.http_server import QuietServer, serve_until_exit, uvicorn_config
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.process.children import die_with_parent
-from sessiongate.process.http_server import QuietServer, serve_until_exit, uvicorn_config
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

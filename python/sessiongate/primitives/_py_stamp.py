@@ -4,7 +4,7 @@ Same results, exception classes and messages as the Rust core (docs/routing.md, 
 Rust"):
 
 - :class:`HeaderStamper`: header names per tier, validated once with the rules of
-  ``sessiongate.routing.headers``; :meth:`HeaderStamper.stamp` builds one request's headers.
+  ``primitives/header_names.py``; :meth:`HeaderStamper.stamp` builds one request's headers.
 - :func:`nvext_session_control`: the request JSON with ``nvext.session_control`` set
   (``json.loads`` + merge + ``json.dumps`` here; a byte splice in the Rust core, which
   parses equal, and is byte-equal for compact bodies without duplicate keys).
@@ -20,6 +20,7 @@ from typing import Any
 
 from ._py_relay import _BytesLike, _encode, _kind, _loadable, _view
 from .errors import RequestRewriteError
+from .header_names import validate_header_name
 
 __all__ = ["HeaderStamper", "nvext_session_control"]
 
@@ -27,10 +28,6 @@ _TIERS = ("session", "parent", "root")
 
 
 def _tier_names(names: object, tier: str) -> tuple[str, ...]:
-    # Imported here: sessiongate.routing imports the primitives (a module-level import
-    # would be circular). Runs once per stamper, never per request.
-    from sessiongate.routing.headers import validate_header_name
-
     if not isinstance(names, list | tuple):
         raise TypeError(
             f"HeaderStamper() argument '{tier}' must be a list or tuple of str, not "

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sessiongate.errors import BadRequest
 from sessiongate.routing.base import RoutingContext, SessionRoutingMode
 from sessiongate.routing.tree import SessionTreeRegistry
-from sessiongate.session.errors import BadRequest
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sessiongate.server.asgi import FrontendSettings, GatewayApp
+from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.session.core import SessionCore
 from sessiongate.session.settings import SessionSettings
 from sessiongate.tokenizer import ChatTokenizer

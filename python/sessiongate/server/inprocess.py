@@ -21,13 +21,13 @@ from typing import Any
 from sessiongate.dataplane.router.dispatch import METRICS_HEADERS
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.worker.main import build_core
+from sessiongate.front.asgi import FrontendSettings, GatewayApp
+from sessiongate.front.compiled import open_front_door, serve_with_front
+from sessiongate.front.http_protocol import gateway_protocol
+from sessiongate.front.http_server import QuietServer, uvicorn_config
 from sessiongate.process.children import listen_problem
-from sessiongate.process.compiled_front import open_front_door, serve_with_front
-from sessiongate.process.http_protocol import gateway_protocol
-from sessiongate.process.http_server import QuietServer, uvicorn_config
-from sessiongate.server.asgi import FrontendSettings, GatewayApp
+from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session.core import SessionCore
-from sessiongate.session.protocol import CoreReply, CoreRequest
 
 WATCH_INTERVAL_S = 0.2
 

@@ -11,15 +11,15 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sessiongate.process import ChildProcess, free_port, wait_http_ready
-from sessiongate.process.compiled_front import (
+from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
+from sessiongate.front.compiled import (
     add_front_arguments,
     front_argv,
     front_unsupported,
 )
-from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
-from sessiongate.server.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS
+from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
+from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
+from sessiongate.process import ChildProcess, free_port, wait_http_ready
 from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.store.options import (

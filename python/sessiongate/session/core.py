@@ -20,11 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from sessiongate.http.forwarding import forwardable_headers
-from sessiongate.primitives import new_session_id, rewrite_request, shard_key, validate_session_id
-from sessiongate.process.memory import FreedMemoryTrimmer, release_free_memory
-from sessiongate.routing.stamper import SessionStamper
-from sessiongate.session.errors import (
+from sessiongate.errors import (
     BadRequest,
     GatewayError,
     LimitReached,
@@ -33,13 +29,10 @@ from sessiongate.session.errors import (
     TooManySessions,
     UpstreamError,
 )
-from sessiongate.session.messages import (
-    HistoryPlan,
-    plan_history,
-    resolve_matcher,
-    validate_messages,
-)
-from sessiongate.session.protocol import (
+from sessiongate.http.forwarding import forwardable_headers
+from sessiongate.primitives import new_session_id, rewrite_request, shard_key, validate_session_id
+from sessiongate.process.memory import FreedMemoryTrimmer, release_free_memory
+from sessiongate.protocol import (
     JSON_HEADERS,
     RECORDED_HEADER,
     SSE_HEADERS,
@@ -49,6 +42,13 @@ from sessiongate.session.protocol import (
     json_reply,
     parse_json_object,
     upstream_required,
+)
+from sessiongate.routing.stamper import SessionStamper
+from sessiongate.session.messages import (
+    HistoryPlan,
+    plan_history,
+    resolve_matcher,
+    validate_messages,
 )
 from sessiongate.session.reply import ParsedReply, finish_reason_text, parse_reply
 from sessiongate.session.request_checks import check_turn_fields

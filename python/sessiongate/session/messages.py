@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sessiongate.session.errors import BadRequest, GatewayError
+from sessiongate.errors import BadRequest, GatewayError
 
 Message = dict[str, Any]
 # (stored, replayed) -> whether the replayed message continues the stored history.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sessiongate.errors import UpstreamError
 from sessiongate.primitives import ReplyContractError, extract_reply
-from sessiongate.session.errors import UpstreamError
 from sessiongate.session.messages import Message
 
 

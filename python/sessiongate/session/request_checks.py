@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sessiongate.session.errors import BadRequest
+from sessiongate.errors import BadRequest
 
 
 def check_turn_fields(body: Mapping[str, Any]) -> None:

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sessiongate.errors import SamplesError
 from sessiongate.formats.safetensors import Tensor, encode
 from sessiongate.session import r3_rows
-from sessiongate.session.errors import SamplesError
 from sessiongate.session.r3_rows import ReplayError, ReplayRows
 from sessiongate.session.state import TurnRecord
 

@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.session.errors import UpstreamError
-from sessiongate.session.protocol import close_stream
+from sessiongate.errors import UpstreamError
+from sessiongate.protocol import close_stream
 
 DONE = b"[DONE]"
 # Largest SSE event accepted (an sglext chunk carries all of a turn's R3): past it the

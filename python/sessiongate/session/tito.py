@@ -14,7 +14,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sessiongate.session.errors import BadRequest, TitoMismatch
+from sessiongate.errors import BadRequest, TitoMismatch
 from sessiongate.session.messages import Message
 from sessiongate.tokenizer import ChatTokenizer, TokenizerError, check_template_kwargs
 

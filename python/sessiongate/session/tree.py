@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.session.errors import Conflict
+from sessiongate.errors import Conflict
 from sessiongate.session.messages import Message, MessageMatcher, check_appended
 
 # The framework's cap (tree_trajectory.py, MAX_NODES): a session that needs more is almost

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessiongate.session.errors import GatewayError, SamplesError
+from sessiongate.errors import GatewayError, SamplesError
 from sessiongate.session.messages import Message
 from sessiongate.session.samples import (
     Sample,

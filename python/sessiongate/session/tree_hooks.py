@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
-from sessiongate.session.errors import SamplesError
+from sessiongate.errors import SamplesError
 from sessiongate.session.samples import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample
 
 logger = logging.getLogger(__name__)

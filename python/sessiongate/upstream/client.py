@@ -12,9 +12,9 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
+from sessiongate.errors import UpstreamError
 from sessiongate.http.client import ConnectFailed, HttpClient, HttpError, Response
 from sessiongate.http.forwarding import forwardable_headers, relayable_reply_headers
-from sessiongate.session.errors import UpstreamError
 
 # Largest upstream reply a worker buffers, R3 included: ~6x a 128k-token turn of a
 # 61-layer top-8 model (250 MB raw, 333 MB of base64). Past it the reply is a 502: a body is

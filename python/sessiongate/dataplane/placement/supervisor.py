@@ -28,7 +28,7 @@ from typing import Protocol
 import httpx
 
 from sessiongate.process.children import PARENT_PID_ENV, listen_problem
-from sessiongate.session.protocol import INSTANCE_ENV, INSTANCE_HEADER
+from sessiongate.protocol import INSTANCE_ENV, INSTANCE_HEADER
 
 logger = logging.getLogger(__name__)
 

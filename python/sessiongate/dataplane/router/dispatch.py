@@ -20,6 +20,13 @@ from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
+from sessiongate.errors import (
+    BadRequest,
+    GatewayError,
+    PayloadTooLarge,
+    Unavailable,
+    UpstreamError,
+)
 from sessiongate.primitives import (
     FrameTooLarge,
     new_session_id,
@@ -27,14 +34,7 @@ from sessiongate.primitives import (
     shard_key,
     validate_session_id,
 )
-from sessiongate.session.errors import (
-    BadRequest,
-    GatewayError,
-    PayloadTooLarge,
-    Unavailable,
-    UpstreamError,
-)
-from sessiongate.session.protocol import (
+from sessiongate.protocol import (
     INSTANCE_ENV,
     INSTANCE_HEADER,
     CoreReply,
@@ -106,7 +106,7 @@ class Router:
         # The supervisor's per-run token, echoed on /health so its readiness check knows the
         # answer came from this router and not from another process on the port.
         self.instance = os.environ.get(INSTANCE_ENV) or None
-        # The compiled front's counters (process/compiled_front.py), when it serves the port.
+        # The compiled front's counters (front/compiled.py), when it serves the port.
         self.front_stats: Callable[[], dict[str, Any]] | None = None
 
     @property

@@ -34,7 +34,7 @@ from sessiongate.dataplane.transport.frames import (
     encode_credit,
 )
 from sessiongate.primitives import FrameError, decode_envelope, encode_envelope
-from sessiongate.session.protocol import CoreReply
+from sessiongate.protocol import CoreReply
 
 logger = logging.getLogger(__name__)
 

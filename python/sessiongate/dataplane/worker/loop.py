@@ -32,7 +32,7 @@ from sessiongate.dataplane.transport.frames import (
     decode_credit,
 )
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
-from sessiongate.session.protocol import CoreReply, CoreRequest, close_stream
+from sessiongate.protocol import CoreReply, CoreRequest, close_stream
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sessiongate.session.errors import GatewayError
+from sessiongate.errors import GatewayError
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.entry_file import (
     HEADER,

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sessiongate.session.errors import GatewayError
+from sessiongate.errors import GatewayError
 from sessiongate.session.state import TurnRecord
 from sessiongate.session.store.entry_file import read_exact, read_range
 

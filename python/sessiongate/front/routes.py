@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from sessiongate.errors import BadRequest, GatewayError, SessionNotFound
 from sessiongate.primitives import validate_session_id
-from sessiongate.session.errors import BadRequest, GatewayError, SessionNotFound
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Session-ID",
@@ -22,7 +22,7 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Correlation-ID",
 )
 CHAT_PATH = "/v1/chat/completions"
-# The documented surface (server/openapi.py), answered by the front end itself.
+# The documented surface (front/openapi.py), answered by the front end itself.
 DOCS_PATHS = ("/openapi.json", "/docs")
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
@@ -168,7 +168,7 @@ def front_decision(
 ) -> str:
     """What the compiled front does with a request (`_core.front_route`, twinned by
     rust/front/route.rs): "proxy" (it relays it itself), "dispatch" (Python answers it on the
-    front's connection, process/front_requests.py) or "handoff" (the connection goes to the
+    front's connection, front/dispatched.py) or "handoff" (the connection goes to the
     Python HTTP server). `target` is the request target as sent, query included. The
     transport conditions (HTTP/1.1, a plain Content-Length body, the key) are checked apart
     (rust/front/head.rs): a request that fails them is handed off whatever its route."""

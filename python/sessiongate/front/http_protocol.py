@@ -6,7 +6,7 @@ size cap, and answers unparsable requests with a plain-text 400 although the gat
 documented error body is JSON. This subclass adds a header read timeout (408, or a silent
 close when the client sent nothing), a cap on the bytes of a request line plus headers (431),
 and JSON bodies for every error it writes itself. The body read timeout lives in the ASGI
-app (`server/asgi.py`), where the body is read.
+app (`front/asgi.py`), where the body is read.
 
 It also keeps the HTTP/1.1 rules a proxy must keep (the table in docs/reliability.md):
 - The gateway never upgrades a connection. llhttp stops at the end of an upgrade request's

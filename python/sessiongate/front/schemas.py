@@ -4,7 +4,7 @@ The gateway never validates traffic with these: the front end does not parse bod
 session core checks exactly the fields it reads (docs/api.md). They describe the wire format
 truthfully, so they are loose where the wire is (extra members pass through, upstream replies
 are the upstream's), and `tests/test_schema.py` holds the served replies to them.
-Imported only by `server/openapi.py`, itself loaded on the first `/openapi.json` or `/docs`.
+Imported only by `front/openapi.py`, itself loaded on the first `/openapi.json` or `/docs`.
 """
 
 from __future__ import annotations

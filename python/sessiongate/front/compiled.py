@@ -4,7 +4,7 @@ socket and
   path);
 - passes the gateway's other requests (session turns, session API, /health, /metrics) to
   this process's event loop as parsed requests, answered by the same `GatewayApp.respond`
-  the ASGI server calls (process/front_requests.py), the connection staying with it;
+  the ASGI server calls (front/dispatched.py), the connection staying with it;
 - hands the rest (other methods, the documentation pages, chunked or `Expect` bodies,
   HTTP/1.0, anything malformed), with the bytes it already read, to this process's uvicorn
   server, which serves the connection exactly as if it had accepted it.
@@ -12,7 +12,7 @@ socket and
 Why no second hop: a session turn then costs one Python event loop and no HTTP server in
 Python, while the stateless path, which is pure bytes, runs on tokio threads
 (docs/performance.md, "The compiled front"). The routing decision is
-`server/routes.py::front_decision`, twinned by `rust/front/route.rs`.
+`front/routes.py::front_decision`, twinned by `rust/front/route.rs`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 
 import uvicorn
 
+from sessiongate.front.asgi import FrontendSettings, GatewayApp
+from sessiongate.front.dispatched import DispatchedRequests
+from sessiongate.front.http_server import QuietServer, serve_until_exit
 from sessiongate.process.children import listening_socket
-from sessiongate.process.front_requests import DispatchedRequests
-from sessiongate.process.http_server import QuietServer, serve_until_exit
-from sessiongate.server.asgi import FrontendSettings, GatewayApp
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sessiongate.server.asgi import GatewayApp
-from sessiongate.session.errors import GatewayError
-from sessiongate.session.protocol import CoreReply, close_stream, error_reply
+from sessiongate.errors import GatewayError
+from sessiongate.front.asgi import GatewayApp
+from sessiongate.protocol import CoreReply, close_stream, error_reply
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fastapi import Body, FastAPI, Header, Path, Query, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse
 
-from sessiongate.server.schemas import (
+from sessiongate.front.schemas import (
     SESSION_ID_PATTERN,
     ChatCompletion,
     ChatCompletionRequest,

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sessiongate.session.errors import BadRequest, GatewayError
-from sessiongate.session.json_safety import MAX_JSON_DEPTH, NotUnicode, TooDeep, loads_checked
+from sessiongate.errors import BadRequest, GatewayError
+from sessiongate.json_safety import MAX_JSON_DEPTH, NotUnicode, TooDeep, loads_checked
 
 JSON_HEADERS: list[tuple[str, str]] = [("content-type", "application/json")]
 # The rollout framework's fake stream (miles/rollout/session/core.py `_chat_client_response`)

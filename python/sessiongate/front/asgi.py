@@ -13,15 +13,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sessiongate.process.http_protocol import DEFAULT_HEADER_TIMEOUT_S
-from sessiongate.server.routes import DEFAULT_SESSION_HEADERS, DOCS_PATHS, classify
-from sessiongate.session.errors import (
+from sessiongate.errors import (
     GatewayError,
     PayloadTooLarge,
     SessionNotFound,
     Unauthorized,
 )
-from sessiongate.session.protocol import CoreReply, CoreRequest, close_stream, error_reply
+from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
+from sessiongate.front.routes import DEFAULT_SESSION_HEADERS, DOCS_PATHS, classify
+from sessiongate.protocol import CoreReply, CoreRequest, close_stream, error_reply
 
 Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
@@ -40,7 +40,7 @@ class FrontendSettings:
     api_key: str | None = None
     session_headers: Sequence[str] = DEFAULT_SESSION_HEADERS
     # Read timeouts against slow clients (docs/reliability.md): the header one is enforced
-    # by the HTTP protocol (process/http_protocol.py), the body one here, where bodies are read.
+    # by the HTTP protocol (front/http_protocol.py), the body one here, where bodies are read.
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S
 
@@ -158,7 +158,7 @@ class GatewayApp:
     ) -> CoreReply | None:
         """The reply to one request (`headers` with lowercased names), errors included;
         None when the client left while sending its body. Shared by the ASGI server and the
-        compiled front's dispatched requests (process/front_requests.py)."""
+        compiled front's dispatched requests (front/dispatched.py)."""
         try:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op == "docs":
@@ -196,7 +196,7 @@ class GatewayApp:
             return error_reply(GatewayError(f"internal error: {type(exc).__name__}: {exc}"))
 
     async def _serve_docs(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """/openapi.json and /docs, delegated whole to FastAPI (server/openapi.py)."""
+        """/openapi.json and /docs, delegated whole to FastAPI (front/openapi.py)."""
         app = self._docs_app
         if app is None:
             # In a thread: importing FastAPI and generating the schema take a few hundred ms
@@ -217,7 +217,7 @@ class GatewayApp:
 def _build_docs_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     # Imported here, never at module level: the router must not load FastAPI unless asked
     # for its documentation (tests/test_dataplane.py).
-    from sessiongate.server.openapi import build_app
+    from sessiongate.front.openapi import build_app
 
     app = build_app()
     app.openapi()  # generated now, in the worker thread, not on the first request's loop
