@@ -28,7 +28,7 @@ from chaos import (
     shard_of,
     stop_worker_case,
 )
-from sessiongate.dataplane.router.dispatch import Router
+from sessiongate.dataplane.router.shard_router import Router
 
 SHORT = {"steady": 1.0, "sessions": 6, "turns": 4}
 # A failed request must come back well before this; one that does not has hung.

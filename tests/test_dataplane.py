@@ -67,7 +67,7 @@ def test_router_never_loads_session_core_or_tokenizer(tmp_path: Path) -> None:
         assert chat.status_code == 200
     # Written when the router stops, after it served traffic.
     modules = set(json.loads(report.read_text()))
-    assert "sessiongate.dataplane.router.dispatch" in modules
+    assert "sessiongate.dataplane.router.shard_router" in modules
     forbidden = {"sessiongate.session.core", "sessiongate.tokenizer", "tokenizers", "jinja2"}
     # FastAPI serves only /openapi.json and /docs, imported on their first request.
     forbidden |= {"fastapi", "sessiongate.front.openapi", "sessiongate.front.schemas"}

@@ -1,7 +1,7 @@
 """front/dispatched.py: the Python side of the compiled front's dispatched requests.
 
 A real `CompiledFront` (dispatch on) on a loopback socket, its wake-up pipe read by this
-test's event loop as the gateway's is, and a `GatewayApp` whose dispatch is scripted: what
+test's event loop as the gateway's is, and a `GatewayApp` whose handler is scripted: what
 reaches the app, and what the client gets back for whole replies, streams, a client that
 reads slowly or leaves, and replies the front refuses.
 """
@@ -24,13 +24,13 @@ from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.protocol import CoreReply, CoreRequest
 from test_compiled_front_unit import LIVENESS, Reader, Upstream, get, post
 
-Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
+Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 
 
 class Harness:
     """The front plus `DispatchedRequests` on the running loop; clients in threads."""
 
-    def __init__(self, dispatch: Dispatch, upstream: Upstream) -> None:
+    def __init__(self, handler: Handler, upstream: Upstream) -> None:
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(64)
@@ -53,7 +53,7 @@ class Harness:
             latency_buckets=[0.1, 1.0],
             dispatch=True,
         )
-        self.requests = DispatchedRequests(GatewayApp(dispatch, FrontendSettings()))
+        self.requests = DispatchedRequests(GatewayApp(handler, FrontendSettings()))
         self.sockets: list[socket.socket] = []
         asyncio.get_running_loop().add_reader(self.wake_r, self._on_wake)
 
@@ -81,12 +81,12 @@ class Harness:
 
 
 def run(
-    dispatch: Dispatch, client: Callable[[Harness], Any], upstream: Upstream
+    handler: Handler, client: Callable[[Harness], Any], upstream: Upstream
 ) -> tuple[Any, Harness]:
-    """Serve with `dispatch` while `client(harness)` runs in a thread; its result."""
+    """Serve with `handler` while `client(harness)` runs in a thread; its result."""
 
     async def main() -> tuple[Any, Harness]:
-        harness = Harness(dispatch, upstream)
+        harness = Harness(handler, upstream)
         try:
             result = await asyncio.wait_for(asyncio.to_thread(client, harness), LIVENESS)
         finally:
@@ -99,7 +99,7 @@ def run(
 def test_a_request_reaches_the_app_as_the_asgi_server_would_give_it(upstream: Upstream) -> None:
     seen: list[CoreRequest] = []
 
-    async def dispatch(request: CoreRequest) -> CoreReply:
+    async def handler(request: CoreRequest) -> CoreReply:
         seen.append(request)
         return CoreReply(201, [("content-type", "application/json"), ("x-a", "b")], b'{"ok":1}')
 
@@ -108,7 +108,7 @@ def test_a_request_reaches_the_app_as_the_asgi_server_would_give_it(upstream: Up
         sock.sendall(post("/sessions/a%2Fb/v1/chat/completions?x=1", b'{"m":1}', "X-T: v"))
         return Reader(sock).response()
 
-    (status, headers, body), _ = run(dispatch, client, upstream)
+    (status, headers, body), _ = run(handler, client, upstream)
     assert (status, body, headers["x-a"]) == (201, b'{"ok":1}', "b")
     (request,) = seen
     assert (request.op, request.session_id) == ("chat", "a/b")
@@ -118,7 +118,7 @@ def test_a_request_reaches_the_app_as_the_asgi_server_would_give_it(upstream: Up
 
 
 def test_errors_are_the_app_s_json_errors(upstream: Upstream) -> None:
-    async def dispatch(request: CoreRequest) -> CoreReply:
+    async def handler(request: CoreRequest) -> CoreReply:
         raise AssertionError("not reached")
 
     def client(h: Harness) -> Any:
@@ -129,13 +129,13 @@ def test_errors_are_the_app_s_json_errors(upstream: Upstream) -> None:
         sock.sendall(get("/sessions/%zz"))  # 400: a bad escape
         return first, reader.response()
 
-    (first, second), _ = run(dispatch, client, upstream)
+    (first, second), _ = run(handler, client, upstream)
     assert first[0] == 405 and b"not allowed on /health" in first[2]
     assert second[0] == 400 and b"percent-encoding" in second[2]
 
 
 def test_a_reply_the_front_refuses_is_a_500(upstream: Upstream) -> None:
-    async def dispatch(request: CoreRequest) -> CoreReply:
+    async def handler(request: CoreRequest) -> CoreReply:
         return CoreReply(200, [("x-bad", "a\r\nb")], b"never")
 
     def client(h: Harness) -> Any:
@@ -143,7 +143,7 @@ def test_a_reply_the_front_refuses_is_a_500(upstream: Upstream) -> None:
         sock.sendall(get("/sessions/s"))
         return Reader(sock).response()
 
-    (status, _, body), _ = run(dispatch, client, upstream)
+    (status, _, body), _ = run(handler, client, upstream)
     assert status == 500 and b"invalid reply" in body
 
 
@@ -162,7 +162,7 @@ PARTS = 256  # of 64 KiB
 def test_a_stream_waits_for_a_slow_reader_and_arrives_whole(upstream: Upstream) -> None:
     made: list[int] = []
 
-    async def dispatch(request: CoreRequest) -> CoreReply:
+    async def handler(request: CoreRequest) -> CoreReply:
         return CoreReply(200, [], stream=_parts(PARTS, 64 << 10, made), coalesce=True)
 
     def client(h: Harness) -> Any:
@@ -178,7 +178,7 @@ def test_a_stream_waits_for_a_slow_reader_and_arrives_whole(upstream: Upstream) 
         received = b"".join(iter(reader.chunk, b""))
         return held_at, received
 
-    (held_at, received), _ = run(dispatch, client, upstream)
+    (held_at, received), _ = run(handler, client, upstream)
     assert held_at < PARTS // 2
     assert received == b"".join(bytes([i % 256]) * (64 << 10) for i in range(PARTS))
     assert len(made) == PARTS
@@ -191,7 +191,7 @@ def test_a_client_leaving_stops_a_bulk_stream_but_not_a_live_one(
     made: list[int] = []
     closed = asyncio.Event()
 
-    async def dispatch(request: CoreRequest) -> CoreReply:
+    async def handler(request: CoreRequest) -> CoreReply:
         async def parts() -> AsyncIterator[bytes]:
             try:
                 for index in range(200):
@@ -214,6 +214,6 @@ def test_a_client_leaving_stops_a_bulk_stream_but_not_a_live_one(
             assert time.monotonic() < deadline
             time.sleep(0.01)
 
-    run(dispatch, client, upstream)
+    run(handler, client, upstream)
     # A records dump nobody reads stops; a session turn's SSE runs on, so it is recorded.
     assert (len(made) == 200) is runs_to_the_end

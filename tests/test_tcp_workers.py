@@ -480,7 +480,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
     from types import SimpleNamespace
 
     from sessiongate.dataplane.placement.remote import RemoteSettings, RemoteWorker
-    from sessiongate.dataplane.router.dispatch import Router
+    from sessiongate.dataplane.router.shard_router import Router
     from sessiongate.dataplane.transport.tcp import listen_socket
     from sessiongate.dataplane.worker.server import WorkerServer
     from sessiongate.protocol import CoreReply, CoreRequest
@@ -523,12 +523,12 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         remote.start()
         await until(lambda: remote.connect_failures >= 2, "the dead address is retried")
         assert remote.state == "connecting" and "refused" in router.down_reason(0)
-        down = await router.dispatch(CoreRequest(op="get", session_id="a" * 32))
+        down = await router.handle(CoreRequest(op="get", session_id="a" * 32))
         assert down.status == 503 and b"refused" in down.body
 
         router.set_endpoint(0, str(address))
         await until(lambda: remote.state == "up", "connected to the new address")
-        reply = await router.dispatch(CoreRequest(op="get", session_id="a" * 32, body=b"hi"))
+        reply = await router.handle(CoreRequest(op="get", session_id="a" * 32, body=b"hi"))
         assert (reply.status, reply.body) == (200, b"hi")
         assert router.worker_states()[0]["address"] == str(address)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from sessiongate.errors import BadRequest, GatewayError
@@ -36,9 +37,33 @@ def upstream_required(query: str) -> bool:
     return "upstream=required" in query.split("&")
 
 
+class Op(StrEnum):
+    """What a request asks the core for. A `str` enum: the value is what crosses the worker
+    frames and names the `op` label in `/metrics`, so both stay plain text."""
+
+    HEALTH = "health"
+    METRICS = "metrics"
+    CREATE = "create"
+    GET = "get"
+    DELETE = "delete"
+    CHAT = "chat"
+    PROXY = "proxy"
+    TRAJECTORY = "trajectory"
+    SAMPLES = "samples"
+    DOCS = "docs"
+
+    @classmethod
+    def parse(cls, text: str) -> Op:
+        """The op a worker frame names; an unknown name is a 400 for that request."""
+        try:
+            return cls(text)
+        except ValueError:
+            raise BadRequest(f"unknown operation {text!r}") from None
+
+
 @dataclass
 class CoreRequest:
-    op: str
+    op: Op
     session_id: str | None = None
     path: str = ""
     method: str = "GET"

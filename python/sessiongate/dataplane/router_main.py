@@ -57,8 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from sessiongate.dataplane.router.dispatch import Router, open_channel, watch_control_socket
     from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
+    from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
     from sessiongate.front.asgi import FrontendSettings, GatewayApp
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, header_timeout=args.header_timeout)
     if args.body_timeout is not None:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
-    app = GatewayApp(router.dispatch, settings)
+    app = GatewayApp(router.handle, settings)
     protocol = gateway_protocol(settings.header_timeout)
     door = open_front_door(args, settings, args.backend, LATENCY_BUCKETS, who="router")
     if door is not None:

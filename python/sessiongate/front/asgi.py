@@ -1,7 +1,7 @@
-"""A small raw-ASGI front end: limits, auth, routing, then one dispatch call per request.
+"""A small raw-ASGI front end: limits, auth, routing, then one handler call per request.
 
 Raw ASGI (not a framework router) because every request takes the same short path and the
-front end must never parse request bodies; the dispatcher decides what a body means.
+front end must never parse request bodies; the handler decides what a body means.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from sessiongate.errors import (
 )
 from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.front.routes import DEFAULT_SESSION_HEADERS, DOCS_PATHS, classify
-from sessiongate.protocol import CoreReply, CoreRequest, close_stream, error_reply
+from sessiongate.protocol import CoreReply, CoreRequest, Op, close_stream, error_reply
 
-Dispatch = Callable[[CoreRequest], Awaitable[CoreReply]]
+Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -98,10 +98,10 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
 
 
 class GatewayApp:
-    """ASGI app: turns HTTP requests into `CoreRequest`s for `dispatch`."""
+    """ASGI app: turns HTTP requests into `CoreRequest`s for `handler`."""
 
-    def __init__(self, dispatch: Dispatch, settings: FrontendSettings | None = None) -> None:
-        self.dispatch = dispatch
+    def __init__(self, handler: Handler, settings: FrontendSettings | None = None) -> None:
+        self.handler = handler
         self.settings = settings or FrontendSettings()
         self._api_key = (
             self.settings.api_key.encode() if self.settings.api_key is not None else None
@@ -161,10 +161,10 @@ class GatewayApp:
         compiled front's dispatched requests (front/dispatched.py)."""
         try:
             route = classify(method, path, headers, self.settings.session_headers)
-            if route.op == "docs":
+            if route.op is Op.DOCS:
                 # Only the HTTP server can serve these (FastAPI, above).
                 raise SessionNotFound(f"{path} is served by the HTTP server only")
-            if route.op != "health":
+            if route.op is not Op.HEALTH:
                 self._check_auth(headers)
             body = await read_body()
             if self._api_key is not None:
@@ -180,7 +180,7 @@ class GatewayApp:
                 body=body,
                 auto_create=route.auto_create,
             )
-            return await self.dispatch(request)
+            return await self.handler(request)
         except BodyTimeout as error:
             # The rest of the body may still come: the connection cannot carry another
             # request, so the reply closes it.

@@ -14,6 +14,7 @@ from urllib.parse import unquote_to_bytes
 
 from sessiongate.errors import BadRequest, GatewayError, SessionNotFound
 from sessiongate.primitives import validate_session_id
+from sessiongate.protocol import Op
 
 DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Session-ID",
@@ -44,7 +45,7 @@ class MethodNotAllowed(GatewayError):
 
 @dataclass(frozen=True)
 class Route:
-    op: str
+    op: Op
     session_id: str | None = None
     # Path to use upstream for proxy operations.
     upstream_path: str = ""
@@ -96,15 +97,15 @@ def classify(
     if path == "/health":
         if method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not allowed on /health (use GET)")
-        return Route("health")
+        return Route(Op.HEALTH)
     if path == "/metrics":
         if method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not allowed on /metrics (use GET)")
-        return Route("metrics")
+        return Route(Op.METRICS)
     if path in ("/sessions", "/sessions/"):
         if method != "POST":
             raise MethodNotAllowed(f"{method} is not allowed on /sessions (use POST)")
-        return Route("create")
+        return Route(Op.CREATE)
     if path.startswith("/sessions/"):
         rest = path[len("/sessions/") :]
         quoted_id, slash, sub_path = rest.partition("/")
@@ -113,32 +114,32 @@ def classify(
         session_id = decode_path_id(quoted_id)
         if not slash:
             if method == "GET":
-                return Route("get", session_id)
+                return Route(Op.GET, session_id)
             if method == "DELETE":
-                return Route("delete", session_id)
+                return Route(Op.DELETE, session_id)
             raise MethodNotAllowed(
                 f"{method} is not allowed on /sessions/{{id}} (use GET or DELETE)"
             )
         upstream_path = "/" + sub_path
         if sub_path == "trajectory" and method == "GET":
-            return Route("trajectory", session_id)
+            return Route(Op.TRAJECTORY, session_id)
         if sub_path == "samples" and method == "POST":
-            return Route("samples", session_id)
+            return Route(Op.SAMPLES, session_id)
         if upstream_path == CHAT_PATH and method == "POST":
-            return Route("chat", session_id)
-        return Route("proxy", session_id, upstream_path=upstream_path)
+            return Route(Op.CHAT, session_id)
+        return Route(Op.PROXY, session_id, upstream_path=upstream_path)
     if path == CHAT_PATH and method == "POST":
         session_id = header_session_id(headers, session_headers)
         if session_id is not None:
-            return Route("chat", session_id, auto_create=True)
-        return Route("proxy", None, upstream_path=path)
+            return Route(Op.CHAT, session_id, auto_create=True)
+        return Route(Op.PROXY, None, upstream_path=path)
     if path.startswith("/v1/"):
-        return Route("proxy", None, upstream_path=path)
+        return Route(Op.PROXY, None, upstream_path=path)
     # Last, so the hot routes above never pay for these two comparisons.
     if path in DOCS_PATHS:
         if method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not allowed on {path} (use GET)")
-        return Route("docs")
+        return Route(Op.DOCS)
     raise SessionNotFound(f"no route for {method} {path}")
 
 
@@ -157,7 +158,7 @@ def served_by_front(
         route = classify(method, path, headers, session_headers)
     except GatewayError:
         return False
-    return route.op == "proxy" and route.session_id is None
+    return route.op is Op.PROXY and route.session_id is None
 
 
 def front_decision(

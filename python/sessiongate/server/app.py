@@ -19,7 +19,7 @@ def create_app(
     frontend_settings: FrontendSettings | None = None,
     upstream_timeout: float = 600.0,
 ) -> tuple[GatewayApp, SessionCore]:
-    """The gateway app and the core it dispatches to (close the core on shutdown)."""
+    """The gateway app and the core it hands requests to (close the core on shutdown)."""
     core = SessionCore(
         tokenizer,
         UpstreamPool(

@@ -18,33 +18,33 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessiongate.dataplane.router.dispatch import METRICS_HEADERS
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
 from sessiongate.dataplane.worker.main import build_core
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.compiled import open_front_door, serve_with_front
 from sessiongate.front.http_protocol import gateway_protocol
 from sessiongate.front.http_server import QuietServer, uvicorn_config
 from sessiongate.process.children import listen_problem
-from sessiongate.protocol import CoreReply, CoreRequest
+from sessiongate.protocol import CoreReply, CoreRequest, Op
 from sessiongate.session.core import SessionCore
 
 WATCH_INTERVAL_S = 0.2
 
 
 class InProcessGateway:
-    """The front end's dispatch: the session core, plus `/metrics` and request timing."""
+    """The front end's handler: the session core, plus `/metrics` and request timing."""
 
     def __init__(self, core: SessionCore) -> None:
         self.core = core
         self.metrics = RouterMetrics()
         # The compiled front's counters, when it serves the port (its proxy requests never
-        # reach this dispatch).
+        # reach this handler).
         self.front_stats: Callable[[], dict[str, Any]] | None = None
 
-    async def dispatch(self, request: CoreRequest) -> CoreReply:
+    async def handle(self, request: CoreRequest) -> CoreReply:
         started = time.perf_counter()
-        if request.op == "metrics":
+        if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
             body = self.metrics.render([self.gauge()], front)
             reply = CoreReply(200, list(METRICS_HEADERS), body)
@@ -94,7 +94,7 @@ def run_in_process(
     gateway = InProcessGateway(core)
     if door is not None:
         gateway.front_stats = door.stats
-    app = GatewayApp(gateway.dispatch, frontend)
+    app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
 

@@ -38,6 +38,7 @@ from sessiongate.protocol import (
     SSE_HEADERS,
     CoreReply,
     CoreRequest,
+    Op,
     error_reply,
     json_reply,
     parse_json_object,
@@ -140,14 +141,14 @@ class SessionCore:
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
         self._ops: dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]] = {
-            "health": self._health,
-            "create": self._create,
-            "get": self._get,
-            "delete": self._delete,
-            "chat": self._chat,
-            "proxy": self._proxy,
-            "trajectory": self._trajectory,
-            "samples": self._samples,
+            Op.HEALTH: self._health,
+            Op.CREATE: self._create,
+            Op.GET: self._get,
+            Op.DELETE: self._delete,
+            Op.CHAT: self._chat,
+            Op.PROXY: self._proxy,
+            Op.TRAJECTORY: self._trajectory,
+            Op.SAMPLES: self._samples,
         }
 
     def start(self) -> None:
@@ -171,7 +172,7 @@ class SessionCore:
 
     async def handle(self, request: CoreRequest) -> CoreReply:
         self.start()
-        if request.op != "health":  # health checks come on a timer, not with work
+        if request.op is not Op.HEALTH:  # health checks come on a timer, not with work
             self._trimmer.active()
         handler = self._ops.get(request.op)
         if handler is None:

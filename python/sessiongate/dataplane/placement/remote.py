@@ -21,7 +21,7 @@ from sessiongate.dataplane.transport.handshake import HandshakeError, client_han
 from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint, tune_socket
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.router.dispatch import Router
+    from sessiongate.dataplane.router.shard_router import Router
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""The router: dispatch by shard, the per-worker channels, /health and /metrics."""
+"""The router: route by shard, the per-worker channels, /health and /metrics."""

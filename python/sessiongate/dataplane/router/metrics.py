@@ -92,7 +92,7 @@ class RouterMetrics:
         self, workers: Sequence[WorkerGauge], front: Mapping[str, Any] | None = None
     ) -> bytes:
         """`front`: the compiled front's counters (`_core.CompiledFront.stats`), whose
-        stateless proxy requests never reach this process's dispatch: counted as op "proxy"."""
+        stateless proxy requests never reach this process's handler: counted as op "proxy"."""
         requests, latency = self.requests, self.latency
         if front:
             requests, latency = _with_front(requests, latency, front)

@@ -39,6 +39,7 @@ from sessiongate.protocol import (
     INSTANCE_HEADER,
     CoreReply,
     CoreRequest,
+    Op,
     error_reply,
     json_reply,
     parse_json_object,
@@ -125,24 +126,24 @@ class Router:
         self.channels[channel.index] = channel
         channel.start()
 
-    # -- dispatch ---------------------------------------------------------------------
+    # -- handle -----------------------------------------------------------------------
 
-    async def dispatch(self, request: CoreRequest) -> CoreReply:
+    async def handle(self, request: CoreRequest) -> CoreReply:
         started = time.perf_counter()
         try:
-            reply = await self._dispatch(request)
+            reply = await self._handle(request)
         except GatewayError as error:
             reply = error_reply(error)
         self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
         return reply
 
-    async def _dispatch(self, request: CoreRequest) -> CoreReply:
-        if request.op == "health":
+    async def _handle(self, request: CoreRequest) -> CoreReply:
+        if request.op is Op.HEALTH:
             return self.health(request.query)
-        if request.op == "metrics":
+        if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
             return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges(), front))
-        if request.op == "create":
+        if request.op is Op.CREATE:
             request.session_id = self._mint_session_id(request.body)
         index = self._owner(request.session_id)
         channel = self.channels[index]
@@ -165,7 +166,7 @@ class Router:
             return await channel.request(meta, request.body)
         except WorkerLost as exc:
             lost = ""
-            if request.session_id and request.op != "create":
+            if request.session_id and request.op is not Op.CREATE:
                 lost = (
                     f"; session {request.session_id} was lost with its worker"
                     if self.remotes is None
