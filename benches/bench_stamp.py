@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sessiongate.primitives import get_impl
-from sessiongate.routing import DynamoNvext, RoutingContext, SessionTreeRegistry
+from sessiongate.session_routing import DynamoNvext, RoutingContext, SessionFamilyRegistry
 
 IMPLS = ["rust", "python"]
 N_REQUESTS = 1_000
@@ -77,7 +77,7 @@ def test_context_and_headers(benchmark, impl_name):
     (Python in both), then the dynamo_headers stamp."""
     benchmark.group = "context + headers dynamo_headers: 1,000 requests"
     stamp = get_impl(impl_name).HeaderStamper(*MODES["dynamo_headers"]).stamp
-    tree = SessionTreeRegistry()
+    tree = SessionFamilyRegistry()
     for sid, pid, _ in REQUESTS:
         tree.register(sid, pid)
     sessions = [sid for sid, _, _ in REQUESTS]

@@ -27,7 +27,7 @@ use crate::relay::{maybe_unlocked, new_bytes, rewrite_error, write_i64, Filler};
 use crate::shard::type_name;
 
 // ---------------------------------------------------------------------------------------
-// Header names (the rules of python/sessiongate/routing/headers.py)
+// Header names (the rules of python/sessiongate/primitives/header_names.py)
 
 /// RFC 9110 `tchar` besides letters and digits.
 const TCHAR_PUNCT: &[u8] = b"!#$%&'*+-.^_`|~";

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from sessiongate.primitives.header_names import is_token, split_header_names, validate_header_name
-from sessiongate.routing import (
+from sessiongate.session_routing import (
     BUILTIN_MODES,
     DynamoHeaders,
     DynamoNvext,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sessiongate.routing import (
+from sessiongate.session_routing import (
     ENTRY_POINT_GROUP,
     DynamoNvext,
     RoutingConfigError,
@@ -19,7 +19,7 @@ from sessiongate.routing import (
     list_modes,
     load_mode,
 )
-from sessiongate.routing import cli as routing_cli
+from sessiongate.session_routing import cli as routing_cli
 
 FIXTURE = Path(__file__).parent / "routing_plugin_fixture"
 BUILTINS = "dynamo_headers, dynamo_nvext, identity_headers, session_id_header, smg_routing_key"
@@ -248,7 +248,7 @@ def test_broken_plugin_names_its_entry_point(plugin_path):
         ("sg_routing_fixture.bad:NoHeadersMode", "does not implement headers"),
         (
             "sg_routing_fixture.bad:NOT_A_MODE",
-            "must be a subclass of sessiongate.routing.SessionRoutingMode",
+            "must be a subclass of sessiongate.session_routing.SessionRoutingMode",
         ),
         ("sg_routing_fixture:TraceHeader", "make the entry point name and the class's `name`"),
     ],
@@ -277,7 +277,9 @@ def test_plugin_cannot_shadow_a_builtin(plugin_path):
 def test_reregistering_a_builtin_class_is_harmless(plugin_path):
     # What sessiongate's own pyproject would do if it listed the built-ins in the group.
     fake_dist(
-        plugin_path, "sessiongate-dup", {"dynamo_nvext": "sessiongate.routing.modes:DynamoNvext"}
+        plugin_path,
+        "sessiongate-dup",
+        {"dynamo_nvext": "sessiongate.session_routing.modes:DynamoNvext"},
     )
     assert isinstance(load_mode("dynamo_nvext", []), DynamoNvext)
     assert [m.name for m in list_modes()].count("dynamo_nvext") == 1

@@ -16,7 +16,7 @@ import pytest
 
 from procs import ServerProcess, free_port
 from sessiongate.errors import BadRequest
-from sessiongate.routing.stamper import branch_declaration, is_final_turn
+from sessiongate.session_routing.stamper import branch_declaration, is_final_turn
 
 
 @pytest.fixture(scope="module")
@@ -191,19 +191,19 @@ def test_finality_flags_over_a_tree_whose_final_turn_spawns(
         root = client.post("/sessions").json()["session_id"]
         root_messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
         first = turn(root, root_messages)
-        assert first["is_final_turn"] is False and first["is_tree_final"] is False
+        assert first["is_final_turn"] is False and first["is_family_final"] is False
         assert first["is_parent_final"] is None and first["root_session_id"] == root
         # The root's final turn will spawn a child: final for the root, not for the tree.
         last = turn(root, root_messages, **{"X-Session-Final": "true", "X-Session-Branch": "1"})
-        assert last["is_final_turn"] is True and last["is_tree_final"] is False
+        assert last["is_final_turn"] is True and last["is_family_final"] is False
 
         child = client.post("/sessions", json={"parent_session_id": root}).json()["session_id"]
         child_messages: list[dict[str, Any]] = [{"role": "user", "content": "sub"}]
         working = turn(child, child_messages)
         assert working["parent_session_id"] == root and working["is_parent_final"] is True
-        assert working["is_tree_final"] is False
+        assert working["is_family_final"] is False
         closing = turn(child, child_messages, **{"X-Dynamo-Session-Final": "true"})
-        assert closing["is_final_turn"] is True and closing["is_tree_final"] is True
+        assert closing["is_final_turn"] is True and closing["is_family_final"] is True
 
 
 @pytest.mark.parametrize(

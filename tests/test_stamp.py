@@ -23,7 +23,7 @@ from json_models import Obj, Writer, plain
 from sessiongate.primitives import get_impl
 from sessiongate.primitives.errors import RequestRewriteError
 from sessiongate.primitives.header_names import RESERVED_HEADER_NAMES, validate_header_name
-from sessiongate.routing import (
+from sessiongate.session_routing import (
     DynamoHeaders,
     DynamoNvext,
     IdentityHeaders,
@@ -32,7 +32,7 @@ from sessiongate.routing import (
     SessionRoutingMode,
     SmgRoutingKey,
 )
-from sessiongate.routing.stamper import SessionStamper
+from sessiongate.session_routing.stamper import SessionStamper
 
 RUST = get_impl("rust")
 PY = get_impl("python")

@@ -25,8 +25,6 @@ from sessiongate import json_safety
 from sessiongate.errors import BadRequest, GatewayError, TitoMismatch
 from sessiongate.json_safety import NotUnicode, TooDeep, loads_checked
 from sessiongate.protocol import CoreRequest
-from sessiongate.routing.base import RoutingContext, SessionRoutingMode
-from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session import messages, tito
 from sessiongate.session.core import SessionCore
 from sessiongate.session.messages import (
@@ -40,6 +38,8 @@ from sessiongate.session.messages import (
 )
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
+from sessiongate.session_routing.base import RoutingContext, SessionRoutingMode
+from sessiongate.session_routing.stamper import SessionStamper
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from sessiongate.tokenizer.template import _ChatTemplateEnvironment, compile_template
 from sessiongate.upstream import UpstreamPool

@@ -36,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     from sessiongate.demo import run as demo
     from sessiongate.loadgen import cli as bench_cli
     from sessiongate.mock_engine import cli as mock_engine_cli
-    from sessiongate.routing import cli as routing_cli
     from sessiongate.server import serve
+    from sessiongate.session_routing import cli as routing_cli
 
     serve.add_parser(sub)
     worker_server.add_parser(sub)

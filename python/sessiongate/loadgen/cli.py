@@ -27,7 +27,7 @@ from sessiongate.loadgen.workload import (
     SyntheticOptions,
     SyntheticWorkload,
 )
-from sessiongate.routing import RoutingConfigError
+from sessiongate.session_routing import RoutingConfigError
 
 DEFAULT_SESSIONS = 16
 DEFAULT_CONCURRENCY = 8

@@ -25,7 +25,7 @@ from sessiongate.loadgen.tree_driver import TreeDriver, TreeHook
 from sessiongate.loadgen.tree_log import PICKERS
 from sessiongate.loadgen.tree_workload import TreeSessionSpec
 from sessiongate.loadgen.workload import SessionSpec
-from sessiongate.routing import load_mode
+from sessiongate.session_routing import load_mode
 
 TARGETS = ("sessiongate", "openai")
 DEFAULT_MODEL = "default"

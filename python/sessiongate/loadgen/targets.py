@@ -4,8 +4,8 @@
 `parent_session_id`), chat turns with the full history, records GET at the end (timed,
 bytes counted), DELETE. `OpenAITarget` sends plain `/v1/chat/completions` with the full
 history to any OpenAI-compatible endpoint and stamps session identity client-side with a
-routing mode and a `SessionTreeRegistry` (the same plugin layer the gateway uses), so
-`is_final_turn`, `is_parent_final` and `is_tree_final` are what the gateway would compute.
+routing mode and a `SessionFamilyRegistry` (the same plugin layer the gateway uses), so
+`is_final_turn`, `is_parent_final` and `is_family_final` are what the gateway would compute.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 from sessiongate.http.client import HttpClient
 from sessiongate.loadgen.http import Exchange, exchange
-from sessiongate.routing import SessionRoutingMode, SessionTreeRegistry
+from sessiongate.session_routing import SessionFamilyRegistry, SessionRoutingMode
 
 RecordsHook = Callable[["SessionHandle", bytes], None]
 
@@ -222,13 +222,13 @@ class OpenAITarget(Target):
         super().__init__(client, base_url, **kwargs)
         self.mode = mode
         self.chat_path = chat_path
-        self.tree = SessionTreeRegistry()
+        self.families = SessionFamilyRegistry()
 
     async def open(
         self, parent: SessionHandle | None
     ) -> tuple[SessionHandle | None, Exchange | None]:
         # Ids follow the gateway's shape (DESIGN "Shard key and ids"): a child is
-        # <root>.<hex>, so anything that shards on the text before the first '.' keeps trees
+        # <root>.<hex>, so anything that shards on the text before the first '.' keeps families
         # together.
         if parent is None:
             sid = uuid.uuid4().hex
@@ -237,7 +237,7 @@ class OpenAITarget(Target):
             sid = f"{parent.root_id}.{uuid.uuid4().hex}"
             handle = SessionHandle(sid, parent.session_id, parent.root_id)
         if self.mode is not None:
-            self.tree.register(sid, handle.parent_id, root_session_id=handle.root_id)
+            self.families.register(sid, handle.parent_id, root_session_id=handle.root_id)
         return handle, None
 
     async def turn(
@@ -249,9 +249,9 @@ class OpenAITarget(Target):
         if mode is not None:
             if spawns:
                 # Declared before the context is computed: a turn that spawns children is
-                # never tree-final (docs/routing.md, "Finality").
-                self.tree.declare_branch(handle.session_id, spawns)
-            ctx = self.tree.context_for(handle.session_id, final)
+                # never family-final (docs/routing.md, "Finality").
+                self.families.declare_branch(handle.session_id, spawns)
+            ctx = self.families.context_for(handle.session_id, final)
             headers = mode.headers(ctx)
             if mode.mutates_body:
                 stamped = mode.transform_body(body, ctx)
@@ -266,12 +266,12 @@ class OpenAITarget(Target):
             stream=self.stream,
         )
         ex.body_stamp = stamp
-        if mode is not None and self.tree.finish_turn(handle.session_id, final and ex.ok):
+        if mode is not None and self.families.finish_turn(handle.session_id, final and ex.ok):
             mode.on_session_end(handle.session_id)
         return ex
 
     def _end(self, handle: SessionHandle) -> None:
-        if self.mode is not None and self.tree.end_session(handle.session_id):
+        if self.mode is not None and self.families.end_session(handle.session_id):
             self.mode.on_session_end(handle.session_id)
 
     async def close(self, handle: SessionHandle) -> list[Exchange]:

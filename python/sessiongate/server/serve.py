@@ -449,7 +449,7 @@ def run_remote(args: argparse.Namespace) -> int:
 def run_local(args: argparse.Namespace) -> int:
     """Local worker processes, or (--ray) worker actors placed by Ray."""
     from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
-    from sessiongate.routing import RoutingConfigError, load_mode
+    from sessiongate.session_routing import RoutingConfigError, load_mode
 
     embedded_mock_r3(args)  # the embedded engine's R3 shape, before it is validated
     session_settings_from(args)  # validate before starting anything

@@ -44,7 +44,6 @@ from sessiongate.protocol import (
     parse_json_object,
     upstream_required,
 )
-from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.messages import (
     HistoryPlan,
     plan_history,
@@ -76,6 +75,7 @@ from sessiongate.session.tree_export import (
     tree_trajectory_parts,
 )
 from sessiongate.session.tree_hooks import load_hook
+from sessiongate.session_routing.stamper import SessionStamper
 from sessiongate.tokenizer import ChatTokenizer
 from sessiongate.upstream import UpstreamPool
 from sessiongate.upstream.client import UpstreamReply, UpstreamStream

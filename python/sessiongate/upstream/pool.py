@@ -1,10 +1,10 @@
-"""Several upstreams with session-tree affinity.
+"""Several upstreams with session-family affinity.
 
-Each session tree is pinned to one upstream, chosen by rendezvous (highest random weight)
-hashing of its root id over the healthy upstreams, so a tree shares one replica and its
-prefix cache, and removing an upstream moves only the trees that were on it. Upstreams are
+Each session family (a root session and its sub-agents) is pinned to one upstream, chosen
+by rendezvous (highest random weight) hashing of its root id over the healthy upstreams, so
+a family shares one replica and its prefix cache, and removing an upstream moves only the families that were on it. Upstreams are
 probed periodically; a connection failure (nothing sent) marks the upstream down, re-pins
-the tree to the next upstream in its rendezvous order and retries the request once.
+the family to the next upstream in its rendezvous order and retries the request once.
 
 The health state is also what `/health` and `/metrics` report, so it is kept with one
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
@@ -132,7 +132,7 @@ class UpstreamPool:
         return next((i for i in order if i != avoid), order[0])
 
     def index_for(self, root_id: str | None) -> int:
-        """The upstream of a session tree (pinned on first use); any for stateless traffic."""
+        """The upstream of a session family (pinned on first use); any for stateless traffic."""
         if root_id is None:
             live = [i for i, ok in enumerate(self.healthy) if ok] or list(range(len(self.urls)))
             return live[next(self._round_robin) % len(live)]
@@ -153,7 +153,7 @@ class UpstreamPool:
             self._mark(index, str(exc))
 
     def _failed(self, root_id: str | None, index: int) -> int | None:
-        """Re-pin the tree off `index` (already marked down); the upstream to retry on, if any."""
+        """Re-pin the family off `index` (already marked down); the upstream to retry on, if any."""
         if len(self.urls) == 1:
             return None
         retry = self._choose(root_id or "", avoid=index)
@@ -271,7 +271,7 @@ class UpstreamPool:
             "upstreams": self.upstream_states(),
             "affinity_hits": self.affinity_hits,
             "repins": self.repins,
-            "pinned_trees": len(self.pins),
+            "pinned_trees": len(self.pins),  # families; the field keeps its earlier name
         }
 
     async def aclose(self) -> None:

@@ -118,11 +118,11 @@ def restart_note(index: int) -> str:
 def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCore:
     """One session core and its upstream pool from the session options."""
     # Heavy imports live here: this module is also imported by the CLI of light processes.
-    from sessiongate.routing import load_mode
-    from sessiongate.routing.stamper import SessionStamper
     from sessiongate.session.core import SessionCore
     from sessiongate.session.settings import SessionSettings
     from sessiongate.session.store.records_store import RecordsStore
+    from sessiongate.session_routing import load_mode
+    from sessiongate.session_routing.stamper import SessionStamper
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 

@@ -79,8 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.transport.tcp import load_secret, parse_endpoint, server_tls_context
-    from sessiongate.routing import RoutingConfigError, load_mode
     from sessiongate.server.serve import session_settings_from
+    from sessiongate.session_routing import RoutingConfigError, load_mode
 
     if not die_with_parent():
         return 0

@@ -6,7 +6,7 @@ from typing import cast
 
 from pydantic import Field
 
-from sessiongate.routing import RoutingContext, RoutingOptions, SessionRoutingMode
+from sessiongate.session_routing import RoutingContext, RoutingOptions, SessionRoutingMode
 
 
 class TraceHeader(SessionRoutingMode):

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sessiongate.routing import RoutingContext, SessionRoutingMode
+from sessiongate.session_routing import RoutingContext, SessionRoutingMode
 
 
 class LyingMode(SessionRoutingMode):

@@ -1,4 +1,4 @@
-"""Session tree registry: finality flags, late registration, exactly-once session end."""
+"""Session family registry: finality flags, late registration, exactly-once session end."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from sessiongate.routing import RoutingContext, SessionTreeRegistry, UnknownSessionError
+from sessiongate.session_routing import RoutingContext, SessionFamilyRegistry, UnknownSessionError
 
 
-def turn(reg: SessionTreeRegistry, sid: str, final: bool = False) -> RoutingContext:
+def turn(reg: SessionFamilyRegistry, sid: str, final: bool = False) -> RoutingContext:
     """One whole, successful turn; returns its context."""
     ctx = reg.context_for(sid, final)
     reg.finish_turn(sid, final)
@@ -28,8 +28,8 @@ def turn(reg: SessionTreeRegistry, sid: str, final: bool = False) -> RoutingCont
 # -- unit tests ----------------------------------------------------------------------------
 
 
-def test_lone_root_final_turn_is_tree_final():
-    reg = SessionTreeRegistry()
+def test_lone_root_final_turn_is_family_final():
+    reg = SessionFamilyRegistry()
     reg.register("r")
     ctx = reg.context_for("r", False)
     assert ctx == RoutingContext("r", None, "r", False, None, False)
@@ -38,167 +38,167 @@ def test_lone_root_final_turn_is_tree_final():
     assert ctx == RoutingContext("r", None, "r", True, None, True)
     assert reg.finish_turn("r", True) is True  # on_session_end fires on the final path
     assert reg.end_session("r") is False  # ... and not again on DELETE
-    assert "r" not in reg and len(reg) == 0 and reg.stats().trees == 0
+    assert "r" not in reg and len(reg) == 0 and reg.stats().families == 0
 
 
-def test_children_keep_the_tree_open_and_see_parent_finality():
-    reg = SessionTreeRegistry()
+def test_children_keep_the_family_open_and_see_parent_finality():
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.register("c", "r")
     reg.register("g", "c")
     assert reg.root_of("g") == "r"
     assert turn(reg, "c").is_parent_final is False
-    # The root finishing first does not make the tree final: c and g may still talk.
-    assert turn(reg, "r", final=True).is_tree_final is False
+    # The root finishing first does not make the family final: c and g may still talk.
+    assert turn(reg, "r", final=True).is_family_final is False
     ctx = turn(reg, "c", final=True)
-    assert (ctx.is_parent_final, ctx.is_tree_final) == (True, False)
+    assert (ctx.is_parent_final, ctx.is_family_final) == (True, False)
     ctx = turn(reg, "g", final=True)
     assert ctx == RoutingContext("g", "c", "r", True, True, True)
 
 
-def test_root_final_after_children_is_tree_final():
-    reg = SessionTreeRegistry()
+def test_root_final_after_children_is_family_final():
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.declare_branch("r", 2)
-    assert turn(reg, "r").is_tree_final is False
+    assert turn(reg, "r").is_family_final is False
     reg.register("a", "r")
     reg.register("b", "r")
     turn(reg, "a", final=True)
     assert reg.end_session("b") is True  # lost/deleted before a final turn
-    assert turn(reg, "r", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is True
 
 
-def test_spawning_final_turn_is_never_tree_final():
-    reg = SessionTreeRegistry()
+def test_spawning_final_turn_is_never_family_final():
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.declare_branch("r")  # open-ended: "this turn spawns children"
-    assert reg.context_for("r", True).is_tree_final is False
+    assert reg.context_for("r", True).is_family_final is False
     assert reg.finish_turn("r", True) is True
     reg.register("c", "r")  # registered after the parent's final turn
     # The declaration lasts until r starts another turn or ends: c's final is not provable.
-    assert turn(reg, "c", final=True).is_tree_final is False
+    assert turn(reg, "c", final=True).is_family_final is False
     reg.end_session("r")
-    reg2 = SessionTreeRegistry()
+    reg2 = SessionFamilyRegistry()
     reg2.register("r")
     reg2.declare_branch("r", 1)
-    assert turn(reg2, "r", final=True).is_tree_final is False
+    assert turn(reg2, "r", final=True).is_family_final is False
     reg2.register("c", "r")  # pays the declaration off
-    assert turn(reg2, "c", final=True).is_tree_final is True
+    assert turn(reg2, "c", final=True).is_family_final is True
 
 
 def test_counted_declaration_outlives_the_turn_until_paid():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.declare_branch("r", 2)
     turn(reg, "r")
     reg.register("a", "r")
     turn(reg, "a", final=True)
-    assert turn(reg, "r", final=True).is_tree_final is False  # one child still owed
+    assert turn(reg, "r", final=True).is_family_final is False  # one child still owed
     reg.register("b", "r")
-    assert turn(reg, "b", final=True).is_tree_final is True
+    assert turn(reg, "b", final=True).is_family_final is True
 
 
 def test_open_declaration_expires_at_the_next_turn():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.declare_branch("r")
     turn(reg, "r")
     reg.register("a", "r")
     turn(reg, "a", final=True)
-    assert turn(reg, "r", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is True
 
 
 def test_declaring_mid_turn_applies_to_that_turn():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.context_for("r", False)
     reg.declare_branch("r")  # in flight: belongs to the current turn
     reg.finish_turn("r", False)
     reg.register("a", "r")
     turn(reg, "a", final=True)
-    assert turn(reg, "r", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is True
 
 
 def test_declare_branch_validation():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     for bad in (-1, True):
         with pytest.raises(ValueError, match="non-negative"):
             reg.declare_branch("r", bad)
     reg.declare_branch("r", 0)  # no-op
-    assert turn(reg, "r", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is True
     with pytest.raises(UnknownSessionError, match="not registered"):
         reg.declare_branch("nope")
 
 
-def test_late_child_after_everything_final_reopens_the_tree():
-    reg = SessionTreeRegistry()
+def test_late_child_after_everything_final_reopens_the_family():
+    reg = SessionFamilyRegistry()
     reg.register("r")
-    assert turn(reg, "r", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is True
     assert reg.stats().reopened == 0
     reg.register("late", "r")  # undeclared: the client broke its promise; we recover
     assert reg.stats().reopened == 1
     ctx = turn(reg, "late")
-    assert (ctx.is_parent_final, ctx.is_tree_final) == (True, False)
-    assert turn(reg, "late", final=True).is_tree_final is True
+    assert (ctx.is_parent_final, ctx.is_family_final) == (True, False)
+    assert turn(reg, "late", final=True).is_family_final is True
 
 
 def test_turn_after_final_reopens_the_session_but_does_not_refire_end():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.register("c", "r")
-    assert turn(reg, "c", final=True).is_tree_final is False
+    assert turn(reg, "c", final=True).is_family_final is False
     assert reg.finish_turn("c", True) is False  # already signalled
-    assert reg.context_for("c", False).is_tree_final is False  # c talks again
+    assert reg.context_for("c", False).is_family_final is False  # c talks again
     assert reg.finish_turn("c", False) is False
-    assert turn(reg, "r", final=True).is_tree_final is False  # c is open again
+    assert turn(reg, "r", final=True).is_family_final is False  # c is open again
     assert reg.end_session("c") is False
-    assert reg.context_for("r", True).is_tree_final is True
+    assert reg.context_for("r", True).is_family_final is True
 
 
 def test_failed_final_turn_leaves_the_session_open():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.register("c", "r")
     reg.context_for("c", True)
     assert reg.finish_turn("c", False) is False  # upstream failed; client may retry
-    assert turn(reg, "r", final=True).is_tree_final is False
-    assert turn(reg, "c", final=True).is_tree_final is True
+    assert turn(reg, "r", final=True).is_family_final is False
+    assert turn(reg, "c", final=True).is_family_final is True
 
 
-def test_orphans_are_never_tree_final():
-    reg = SessionTreeRegistry()
+def test_orphans_are_never_family_final():
+    reg = SessionFamilyRegistry()
     reg.register("o", "gone", root_session_id="root")
     ctx = turn(reg, "o", final=True)
     assert ctx == RoutingContext("o", "gone", "root", True, None, False)
     reg.register("root")  # the root shows up later; the orphan still blocks proof
-    assert turn(reg, "root", final=True).is_tree_final is False
+    assert turn(reg, "root", final=True).is_family_final is False
     reg.end_session("o")
-    assert reg.context_for("root", True).is_tree_final is True
+    assert reg.context_for("root", True).is_family_final is True
     # Default root of an orphan is its parent id.
     reg.register("o2", "p2")
     assert reg.root_of("o2") == "p2"
 
 
 def test_child_of_an_ended_parent_sees_parent_final():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     reg.register("c", "r")
     assert reg.end_session("r") is True
     ctx = turn(reg, "c", final=True)
-    assert (ctx.is_parent_final, ctx.is_tree_final, ctx.root_session_id) == (True, True, "r")
-    reg.register("c2", "r")  # r is gone: an orphan of the same tree
+    assert (ctx.is_parent_final, ctx.is_family_final, ctx.root_session_id) == (True, True, "r")
+    reg.register("c2", "r")  # r is gone: an orphan of the same family
     assert reg.context_for("c2", False).is_parent_final is None
 
 
 def test_registration_errors_and_unknown_sessions():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("r")
     with pytest.raises(ValueError, match="already registered"):
         reg.register("r")
     with pytest.raises(ValueError, match="cannot have root_session_id"):
         reg.register("x", root_session_id="y")
-    with pytest.raises(ValueError, match="belongs to tree 'r'"):
+    with pytest.raises(ValueError, match="belongs to family 'r'"):
         reg.register("c", "r", root_session_id="other")
     reg.register("c", "r", root_session_id="r")
     with pytest.raises(UnknownSessionError):
@@ -210,19 +210,19 @@ def test_registration_errors_and_unknown_sessions():
 
 
 def test_release_all_returns_only_unsignalled_sessions():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     for sid, parent in [("r", None), ("a", "r"), ("b", "r"), ("c", "a")]:
         reg.register(sid, parent)
     turn(reg, "a", final=True)  # signalled on the final path
     reg.end_session("b")  # signalled on DELETE
     assert reg.release_all() == ["r", "c"]
     assert reg.release_all() == []
-    assert len(reg) == 0 and reg.stats().trees == 0
+    assert len(reg) == 0 and reg.stats().families == 0
     assert reg.end_session("r") is False
 
 
 def test_id_reuse_after_end_is_a_new_session():
-    reg = SessionTreeRegistry()
+    reg = SessionFamilyRegistry()
     reg.register("s")
     assert reg.end_session("s") is True
     reg.register("s")
@@ -251,7 +251,7 @@ class RefSession:
 
 
 class Reference:
-    """The finality rules written the obvious way: scan the tree on every question."""
+    """The finality rules written the obvious way: scan the family on every question."""
 
     def __init__(self) -> None:
         self.live: dict[str, RefSession] = {}
@@ -334,7 +334,7 @@ class AgreesWithReference(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.reg = SessionTreeRegistry()
+        self.reg = SessionFamilyRegistry()
         self.ref = Reference()
         self.counter = 0
         self.fired: dict[str, int] = {}
@@ -404,7 +404,7 @@ class AgreesWithReference(RuleBasedStateMachine):
     def same_population(self) -> None:
         stats = self.reg.stats()
         assert stats.sessions == len(self.ref.live)
-        assert stats.trees == len({s.root for s in self.ref.live.values()})
+        assert stats.families == len({s.root for s in self.ref.live.values()})
 
     def teardown(self) -> None:
         released = self.reg.release_all()
@@ -435,14 +435,14 @@ class Honest:
 class HonestClients(RuleBasedStateMachine):
     """Clients that keep their promises (declare before spawning, no turn after a final one).
 
-    Safety: once any request of a tree was stamped `is_tree_final`, no session of that tree
+    Safety: once any request of a family was stamped `is_family_final`, no session of that family
     ever sends another request or spawns a child. Precision: the flag is True exactly when
     the clients' own bookkeeping says nothing else can follow.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.reg = SessionTreeRegistry()
+        self.reg = SessionFamilyRegistry()
         self.live: dict[str, Honest] = {}
         self.closed: set[str] = set()
         self.counter = 0
@@ -452,7 +452,7 @@ class HonestClients(RuleBasedStateMachine):
         return f"h{self.counter}"
 
     def _request_from(self, root: str) -> None:
-        assert root not in self.closed, f"tree {root} was stamped final but sent again"
+        assert root not in self.closed, f"family {root} was stamped final but sent again"
 
     def _can_turn(self) -> list[str]:
         return sorted(s for s, h in self.live.items() if not h.in_flight and not h.final_done)
@@ -490,9 +490,9 @@ class HonestClients(RuleBasedStateMachine):
             and not any(m.credits or m.open_window for m in members)
         )
         ctx = self.reg.context_for(sid, final)
-        assert ctx.is_tree_final == expected
+        assert ctx.is_family_final == expected
         h.in_flight, h.turn_final = True, final
-        if ctx.is_tree_final:
+        if ctx.is_family_final:
             self.closed.add(h.root)
 
     @precondition(lambda self: any(h.in_flight for h in self.live.values()))
@@ -524,7 +524,7 @@ class HonestClients(RuleBasedStateMachine):
         del self.live[sid]
 
 
-def test_tree_final_is_never_followed_by_another_request():
+def test_family_final_is_never_followed_by_another_request():
     run_state_machine_as_test(
         HonestClients,
         settings=settings(max_examples=300, stateful_step_count=50, deadline=None),

@@ -1,12 +1,12 @@
-"""Session tree registry: who belongs to which tree, and what can be proven final.
+"""Session family registry: who belongs to which family, and what can be proven final.
 
-One registry per worker (a whole tree lives on one worker because children shard on their
+One registry per worker (a whole family lives on one worker because children shard on their
 root id). Everything is plain data mutated synchronously, so it is safe from asyncio code as
 long as callers do not await between reading a context and using it; every call is O(1)
-(tree-wide facts are kept as counters, never recomputed by walking the tree).
+(family-wide facts are kept as counters, never recomputed by walking the family).
 
-Finality is conservative by construction: `is_tree_final` is True only when the registry can
-prove that, after the current request, no session of the tree may send another one. See
+Finality is conservative by construction: `is_family_final` is True only when the registry can
+prove that, after the current request, no session of the family may send another one. See
 docs/routing.md ("Finality") for the rules and the client protocol they rely on.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sessiongate.routing.base import RoutingContext
+from sessiongate.session_routing.base import RoutingContext
 
 
 class UnknownSessionError(KeyError):
@@ -25,9 +25,9 @@ class UnknownSessionError(KeyError):
 
 
 @dataclass(slots=True, eq=False)
-class _Tree:
+class _Family:
     root_id: str
-    has_root: bool = False  # the root registered here (a tree of orphans proves nothing)
+    has_root: bool = False  # the root registered here (a family of orphans proves nothing)
     size: int = 0  # registered sessions that have not ended
     open_count: int = 0  # sessions that may still send a turn (not final, not ended)
     declaring: int = 0  # sessions with an outstanding branch declaration
@@ -39,7 +39,7 @@ class _Node:
     session_id: str
     parent_id: str | None
     parent: _Node | None  # None for roots and orphans; may point at an ended node
-    tree: _Tree
+    family: _Family
     orphan: bool = False
     open: bool = True  # not final and not ended
     ended: bool = False
@@ -55,13 +55,13 @@ class _Node:
 
 
 @dataclass(frozen=True, slots=True)
-class TreeStats:
+class FamilyStats:
     sessions: int
-    trees: int
-    reopened: int  # times a tree with nothing outstanding became active again
+    families: int
+    reopened: int  # times a family with nothing outstanding became active again
 
 
-class SessionTreeRegistry:
+class SessionFamilyRegistry:
     """Roots, parent/child links, outstanding descendants and branch declarations.
 
     Call order per session: `register` once; per turn `declare_branch` (optional, before the
@@ -73,7 +73,7 @@ class SessionTreeRegistry:
 
     def __init__(self) -> None:
         self._nodes: dict[str, _Node] = {}
-        self._trees: dict[str, _Tree] = {}
+        self._families: dict[str, _Family] = {}
         self._reopened = 0
 
     # -- membership ---------------------------------------------------------------------
@@ -85,10 +85,10 @@ class SessionTreeRegistry:
         *,
         root_session_id: str | None = None,
     ) -> None:
-        """Add a session; children join their parent's tree at any time (even late).
+        """Add a session; children join their parent's family at any time (even late).
 
         A child whose parent is unknown here (ended, lost, never seen) is an orphan: it joins
-        the tree of `root_session_id` (default: the parent id) but that tree can no longer be
+        the family of `root_session_id` (default: the parent id) but that family can no longer be
         proven final while the orphan lives, and its `is_parent_final` is None.
         """
         if session_id in self._nodes:
@@ -99,26 +99,26 @@ class SessionTreeRegistry:
                 raise ValueError(
                     f"root session {session_id!r} cannot have root_session_id {root_session_id!r}"
                 )
-            tree = self._tree(session_id)
-            tree.has_root = True
+            family = self._family(session_id)
+            family.has_root = True
         else:
             parent = self._nodes.get(parent_session_id)
             if parent is not None:
-                tree = parent.tree
-                if root_session_id is not None and root_session_id != tree.root_id:
+                family = parent.family
+                if root_session_id is not None and root_session_id != family.root_id:
                     raise ValueError(
-                        f"parent {parent_session_id!r} belongs to tree {tree.root_id!r}, "
+                        f"parent {parent_session_id!r} belongs to family {family.root_id!r}, "
                         f"not {root_session_id!r}"
                     )
             else:
-                tree = self._tree(root_session_id or parent_session_id)
-        self._note_reopen(tree)
+                family = self._family(root_session_id or parent_session_id)
+        self._note_reopen(family)
         orphan = parent_session_id is not None and parent is None
-        node = _Node(session_id, parent_session_id, parent, tree, orphan=orphan)
+        node = _Node(session_id, parent_session_id, parent, family, orphan=orphan)
         if orphan:
-            tree.orphans += 1
-        tree.size += 1
-        tree.open_count += 1
+            family.orphans += 1
+        family.size += 1
+        family.open_count += 1
         self._nodes[session_id] = node
         if parent is not None and parent.expected_children > 0:
             was = parent.declaring
@@ -139,7 +139,7 @@ class SessionTreeRegistry:
         if count == 0:
             return
         was = node.declaring
-        self._note_reopen(node.tree)
+        self._note_reopen(node.family)
         if count is None:
             node.open_decl_turn = node.turns if node.in_flight else node.turns + 1
         else:
@@ -151,7 +151,7 @@ class SessionTreeRegistry:
     def context_for(self, session_id: str, is_final_turn: bool) -> RoutingContext:
         """Begin a turn of `session_id` and return the context its request is stamped with."""
         node = self._live(session_id)
-        tree = node.tree
+        family = node.family
         node.turns += 1
         node.in_flight = True
         if node.open_decl_turn is not None and node.open_decl_turn < node.turns:
@@ -159,25 +159,25 @@ class SessionTreeRegistry:
             node.open_decl_turn = None
             self._declaring_changed(node, True)
         if not node.open:
-            # A turn after the session's final one: it is active again, and so is its tree.
-            self._note_reopen(tree)
+            # A turn after the session's final one: it is active again, and so is its family.
+            self._note_reopen(family)
             node.open = True
-            tree.open_count += 1
+            family.open_count += 1
         parent = node.parent
         return RoutingContext(
             session_id=session_id,
             parent_session_id=node.parent_id,
-            root_session_id=tree.root_id,
+            root_session_id=family.root_id,
             is_final_turn=is_final_turn,
             is_parent_final=None if parent is None else not parent.open,
-            # Only this session is still open, nobody owes children, and the tree's root and
+            # Only this session is still open, nobody owes children, and the family's root and
             # every member are known: nothing else can follow this request.
-            is_tree_final=(
+            is_family_final=(
                 is_final_turn
-                and tree.open_count == 1
-                and tree.declaring == 0
-                and tree.orphans == 0
-                and tree.has_root
+                and family.open_count == 1
+                and family.declaring == 0
+                and family.orphans == 0
+                and family.has_root
             ),
         )
 
@@ -196,7 +196,7 @@ class SessionTreeRegistry:
             return False
         if node.open:
             node.open = False
-            node.tree.open_count -= 1
+            node.family.open_count -= 1
         return self._claim_notification(node)
 
     def end_session(self, session_id: str) -> bool:
@@ -204,21 +204,21 @@ class SessionTreeRegistry:
         node = self._nodes.pop(session_id, None)
         if node is None:
             return False
-        tree = node.tree
+        family = node.family
         was = node.declaring
         node.expected_children = 0
         node.open_decl_turn = None
         self._declaring_changed(node, was)
         if node.open:
             node.open = False
-            tree.open_count -= 1
+            family.open_count -= 1
         node.ended = True
         node.in_flight = False
         if node.orphan:
-            tree.orphans -= 1
-        tree.size -= 1
-        if tree.size == 0 and self._trees.get(tree.root_id) is tree:
-            del self._trees[tree.root_id]
+            family.orphans -= 1
+        family.size -= 1
+        if family.size == 0 and self._families.get(family.root_id) is family:
+            del self._families[family.root_id]
         # Children keep a reference to this node so their is_parent_final stays True.
         return self._claim_notification(node)
 
@@ -230,7 +230,7 @@ class SessionTreeRegistry:
             node.ended = True
             node.open = False
         self._nodes.clear()
-        self._trees.clear()
+        self._families.clear()
         return pending
 
     # -- queries ------------------------------------------------------------------------
@@ -242,11 +242,13 @@ class SessionTreeRegistry:
         return len(self._nodes)
 
     def root_of(self, session_id: str) -> str:
-        """Root id of a registered session (what tree-level affinity hashes)."""
-        return self._live(session_id).tree.root_id
+        """Root id of a registered session (what family-level affinity hashes)."""
+        return self._live(session_id).family.root_id
 
-    def stats(self) -> TreeStats:
-        return TreeStats(sessions=len(self._nodes), trees=len(self._trees), reopened=self._reopened)
+    def stats(self) -> FamilyStats:
+        return FamilyStats(
+            sessions=len(self._nodes), families=len(self._families), reopened=self._reopened
+        )
 
     # -- internals ----------------------------------------------------------------------
 
@@ -256,23 +258,23 @@ class SessionTreeRegistry:
             raise UnknownSessionError(session_id)
         return node
 
-    def _tree(self, root_id: str) -> _Tree:
-        tree = self._trees.get(root_id)
-        if tree is None:
-            tree = self._trees[root_id] = _Tree(root_id)
-        return tree
+    def _family(self, root_id: str) -> _Family:
+        family = self._families.get(root_id)
+        if family is None:
+            family = self._families[root_id] = _Family(root_id)
+        return family
 
-    def _note_reopen(self, tree: _Tree) -> None:
-        # Counted for /metrics: a tree that had nothing outstanding becomes active again
+    def _note_reopen(self, family: _Family) -> None:
+        # Counted for /metrics: a family that had nothing outstanding becomes active again
         # (late child, turn after a final one, or a new declaration).
-        if tree.size > 0 and tree.open_count == 0 and tree.declaring == 0:
+        if family.size > 0 and family.open_count == 0 and family.declaring == 0:
             self._reopened += 1
 
     @staticmethod
     def _declaring_changed(node: _Node, was: bool) -> None:
         now = node.declaring
         if now != was:
-            node.tree.declaring += 1 if now else -1
+            node.family.declaring += 1 if now else -1
 
     @staticmethod
     def _claim_notification(node: _Node) -> bool:

@@ -1,5 +1,5 @@
 """Per-worker glue between the session core and a routing mode: finality and branch headers
-from the client, the tree registry, stamping each upstream turn, and on_session_end exactly
+from the client, the family registry, stamping each upstream turn, and on_session_end exactly
 once per session."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sessiongate.errors import BadRequest
-from sessiongate.routing.base import RoutingContext, SessionRoutingMode
-from sessiongate.routing.tree import SessionTreeRegistry
+from sessiongate.session_routing.base import RoutingContext, SessionRoutingMode
+from sessiongate.session_routing.families import SessionFamilyRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def branch_declaration(headers: Sequence[tuple[str, str]]) -> tuple[bool, int | 
 class SessionStamper:
     def __init__(self, mode: SessionRoutingMode) -> None:
         self.mode = mode
-        self.tree = SessionTreeRegistry()
+        self.families = SessionFamilyRegistry()
         self.ended = 0
         # The mode's rewrite of encoded bodies, if it has one (dynamo_nvext): the server then
         # splices into the bytes instead of re-serialising the parsed body.
@@ -61,16 +61,16 @@ class SessionStamper:
         )
 
     def register(self, session_id: str, parent_id: str | None) -> None:
-        self.tree.register(session_id, parent_id)
+        self.families.register(session_id, parent_id)
 
     def begin_turn(
         self, session_id: str, headers: Sequence[tuple[str, str]]
     ) -> tuple[RoutingContext, bool]:
         declared, count = branch_declaration(headers)
         if declared:
-            self.tree.declare_branch(session_id, count)
+            self.families.declare_branch(session_id, count)
         final = is_final_turn(headers)
-        return self.tree.context_for(session_id, is_final_turn=final), final
+        return self.families.context_for(session_id, is_final_turn=final), final
 
     @property
     def mutates_body(self) -> bool:
@@ -95,15 +95,15 @@ class SessionStamper:
 
     def finish_turn(self, session_id: str, *, final: bool, succeeded: bool) -> None:
         # A final turn that failed may be retried by the client: not final yet.
-        if self.tree.finish_turn(session_id, final=final and succeeded):
+        if self.families.finish_turn(session_id, final=final and succeeded):
             self._ended(session_id)
 
     def end(self, session_id: str) -> None:
-        if session_id in self.tree and self.tree.end_session(session_id):
+        if session_id in self.families and self.families.end_session(session_id):
             self._ended(session_id)
 
     def release_all(self) -> None:
-        for session_id in self.tree.release_all():
+        for session_id in self.families.release_all():
             self._ended(session_id)
 
     def _ended(self, session_id: str) -> None:

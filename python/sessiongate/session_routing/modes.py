@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from sessiongate.primitives import HeaderStamper, nvext_session_control
 from sessiongate.primitives.header_names import split_header_names, validate_header_name
-from sessiongate.routing.base import RoutingContext, RoutingOptions, SessionRoutingMode
+from sessiongate.session_routing.base import RoutingContext, RoutingOptions, SessionRoutingMode
 
 DYNAMO_SESSION_HEADER = "X-Dynamo-Session-ID"
 DYNAMO_PARENT_HEADER = "X-Dynamo-Parent-Session-ID"

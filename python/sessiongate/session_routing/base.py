@@ -1,6 +1,6 @@
 """The contract between the gateway and a session routing mode.
 
-A mode turns a `RoutingContext` (who is asking, where in its session tree, how final) into
+A mode turns a `RoutingContext` (who is asking, where in its session family, how final) into
 the headers and/or body rewrite a router in front of the engines understands. One mode
 instance serves a whole worker, so modes must be cheap per call and keep no per-request
 state; per-session state, if any, is released in `on_session_end`.
@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict
 class RoutingContext:
     """What a mode knows about the turn being stamped.
 
-    `is_parent_final` is None for roots and when the parent is unknown; `is_tree_final` is
-    False whenever finality of the whole tree cannot be proven (see docs/routing.md).
+    `is_parent_final` is None for roots and when the parent is unknown; `is_family_final` is
+    False whenever finality of the whole family cannot be proven (see docs/routing.md).
     """
 
     session_id: str
@@ -28,13 +28,13 @@ class RoutingContext:
     root_session_id: str
     is_final_turn: bool = False
     is_parent_final: bool | None = None
-    is_tree_final: bool = False
+    is_family_final: bool = False
 
     @classmethod
     def for_root(cls, session_id: str, *, is_final_turn: bool = False) -> RoutingContext:
-        """Context of a session that is known to be its tree's root and to have no children.
+        """Context of a session that is known to be its family's root and to have no children.
 
-        Such a tree is final exactly when this turn is (no tree registry needed).
+        Such a family is final exactly when this turn is (no family registry needed).
         """
         return cls(
             session_id=session_id,
@@ -42,8 +42,13 @@ class RoutingContext:
             root_session_id=session_id,
             is_final_turn=is_final_turn,
             is_parent_final=None,
-            is_tree_final=is_final_turn,
+            is_family_final=is_final_turn,
         )
+
+    @property
+    def is_tree_final(self) -> bool:
+        """The earlier name of `is_family_final`, kept for plugins written against it."""
+        return self.is_family_final
 
 
 class RoutingOptions(BaseModel):

@@ -16,8 +16,8 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from sessiongate.routing.base import SessionRoutingMode
-from sessiongate.routing.modes import BUILTIN_MODES
+from sessiongate.session_routing.base import SessionRoutingMode
+from sessiongate.session_routing.modes import BUILTIN_MODES
 
 ENTRY_POINT_GROUP = "sessiongate.session_routing"
 OPTION_FLAG = "--session-routing-opt"
@@ -112,7 +112,7 @@ def check_mode_class(obj: object, *, expected_name: str | None = None) -> type[S
     """Refuse a mode class that breaks the contract in base.py; return it typed."""
     if not (isinstance(obj, type) and issubclass(obj, SessionRoutingMode)):
         raise RoutingConfigError(
-            f"{obj!r} must be a subclass of sessiongate.routing.SessionRoutingMode"
+            f"{obj!r} must be a subclass of sessiongate.session_routing.SessionRoutingMode"
         )
     where = _qualified(obj)
     if inspect.isabstract(obj):
@@ -145,7 +145,7 @@ def check_mode_class(obj: object, *, expected_name: str | None = None) -> type[S
     if config.get("extra") != "forbid" or not config.get("frozen", False):
         raise RoutingConfigError(
             f"{where}.Options must set model_config = ConfigDict(extra='forbid', frozen=True) "
-            "(derive it from sessiongate.routing.RoutingOptions)"
+            "(derive it from sessiongate.session_routing.RoutingOptions)"
         )
     return obj
 

@@ -1,12 +1,17 @@
 """Session routing: stamp session identity onto upstream requests for external routers.
 
 See docs/routing.md. The server builds one mode with `load_mode` and one
-`SessionTreeRegistry` per worker, then per turn: `ctx = tree.context_for(...)`,
+`SessionFamilyRegistry` per worker, then per turn: `ctx = families.context_for(...)`,
 `mode.headers(ctx)`, and `mode.transform_body(body, ctx)` when `mode.mutates_body`.
 """
 
-from sessiongate.routing.base import RoutingContext, RoutingOptions, SessionRoutingMode
-from sessiongate.routing.modes import (
+from sessiongate.session_routing.base import RoutingContext, RoutingOptions, SessionRoutingMode
+from sessiongate.session_routing.families import (
+    FamilyStats,
+    SessionFamilyRegistry,
+    UnknownSessionError,
+)
+from sessiongate.session_routing.modes import (
     BUILTIN_MODES,
     DynamoHeaders,
     DynamoNvext,
@@ -14,7 +19,7 @@ from sessiongate.routing.modes import (
     SessionIdHeader,
     SmgRoutingKey,
 )
-from sessiongate.routing.registry import (
+from sessiongate.session_routing.registry import (
     ENTRY_POINT_GROUP,
     ModeInfo,
     OptionInfo,
@@ -24,24 +29,27 @@ from sessiongate.routing.registry import (
     list_modes,
     load_mode,
 )
-from sessiongate.routing.tree import SessionTreeRegistry, TreeStats, UnknownSessionError
+
+# The earlier name of the family registry, kept for plugins written against it.
+SessionTreeRegistry = SessionFamilyRegistry
 
 __all__ = [
     "BUILTIN_MODES",
     "ENTRY_POINT_GROUP",
     "DynamoHeaders",
     "DynamoNvext",
+    "FamilyStats",
     "IdentityHeaders",
     "ModeInfo",
     "OptionInfo",
     "RoutingConfigError",
     "RoutingContext",
     "RoutingOptions",
+    "SessionFamilyRegistry",
     "SessionIdHeader",
     "SessionRoutingMode",
     "SessionTreeRegistry",
     "SmgRoutingKey",
-    "TreeStats",
     "UnknownSessionError",
     "available_mode_names",
     "check_mode_class",
