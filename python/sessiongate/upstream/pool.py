@@ -1,14 +1,14 @@
 """Several upstreams with session-family affinity.
 
-Each session family (a root session and its sub-agents) is pinned to one upstream, chosen
-by rendezvous (highest random weight) hashing of its root id over the healthy upstreams, so
-a family shares one replica and its prefix cache, and removing an upstream moves only the families that were on it. Upstreams are
-probed periodically; a connection failure (nothing sent) marks the upstream down, re-pins
-the family to the next upstream in its rendezvous order and retries the request once.
-
-The health state is also what `/health` and `/metrics` report, so it is kept with one
-upstream too: the probe runs whatever the count, a transport failure of a real request marks
-the upstream down at once and any reply (below 500) marks it up again.
+Each session family (a root session and its sub-agents) is pinned to one upstream, chosen by
+rendezvous (highest random weight) hashing of its root id over the healthy upstreams, so a
+family shares one replica and its prefix cache, and removing an upstream moves only the
+families that were on it. Upstreams are probed periodically; a connection failure (nothing
+sent) marks the upstream down, re-pins the family to the next upstream in its rendezvous
+order and retries the request once. The health state is also what `/health` and `/metrics`
+report, so it is kept with one upstream too: the probe runs whatever the count, a transport
+failure of a real request marks the upstream down at once and any reply (below 500) marks it
+up again.
 """
 
 from __future__ import annotations
