@@ -5,10 +5,11 @@ rendezvous (highest random weight) hashing of its root id over the healthy upstr
 family shares one replica and its prefix cache, and removing an upstream moves only the
 families that were on it. Upstreams are probed periodically; a connection failure (nothing
 sent) marks the upstream down, re-pins the family to the next upstream in its rendezvous
-order and retries the request once. The health state is also what `/health` and `/metrics`
-report, so it is kept with one upstream too: the probe runs whatever the count, a transport
-failure of a real request marks the upstream down at once and any reply (below 500) marks it
-up again.
+order and retries the request once.
+
+The health state is also what `/health` and `/metrics` report, so it is kept with one
+upstream too: the probe runs whatever the count, a transport failure of a real request marks
+the upstream down at once and any reply (below 500) marks it up again.
 """
 
 from __future__ import annotations
