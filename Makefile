@@ -40,9 +40,9 @@ check-sdist:
 	$(PYTHON) scripts/sdist_roundtrip.py --dist $(DIST) --policy $(POLICY)
 
 # The x86-64 wheel in fresh venvs (3.11, 3.12, 3.13), no Rust on PATH, run from outside
-# the checkout (tests/test_wheel.py).
+# the checkout (tests/package/test_wheel.py).
 test-wheel:
-	SESSIONGATE_WHEEL_DIR=$(abspath $(DIST)) $(PYTHON) -m pytest tests/test_wheel.py -v
+	SESSIONGATE_WHEEL_DIR=$(abspath $(DIST)) $(PYTHON) -m pytest tests/package/test_wheel.py -v
 
 # An aarch64 CPython from Debian's arm64 packages, unpacked (not installed) into a folder.
 aarch64-root:

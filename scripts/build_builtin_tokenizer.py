@@ -7,7 +7,7 @@ code and numbers), plus a ChatML-style chat template.
 
 The build is deterministic: the corpus comes from a seeded ``random.Random``, training runs
 single-threaded, and the JSON files are written with fixed formatting, so running the script
-twice yields byte-identical files (tests/test_tokenizer.py checks this).
+twice yields byte-identical files (tests/session/test_tokenizer.py checks this).
 
 Usage::
 

@@ -1,6 +1,6 @@
 """Type stub for ``sessiongate._core``, the compiled Rust core.
 
-Hand-kept and complete: ``tests/test_core_stub.py`` checks that every public name of the
+Hand-kept and complete: ``tests/package/test_core_stub.py`` checks that every public name of the
 compiled module is declared here and vice versa, with matching parameter names. Use the
 module through :mod:`sessiongate.primitives`, which also provides the pure-Python twins.
 """

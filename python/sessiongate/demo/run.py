@@ -36,7 +36,7 @@ from sessiongate.process.children import PARENT_PID_ENV
 
 if TYPE_CHECKING:
     # Loads the tokenizer: imported where used, so `sessiongate _router` (which parses the
-    # same CLI) never loads it (tests/test_dataplane.py).
+    # same CLI) never loads it (tests/dataplane/test_dataplane.py).
     from sessiongate.demo.verify_trees import TreeVerifier
 
 SHOWN_PROBLEMS = 20

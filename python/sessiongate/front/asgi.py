@@ -216,7 +216,7 @@ class GatewayApp:
 
 def _build_docs_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
     # Imported here, never at module level: the router must not load FastAPI unless asked
-    # for its documentation (tests/test_dataplane.py).
+    # for its documentation (tests/dataplane/test_dataplane.py).
     from sessiongate.front.openapi import build_app
 
     app = build_app()

@@ -5,7 +5,7 @@ hands it exactly those two paths, so no chat or proxy request ever goes through 
 (docs/architecture.md, "FastAPI for the documented surface"). The routes below are declared
 purely so FastAPI generates their schema from the pydantic models in `schemas.py`; their
 handlers are never called. Built on the first request for either path, so the router stays
-light (tests/test_dataplane.py checks it never imports fastapi otherwise).
+light (tests/dataplane/test_dataplane.py checks it never imports fastapi otherwise).
 """
 
 from __future__ import annotations

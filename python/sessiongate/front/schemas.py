@@ -3,7 +3,7 @@
 The gateway never validates traffic with these: the front end does not parse bodies and the
 session core checks exactly the fields it reads (docs/api.md). They describe the wire format
 truthfully, so they are loose where the wire is (extra members pass through, upstream replies
-are the upstream's), and `tests/test_schema.py` holds the served replies to them.
+are the upstream's), and `tests/front/test_schema.py` holds the served replies to them.
 Imported only by `front/openapi.py`, itself loaded on the first `/openapi.json` or `/docs`.
 """
 

@@ -31,9 +31,8 @@ from sessiongate.dataplane.transport.frames import (
     HEARTBEAT_INTERVAL,
     decode_credit,
 )
-from sessiongate.errors import GatewayError
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
-from sessiongate.protocol import CoreReply, CoreRequest, Op, close_stream, error_reply
+from sessiongate.protocol import CoreReply, CoreRequest, close_stream
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
 
 def _request_from(meta: dict[str, Any], body: bytes) -> CoreRequest:
     return CoreRequest(
-        op=Op.parse(str(meta["op"])),
+        op=str(meta["op"]),
         session_id=meta.get("session_id"),
         path=str(meta.get("path", "")),
         method=str(meta.get("method", "GET")),
@@ -152,12 +151,7 @@ class WorkerLoop:
         reply: CoreReply | None = None
         try:
             meta, body = decode_envelope(payload)
-            try:
-                request = _request_from(meta, bytes(body))
-            except GatewayError as exc:  # an op this worker does not know: that request's 400
-                reply = error_reply(exc)
-            else:
-                reply = await self.handler(request)
+            reply = await self.handler(_request_from(meta, bytes(body)))
             await self._send_reply(request_id, reply)
         except asyncio.CancelledError:
             pass

@@ -1,0 +1,204 @@
+"""--tito-model: per-family TITO defaults, and a short agent session per supported family
+rendered with a template in that family's style (tests/support/family_templates.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessiongate.cli import build_parser
+from sessiongate.errors import BadRequest
+from sessiongate.server.serve import session_settings_from
+from sessiongate.session.settings import SessionSettings
+from sessiongate.session.tito import TitoEngine
+from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
+from sessiongate.session.tito_families import NOT_SUPPORTED
+from sessiongate.session.turn_options import turn_argv
+from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
+from support.family_templates import FAMILIES, family_tokenizer_dir
+
+
+def serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def settings(*argv: str) -> SessionSettings:
+    return session_settings_from(serve_args(*argv))
+
+
+def test_without_a_family_the_defaults_are_unchanged() -> None:
+    s = settings()
+    assert s.allowed_append_roles == {"tool", "user"}
+    assert s.max_trim_tokens == 0
+    assert dict(s.chat_template_kwargs) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "roles"),
+    [
+        ("qwen3", {"clear_thinking": False}, {"tool", "user", "system", "assistant"}),
+        ("qwen35", {"clear_thinking": False}, {"tool", "user", "assistant"}),
+        ("kimi26", {"preserve_thinking": True}, {"tool", "user", "system", "assistant"}),
+        # MiniMax's template renders only a leading system message: a later one would vanish.
+        ("minimax_m25", {"clear_thinking": False}, {"tool", "user", "assistant"}),
+        (
+            "nemotron3",
+            {"truncate_history_thinking": False},
+            {"tool", "user", "system", "assistant"},
+        ),
+    ],
+)
+def test_a_family_sets_its_defaults(name: str, kwargs: dict[str, Any], roles: set[str]) -> None:
+    s = settings("--tito-model", name)
+    assert dict(s.chat_template_kwargs) == kwargs
+    assert s.allowed_append_roles == roles
+    assert s.max_trim_tokens == 0
+
+
+def test_explicit_flags_win_over_the_family() -> None:
+    s = settings(
+        "--tito-model",
+        "minimax_m25",
+        "--allowed-append-roles",
+        "tool,user,system",
+        "--max-trim-tokens",
+        "2",
+        "--chat-template-kwargs",
+        '{"clear_thinking": true, "x": 1}',
+    )
+    assert s.allowed_append_roles == {"tool", "user", "system"}
+    assert s.max_trim_tokens == 2
+    assert dict(s.chat_template_kwargs) == {"clear_thinking": True, "x": 1}
+
+
+def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
+    args = serve_args("--tito-model", "qwen35")
+    session_settings_from(args)
+    argv = turn_argv(args)
+    assert argv[argv.index("--tito-model") + 1] == "qwen35"
+    # Set on the namespace the worker argv is built from (serve passes these two itself).
+    assert args.allowed_append_roles == "assistant,tool,user"
+    assert args.max_trim_tokens == 0
+
+
+def test_unknown_and_unsupported_names_are_clear_errors() -> None:
+    with pytest.raises(SystemExit, match=r"unknown model family 'qwen9'.*known: default, qwen3"):
+        settings("--tito-model", "qwen9")
+    for name in NOT_SUPPORTED:
+        with pytest.raises(SystemExit, match=rf"'{name}' is not supported yet"):
+            settings("--tito-model", name)
+
+
+# --- a short agent session per family -----------------------------------------------------
+
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+}
+TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
+
+
+def _sample(
+    tok: ChatTokenizer,
+    engine: TitoEngine,
+    history: list[dict[str, Any]],
+    reply: dict[str, Any],
+    kwargs: dict[str, Any],
+) -> list[int]:
+    """The ids an engine samples for `reply`: the text the template renders for it after the
+    generation prompt, through the end-of-turn token."""
+    prompt = tok.render(
+        history, add_generation_prompt=True, tools=TOOLS, chat_template_kwargs=kwargs
+    )
+    full = tok.render(
+        [*history, reply], add_generation_prompt=False, tools=TOOLS, chat_template_kwargs=kwargs
+    )
+    assert full.startswith(prompt)
+    ids = tok.encode(full[len(prompt) :])
+    return ids[: ids.index(engine.end_of_turn_id) + 1]
+
+
+def run_agent_session(
+    tok: ChatTokenizer, kwargs: dict[str, Any], sampled_with: dict[str, Any]
+) -> tuple[bool, list[dict[str, Any]]]:
+    """system, user -> reasoning + tool call -> tool -> reasoning + answer -> user ->
+    reasoning + answer. Returns whether every prompt equalled a full render of the history,
+    and the mismatches of the accumulated ids against a fresh render at the end.
+
+    The gateway renders with `kwargs`; the model's replies are what the template renders
+    under `sampled_with` (the model reasons whatever the gateway was told).
+    """
+    engine = TitoEngine(tok, chat_template_kwargs=kwargs)
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helper."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
+    replies = [
+        (
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Use the tool.",
+                "tool_calls": [CALL],
+            },
+            [{"role": "tool", "tool_call_id": "call_1", "content": "21 C"}],
+        ),
+        (
+            {"role": "assistant", "content": "It is 21 C.", "reasoning_content": "Got it."},
+            [{"role": "user", "content": "Thanks!"}],
+        ),
+        ({"role": "assistant", "content": "You are welcome.", "reasoning_content": "Polite."}, []),
+    ]
+    accumulated = engine.first_turn_ids(history, TOOLS)
+    exact = True
+    for reply, appended in replies:
+        accumulated = accumulated + _sample(tok, engine, history, reply, sampled_with)
+        history.append(reply)
+        if not appended:
+            break
+        accumulated = [
+            *accumulated,
+            *engine.junction_ids(accumulated),
+            *engine.appended_ids(reply, appended, TOOLS),
+        ]
+        history += appended
+        exact = exact and accumulated == tok.apply_chat_template(
+            history, add_generation_prompt=True, tools=TOOLS, chat_template_kwargs=kwargs
+        )
+    return exact, engine.mismatches(history, TOOLS, accumulated)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))  # every supported family but default
+def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, name: str) -> None:
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
+    kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
+    assert kwargs == dict(TITO_FAMILIES[name].template_kwargs)
+    assert run_agent_session(tok, kwargs, kwargs) == (True, [])
+    # Without them the template drops earlier reasoning once the history grows: the prompts
+    # and the record are no longer what a re-render gives.
+    exact, found = run_agent_session(tok, {}, kwargs)
+    assert not exact
+    assert found != []
+
+
+@pytest.mark.parametrize("name", ["minimax_m25", "qwen35"])
+def test_families_without_system_appends_lose_or_refuse_them(tmp_path: Path, name: str) -> None:
+    # Why those families leave `system` out of the appended roles.
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
+    engine = TitoEngine(tok)
+    stub = {"role": "assistant", "content": "ok"}
+    appended = [{"role": "system", "content": "New rule."}]
+    if name == "qwen35":
+        with pytest.raises(BadRequest, match="System message must be at the beginning"):
+            engine.appended_ids(stub, appended, None)
+    else:
+        assert "New rule." not in tok.decode(engine.appended_ids(stub, appended, None))
+    assert "system" not in settings("--tito-model", name).allowed_append_roles
+
+
+def test_every_supported_family_has_a_test_template() -> None:
+    assert set(TITO_FAMILIES) - {"default"} == set(FAMILIES)
