@@ -1,4 +1,4 @@
-"""Errors the session core raises; each carries the HTTP status the brief assigns to it."""
+"""Errors the session core raises; each carries its HTTP status (docs/api.md)."""
 
 from __future__ import annotations
 

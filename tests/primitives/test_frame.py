@@ -28,7 +28,8 @@ def impl(request: pytest.FixtureRequest) -> SimpleNamespace:
 
 
 def frame(ftype: int, rid: int, payload: bytes) -> bytes:
-    """The layout of DESIGN.md, written out independently of both implementations."""
+    """The layout of docs/architecture.md ("Wire contracts"), written out independently of both
+    implementations."""
     return struct.pack(">QQB", 9 + len(payload), rid, ftype) + payload
 
 

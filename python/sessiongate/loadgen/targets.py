@@ -227,7 +227,7 @@ class OpenAITarget(Target):
     async def open(
         self, parent: SessionHandle | None
     ) -> tuple[SessionHandle | None, Exchange | None]:
-        # Ids follow the gateway's shape (DESIGN "Shard key and ids"): a child is
+        # Ids follow the gateway's shape (docs/architecture.md, "Wire contracts"): a child is
         # <root>.<hex>, so anything that shards on the text before the first '.' keeps families
         # together.
         if parent is None:

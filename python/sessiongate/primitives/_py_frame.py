@@ -1,6 +1,6 @@
 """Pure-Python twin of the Rust IPC frame codec (``rust/frame.rs``).
 
-Layout (DESIGN.md "IPC frame", docs/ipc.md)::
+Layout (docs/architecture.md "Wire contracts", docs/ipc.md)::
 
     frame    = u64 BE length (9 + len(payload)) | u64 BE request_id | u8 type | payload
     envelope = u64 BE meta_len | compact JSON meta | raw body

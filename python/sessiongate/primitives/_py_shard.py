@@ -1,7 +1,7 @@
 """Pure-Python twin of the Rust shard primitives (``rust/shard.rs``).
 
 Results, exception types and messages match the Rust implementation; see ``docs/ipc.md``
-and DESIGN.md "Shard key and ids". This module is also the baseline the benchmarks compare
+and docs/architecture.md "Wire contracts". This module is also the baseline the benchmarks compare
 the Rust core against, so the hot paths avoid needless per-call work.
 """
 

@@ -6,7 +6,8 @@ import struct
 
 from sessiongate.primitives import FRAME_ERROR, FRAME_REPLY, FRAME_REQUEST
 
-# Extension types. REQUEST/REPLY/ERROR (1-3) keep the brief's layout.
+# Extension types. REQUEST/REPLY/ERROR (1-3) keep the layout of docs/architecture.md
+# ("Wire contracts").
 FRAME_REPLY_HEAD = 4  # envelope {status, headers} + empty body; BODY frames then END follow
 FRAME_BODY = 5  # one chunk of a streamed reply body (raw bytes)
 FRAME_END = 6  # end of a streamed body (empty payload)
