@@ -1,4 +1,6 @@
-# Wheels, the sdist and their checks: the steps the release workflow runs
+# The contributor loop (build-dev, lint, fmt, test-fast, test, bench; docs/development.md,
+# "Contributor loop"), run inside the virtualenv that `pip install -e '.[test]'` set up, and
+# the wheels, the sdist and their checks: the steps the release workflow runs
 # (.github/workflows/release.yml), callable here. docs/development.md, "Wheels", says what
 # each produces and checks.
 
@@ -11,8 +13,42 @@ DIST ?= dist
 AARCH64_ROOT ?= /opt/aarch64-root
 MATURIN = $(PYTHON) -m maturin
 
-.PHONY: release-tools wheels wheel-x86_64 wheel-aarch64 sdist check-wheels check-sdist \
+# The same paths .ci/run lints.
+PY_SOURCES = python tests benches scripts
+
+.PHONY: build-dev lint fmt test-fast test bench \
+	release-tools wheels wheel-x86_64 wheel-aarch64 sdist check-wheels check-sdist \
 	test-wheel aarch64-root prove-aarch64 clean-dist
+
+# Editable install into the active virtualenv, release profile (benchmarks of a debug build
+# mean nothing). Python edits apply at once; rerun after Rust edits.
+build-dev:
+	$(MATURIN) develop --release
+
+# What .ci/run checks before the tests, in its order.
+lint:
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+	$(PYTHON) -m ruff check $(PY_SOURCES)
+	$(PYTHON) -m ruff format --check $(PY_SOURCES)
+	$(PYTHON) -m mypy
+
+fmt:
+	cargo fmt
+	$(PYTHON) -m ruff format $(PY_SOURCES)
+	$(PYTHON) -m ruff check --fix $(PY_SOURCES)
+
+# Tests that start no processes (the `procs` marker), stopping at the first failure.
+test-fast:
+	$(PYTHON) -m pytest -m "not procs" -x -q
+
+# The README's test command, the suite CI runs.
+test:
+	$(PYTHON) -m pytest --benchmark-disable
+
+# The micro benchmarks: Rust primitive vs Python twin in one run (docs/performance.md).
+bench:
+	$(PYTHON) -m pytest benches/ --benchmark-only
 
 release-tools:
 	$(PYTHON) -m pip install --group release

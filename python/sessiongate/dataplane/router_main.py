@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("_router")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)

@@ -45,7 +45,7 @@ QUICK = {"sessions": 4, "turns": 3, "child_turns": 1, "concurrency": 2, "trees":
 TREE_GATEWAY_ARGS = ["--workers", "0", "--session-mode", "tree"]
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "demo",
         help="start the mock engine and gateway, run a short bench workload, verify it",

@@ -18,8 +18,10 @@ import json
 import math
 import struct
 import sys
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 ITEM_SIZE = {"I32": 4, "F32": 4, "U8": 1, "I64": 8, "F64": 8}
 # Rank of each dtype in the reference implementation's `Dtype` enum; data goes out highest first.
@@ -38,7 +40,7 @@ class Tensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: bytes | bytearray | memoryview
+    data: bytes | bytearray | memoryview | array[Any]  # any C-contiguous buffer
 
 
 def encode(
@@ -115,7 +117,9 @@ def decode(data: bytes | memoryview) -> tuple[dict[str, Tensor], dict[str, str]]
     return tensors, metadata
 
 
-def typed(tensor: Tensor) -> memoryview:
+def typed(tensor: Tensor) -> memoryview[Any]:  # ints or floats, by dtype
     """A flat typed view of a tensor's data (int32 'i', float32 'f', uint8 'B', ...)."""
-    code = {"I32": "i", "F32": "f", "U8": "B", "I64": "q", "F64": "d"}[tensor.dtype]
+    codes: dict[str, Literal["i", "f", "B", "q", "d"]]
+    codes = {"I32": "i", "F32": "f", "U8": "B", "I64": "q", "F64": "d"}
+    code = codes[tensor.dtype]
     return memoryview(tensor.data).cast("B").cast(code)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,8 @@ from sessiongate.protocol import CoreReply, CoreRequest, Op, close_stream, error
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+# ASGI's type: a mutable mapping, so an app typed to the spec (FastAPI's) can be handed it.
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
 

@@ -205,6 +205,7 @@ class CompiledFrontDoor:
             sock.close()
             return
         config: uvicorn.Config = server.config
+        # uvicorn types the class as type[asyncio.Protocol]; its HTTP protocols take these.
         protocol: asyncio.Protocol = config.http_protocol_class(  # type: ignore[call-arg]
             config=config,
             server_state=server.server_state,
@@ -213,10 +214,11 @@ class CompiledFrontDoor:
         made = protocol.connection_made
 
         def connection_made(transport: asyncio.BaseTransport) -> None:
-            made(transport)  # type: ignore[arg-type]
+            made(transport)
             if data:
                 protocol.data_received(data)
 
+        # This one instance's method, wrapped to replay the bytes the door already read.
         protocol.connection_made = connection_made  # type: ignore[method-assign]
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.connect_accepted_socket(lambda: protocol, sock))

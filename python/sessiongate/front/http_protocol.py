@@ -141,6 +141,7 @@ class GatewayHttpProtocol(HttpToolsProtocol):
 
     # Header timeout -------------------------------------------------------------------
 
+    # uvicorn's signature (a Transport, narrower than asyncio's BaseTransport).
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # uvicorn has no timer for a fresh connection that never sends a byte.

@@ -25,7 +25,7 @@ _PARENT_POLL_S = 0.5
 class QuietServer(uvicorn.Server):
     """uvicorn's Server that does not re-raise the signal it caught; `on_exit` hooks shutdown."""
 
-    on_exit: Callable[[], None] | None = None
+    on_exit: Callable[[], object] | None = None  # what it returns is ignored
 
     def request_exit(self) -> None:
         self.should_exit = True

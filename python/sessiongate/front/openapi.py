@@ -167,6 +167,7 @@ def build_app() -> FastAPI:
             )
         return app.openapi_schema
 
+    # FastAPI's documented hook for a custom schema is assigning the method.
     app.openapi = openapi  # type: ignore[method-assign]
     return app
 

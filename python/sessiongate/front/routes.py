@@ -111,7 +111,7 @@ def classify(
         quoted_id, slash, sub_path = rest.partition("/")
         if not quoted_id:
             raise SessionNotFound("missing session id in the path")
-        session_id = decode_path_id(quoted_id)
+        session_id: str | None = decode_path_id(quoted_id)
         if not slash:
             if method == "GET":
                 return Route(Op.GET, session_id)

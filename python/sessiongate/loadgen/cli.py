@@ -36,7 +36,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "bench",
         help="drive multi-turn, sub-agent session trees against sessiongate or any "
@@ -391,8 +391,8 @@ def choose_workload(args: argparse.Namespace, warmup_sessions: int) -> Workload:
             f"synthetic tree (retry {tree.retry_rate:g}, fork {tree.fork_rate:g} x "
             f"{tree.fork_turns}, resume {tree.resume_rate:g} x {tree.resume_turns})"
         )
-        roots = TreeWorkload(synthetic_options(args), tree)
-        return Workload(roots, sessions, tools, args.r3, label, tree=True)
+        tree_roots = TreeWorkload(synthetic_options(args), tree)
+        return Workload(tree_roots, sessions, tools, args.r3, label, tree=True)
     return Workload(
         SyntheticWorkload(synthetic_options(args)), sessions, tools, args.r3, "synthetic"
     )
@@ -466,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             stream=args.stream,
             timeout=args.timeout,
-            tools=workload.tools,  # type: ignore[arg-type]
+            tools=workload.tools,
             r3=workload.r3,
             ignore_eos=args.ignore_eos,
             records=args.records,

@@ -18,9 +18,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 # A root spec: a `SessionSpec` (sub-agent trees) or a `TreeSessionSpec` (tree sessions);
 # pacing only hands it to the driver.
@@ -54,7 +54,7 @@ class Pacing:
 
 async def _launch(
     specs: Iterator[Spec],
-    run_tree: Callable[[Spec, bool], Awaitable[None]],
+    run_tree: Callable[[Spec, bool], Coroutine[Any, Any, None]],
     pacing: Pacing,
     *,
     warmup: bool,
@@ -99,7 +99,7 @@ async def _launch(
 
 async def drive(
     workload: Iterable[Spec],
-    run_tree: Callable[[Spec, bool], Awaitable[None]],
+    run_tree: Callable[[Spec, bool], Coroutine[Any, Any, None]],
     pacing: Pacing,
     *,
     on_measured: Callable[[], None] | None = None,

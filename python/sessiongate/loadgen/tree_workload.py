@@ -106,7 +106,7 @@ class TreeWorkload:
         t = self.tree
         main = BranchSpec("main", None, line.turns, self._retries(rng, len(line.turns)))
         last = len(line.turns) - 1
-        forks = []
+        forks: list[BranchSpec] = []
         for after in range(last):
             if t.fork_rate > 0 and rng.random() < t.fork_rate:
                 forks.append(self._branch(rng, f"fork{len(forks)}", after, t.fork_turns))

@@ -260,6 +260,7 @@ def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
         raise ApiError(exc.reason, "BadRequest") from exc
     kwargs = body.get("chat_template_kwargs") or {}
     try:
+        # ChatTokenizer's method; TokenizerLike holds only what the generator needs.
         ids = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
             messages,
             add_generation_prompt=True,

@@ -16,7 +16,7 @@ import json
 import random
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -80,7 +80,7 @@ class TokenizerLike(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +257,8 @@ class CompletionGenerator:
         wants_tool = tool_name is not None and rng.random() < self.tool_call_rate
         target = self.completion_tokens + rng.randint(-self.jitter, self.jitter)
         words = self._draw_words(rng, target)
-        think_text, think_ids = "", []
+        think_text = ""
+        think_ids: list[int] = []
         if reasoning:
             think_text, think_ids = self._think_block(key, target)
             target = max(1, target - len(think_ids))
@@ -569,10 +570,12 @@ def _is_byte_level_id(tokenizer: TokenizerLike) -> bool:
 
 
 def _is_byte_level(tokenizer: TokenizerLike) -> bool:
-    try:
-        return _is_byte_level_id(tokenizer)
-    except TypeError:  # an unhashable tokenizer: probe every time
-        return _is_byte_level_id.__wrapped__(tokenizer)
+    if isinstance(tokenizer, Hashable):  # the cache's key
+        try:
+            return _is_byte_level_id(tokenizer)
+        except TypeError:  # a hashable type holding unhashable values
+            pass
+    return _is_byte_level_id.__wrapped__(tokenizer)  # unhashable: probe every time
 
 
 def _first_tool_name(tools: Sequence[Any] | None) -> str | None:
@@ -811,7 +814,7 @@ def routed_experts_b64_parts(
     B = R3_BLOCK_ROWS
     pool = _r3_pool(layers, topk, experts)
     offsets = _block_offsets(tokens, -(-rows // B), (layers, topk, experts), seed, tag)
-    parts: list[bytes | memoryview] = []
+    parts = []
     for j in range(start // B, len(offsets)):
         first = max(start, j * B) - j * B  # a multiple of 3
         groups, extra = divmod(min(rows, (j + 1) * B) - j * B - first, 3)

@@ -8,7 +8,7 @@ def byte_view(
 ) -> memoryview:
     """A flat unsigned-byte view of a C-contiguous bytes-like object (no copy)."""
     try:
-        view = memoryview(obj)  # type: ignore[arg-type]
+        view = memoryview(obj)  # type: ignore[arg-type]  # any object: a TypeError is the answer
     except TypeError:
         raise TypeError(
             f"{func}() argument '{arg}' must be {expected}, not {type(obj).__name__}"

@@ -49,7 +49,7 @@ _BytesLike = bytes | bytearray | memoryview
 
 def _u64_arg(value: object, func: str, arg: str, lo: int = 0, hi: int = _U64_MAX) -> int:
     try:
-        v = operator.index(value)  # type: ignore[call-overload]
+        v = operator.index(value)  # type: ignore[arg-type]  # any object: a TypeError is the answer
     except TypeError:
         raise TypeError(
             f"{func}() argument '{arg}' must be int, not {type(value).__name__}"
@@ -63,7 +63,7 @@ def _max_frame_arg(value: object, func: str) -> int:
     if value is None:
         return DEFAULT_MAX_FRAME
     try:
-        v = operator.index(value)  # type: ignore[call-overload]
+        v = operator.index(value)  # type: ignore[arg-type]  # any object: a TypeError is the answer
     except TypeError:
         raise TypeError(
             f"{func}() argument 'max_frame' must be int, not {type(value).__name__}"

@@ -367,7 +367,7 @@ def rewrite_request(body: _BytesLike, fields: dict[str, Any]) -> bytes:
 
 def _dim(value: object, arg: str) -> int:
     try:
-        v = operator.index(value)  # type: ignore[call-overload]
+        v = operator.index(value)  # type: ignore[arg-type]  # any object: a TypeError is the answer
     except TypeError:
         raise TypeError(
             f"decode_r3() argument '{arg}' must be int, not {type(value).__name__}"

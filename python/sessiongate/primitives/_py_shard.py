@@ -29,7 +29,7 @@ _from_bytes = int.from_bytes
 
 def _modulus(n: object, func: str) -> int:
     try:
-        m = operator.index(n)  # type: ignore[call-overload]
+        m = operator.index(n)  # type: ignore[arg-type]  # any object: a TypeError is the answer
     except TypeError:
         raise TypeError(f"{func}() argument 'n' must be int, not {type(n).__name__}") from None
     if m < 1:

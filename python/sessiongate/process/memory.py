@@ -34,7 +34,7 @@ def _load_libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | 
         return None
     function.argtypes = argtypes
     function.restype = ctypes.c_int
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 _MALLOC_TRIM = _load_libc_function("malloc_trim", [ctypes.c_size_t])

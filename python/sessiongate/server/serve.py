@@ -44,7 +44,7 @@ MOCK_BACKEND = "mock"
 DEFAULT_MOCK_R3 = ("--r3-layers", "4", "--r3-topk", "2")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "serve",
         help="run the session gateway",

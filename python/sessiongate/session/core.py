@@ -632,9 +632,10 @@ class SessionCore:
             if session.closing:
                 raise SessionNotFound(f"session {session_id} is closing")
             tree_parent: TreeNode | None = None
+            plan: HistoryPlan | TreePlan
             if session.tree is not None:
                 # Tree mode: attach at the deepest matching node; any node will do.
-                plan: HistoryPlan | TreePlan = session.tree.plan_turn(
+                plan = session.tree.plan_turn(
                     messages,
                     session_id=session_id,
                     allowed_roles=self.settings.allowed_append_roles,

@@ -7,7 +7,7 @@ import concurrent.futures
 import json
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sessiongate.session.messages import Message
@@ -73,7 +73,7 @@ class TurnRecord:
     def size(self) -> int:
         return len(self.request) + len(self.response)
 
-    def json_parts(self) -> tuple[bytes, ...]:
+    def json_parts(self) -> Iterable[bytes]:
         """The record's JSON object as parts to concatenate (the bodies are not copied)."""
         return (self.json_head(), self.request, b',"response":', self.response, b"}")
 

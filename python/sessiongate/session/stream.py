@@ -63,8 +63,8 @@ class SseEvents:
             if end + size == len(self._pending):
                 # The event ends the buffer (a large final chunk usually does): hand the
                 # buffer itself over instead of copying it out.
+                del self._pending[end:]
                 event: bytes | bytearray = self._pending
-                del event[end:]
                 self._pending = bytearray()
             else:
                 event = bytes(self._pending[:end])

@@ -61,8 +61,10 @@ def _render_key(kwargs: TemplateKwargs, tools: object, tool_calls: object) -> by
     not a list, 1 not "1" not 1.0 not True, floats bit for bit), dicts in their order, and
     does not depend on refcounts or interning (format 3 does).
     """
+    # Any values: marshal itself refuses (ValueError) what it cannot write exactly.
+    values: Any = (kwargs, tools, tool_calls)
     try:
-        return marshal.dumps((kwargs, tools, tool_calls), 2)
+        return marshal.dumps(values, 2)
     except (ValueError, TypeError):
         return None
 

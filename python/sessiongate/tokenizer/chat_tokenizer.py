@@ -348,10 +348,13 @@ def load_tokenizer(
     ``tokenizer.chat_template`` and SGLang's ``--chat-template`` from the same file).
     """
     builtin = path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME)
+    # `builtin` covers None; `or path is None` says so to the type checker.
     if chat_template_path is None:
-        return _load_builtin() if builtin else _load_directory(Path(path), name=os.fspath(path))
+        if builtin or path is None:
+            return _load_builtin()
+        return _load_directory(Path(path), name=os.fspath(path))
     template = read_chat_template_file(chat_template_path)
-    if builtin:
+    if builtin or path is None:
         return _load_directory(
             BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME, template=template
         )
@@ -465,7 +468,7 @@ def _find_chat_template(directory: Path, config: Mapping[str, Any]) -> tuple[str
     if isinstance(value, str):
         return value, str(config_path)
     # Named templates: a list of {"name", "template"} (or a plain mapping name -> template).
-    named: dict[str, Any] = {}
+    named: dict[object, Any] = {}  # keys as the file has them, names or not
     if isinstance(value, list):
         named = {t.get("name"): t.get("template") for t in value if isinstance(t, Mapping)}
     elif isinstance(value, Mapping):

@@ -117,9 +117,9 @@ class WorkerLoop:
                     task = asyncio.create_task(self._handle(request_id, payload))
                     self.tasks[request_id] = task
                 elif frame_type == FRAME_CANCEL:
-                    task = self.tasks.get(request_id)
-                    if task is not None:
-                        task.cancel()
+                    running = self.tasks.get(request_id)
+                    if running is not None:
+                        running.cancel()
                 elif frame_type == FRAME_CREDIT:
                     credit = self.credits.get(request_id)
                     if credit is not None:

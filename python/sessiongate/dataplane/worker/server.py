@@ -45,7 +45,7 @@ READ_CHUNK = 65536
 TLS_REQUIRED = "this worker requires TLS: start the router with --tls-ca FILE (or --tls-insecure)"
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "worker",
         help="run one session worker on a TCP port (for serve --worker-endpoints)",

@@ -68,19 +68,19 @@ class SpilledRecord(TurnRecord):
         raise TypeError("use spill(record, location)")
 
     # dataclass fields named like these hold the in-memory bodies; here they are read back.
-    @property  # type: ignore[override]
+    @property
     def request(self) -> bytes:
         return self._read(self.location.request_offset, self.location.request_len)
 
-    @property  # type: ignore[override]
+    @property
     def response(self) -> bytes:
         return self._read(self.location.response_offset, self.location.response_len)
 
-    @property  # type: ignore[override]
+    @property
     def routed_experts(self) -> memoryview | None:
         return self._read_span(self.location.routed_span)
 
-    @property  # type: ignore[override]
+    @property
     def indexer_topk(self) -> memoryview | None:
         return self._read_span(self.location.indexer_span)
 
@@ -88,7 +88,7 @@ class SpilledRecord(TurnRecord):
     def size(self) -> int:
         return self.location.request_len + self.location.response_len
 
-    def json_parts(self) -> Iterator[bytes]:  # type: ignore[override]
+    def json_parts(self) -> Iterator[bytes]:
         """The record's JSON (blocking reads; `json_chunks` is the event loop's way)."""
         head = self.json_head()
         yield head
