@@ -32,17 +32,16 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from sessiongate.mock_engine.completion import Completion, StreamPiece
 from sessiongate.mock_engine.config import MockEngineConfig
-from sessiongate.mock_engine.generate import (
+from sessiongate.mock_engine.generate import CompletionGenerator
+from sessiongate.mock_engine.prefix_cache import PrefixCache
+from sessiongate.mock_engine.routed_experts import (
     R3_POOL_CHUNK_B64,
-    Completion,
-    CompletionGenerator,
-    StreamPiece,
-    TokenizerLike,
     r3_pool_rows,
     routed_experts_b64_parts,
 )
-from sessiongate.mock_engine.prefix_cache import PrefixCache
+from sessiongate.mock_engine.tokens import TokenizerLike
 from sessiongate.tokenizer.tool_arguments import ToolArgumentsError, template_messages
 
 # A body slice: bytes, or a read-only view into the shared R3 pool.
