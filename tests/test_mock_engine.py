@@ -19,7 +19,7 @@ import pytest
 
 from procs import ServerProcess, free_port, mock_engine
 from sessiongate.mock_engine import routed_experts
-from sessiongate.mock_engine.app import SEND_SLICE, _send_slices
+from sessiongate.mock_engine.body_slices import SEND_SLICE, send_slices
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import CompletionGenerator
 from sessiongate.mock_engine.routed_experts import (
@@ -93,7 +93,7 @@ def sse_events(engine: ServerProcess, body: dict[str, Any]) -> list[Any]:
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
-# ---------------------------------------------------------------- generate.py, in-process
+# ------------------------------------------------ generate.py and routed_experts.py, in-process
 
 
 def test_generate_is_deterministic_and_seed_sensitive(gen: CompletionGenerator) -> None:
@@ -271,7 +271,7 @@ def test_routed_experts_small_rows_are_joined_into_few_parts() -> None:
 def test_send_slices_pass_small_bytes_through() -> None:
     small, big = b"a" * 10, b"b" * (2 * SEND_SLICE + 5)
     view = memoryview(b"c" * 100)[10:20]
-    out = list(_send_slices([small, view, big]))
+    out = list(send_slices([small, view, big]))
     assert out[0] is small and out[1] is view  # no copies on the way to the transport
     assert all(len(p) <= SEND_SLICE for p in out)
     assert b"".join(out) == small + bytes(view) + big
