@@ -32,9 +32,11 @@ R3_KEYS = ("routed_experts", "indexer_topk")
 @functools.cache
 def reply_body(size: int) -> bytes:
     """A mock-engine reply (non-stream, meta_info, logprobs, R3) of about `size` bytes."""
-    from sessiongate.mock_engine.app import ChatRequest, EngineState, build_reply
+    from sessiongate.mock_engine.chat_request import ChatRequest
     from sessiongate.mock_engine.config import MockEngineConfig
     from sessiongate.mock_engine.generate import CompletionGenerator
+    from sessiongate.mock_engine.reply import build_reply
+    from sessiongate.mock_engine.state import EngineState
     from sessiongate.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from sessiongate.mock_engine import generate
-from sessiongate.mock_engine.app import SEND_SLICE, _send_slices
+from sessiongate.mock_engine import routed_experts
+from sessiongate.mock_engine.body_slices import SEND_SLICE, send_slices
 from sessiongate.mock_engine.config import MockEngineConfig
-from sessiongate.mock_engine.generate import (
-    CompletionGenerator,
+from sessiongate.mock_engine.generate import CompletionGenerator
+from sessiongate.mock_engine.routed_experts import (
     r3_pool_rows,
     routed_experts_b64,
     routed_experts_b64_parts,
@@ -96,7 +96,7 @@ def sse_events(engine: ServerProcess, body: dict[str, Any]) -> list[Any]:
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
-# ---------------------------------------------------------------- generate.py, in-process
+# ------------------------------------------------ generate.py and routed_experts.py, in-process
 
 
 def test_generate_is_deterministic_and_seed_sensitive(gen: CompletionGenerator) -> None:
@@ -187,8 +187,8 @@ def decode_r3(encoded: bytes, rows: int, layers: int, topk: int, experts: int) -
 @pytest.fixture
 def small_pool(monkeypatch: pytest.MonkeyPatch) -> int:
     """Shrink the R3 pool to 2 chunks of 5 groups (30 rows at 3 x 4) so replies wrap."""
-    monkeypatch.setattr(generate, "R3_POOL_CHUNK_B64", 1000)  # 5 groups of 192 base64 bytes
-    monkeypatch.setattr(generate, "R3_POOL_B64", 2000)
+    monkeypatch.setattr(routed_experts, "R3_POOL_CHUNK_B64", 1000)  # 5 groups of 192 base64 bytes
+    monkeypatch.setattr(routed_experts, "R3_POOL_B64", 2000)
     period = r3_pool_rows(3, 4, 16)
     assert period == 30
     return period
@@ -219,7 +219,7 @@ def test_routed_experts_contract(small_pool: int, rows: int, experts: int) -> No
 
 
 def test_routed_experts_rows_are_a_function_of_the_token_prefix() -> None:
-    B = generate.R3_BLOCK_ROWS
+    B = routed_experts.R3_BLOCK_ROWS
     tokens = [3000, *range(1, 400)]
     full = decode_r3(routed_experts_b64(tokens, 3, 4, 64), 399, 3, 4, 64)
     # Any prefix of the sequence (a shorter turn) has the same rows, whatever its length.
@@ -244,7 +244,7 @@ def test_routed_experts_rows_are_a_function_of_the_token_prefix() -> None:
 
 def test_routed_experts_blocks_are_consecutive_pool_rows(small_pool: int) -> None:
     # Block 0 (R3_BLOCK_ROWS rows) is pool rows from one group onwards, wrapping around.
-    B = generate.R3_BLOCK_ROWS
+    B = routed_experts.R3_BLOCK_ROWS
     out = decode_r3(routed_experts_b64(seq(B), 3, 4, 16), B, 3, 4, 16)
     assert all(out[i] == out[i + small_pool] for i in range(B - small_pool))
     assert len(set(out[:small_pool])) > small_pool // 2  # the pool itself is random
@@ -255,7 +255,7 @@ def test_routed_experts_default_pool_is_served_without_copies() -> None:
     layers, topk, rows = 512, 8, 1000
     assert r3_pool_rows(layers, topk, 64) < rows  # this reply wraps around the pool
     parts = routed_experts_b64_parts(seq(rows), layers, topk, 64)
-    pool = set(map(id, generate._r3_pool(layers, topk, 64).chunks))
+    pool = set(map(id, routed_experts._r3_pool(layers, topk, 64).chunks))
     # Blocks are 96 rows (2 MiB of base64): mostly whole pool chunks or views into them.
     shared = sum(len(p) for p in parts if type(p) is memoryview or id(p) in pool)
     assert shared >= 0.99 * sum(len(p) for p in parts)
@@ -274,7 +274,7 @@ def test_routed_experts_small_rows_are_joined_into_few_parts() -> None:
 def test_send_slices_pass_small_bytes_through() -> None:
     small, big = b"a" * 10, b"b" * (2 * SEND_SLICE + 5)
     view = memoryview(b"c" * 100)[10:20]
-    out = list(_send_slices([small, view, big]))
+    out = list(send_slices([small, view, big]))
     assert out[0] is small and out[1] is view  # no copies on the way to the transport
     assert all(len(p) <= SEND_SLICE for p in out)
     assert b"".join(out) == small + bytes(view) + big
@@ -384,7 +384,7 @@ def test_http_routed_experts(engine: ServerProcess) -> None:
 
 
 def test_http_routed_experts_large_rows_wrap_the_pool() -> None:
-    # 512 layers: each reply spans several pool periods; the bytes match generate.py exactly.
+    # 512 layers: each reply spans several pool periods; the bytes match routed_experts.py exactly.
     prompt = list(range(5, 405))
     body = {"input_ids": prompt, "return_routed_experts": True}
     args = ["--r3-layers", "512", "--r3-topk", "8", "--completion-tokens", "24"]

@@ -912,9 +912,11 @@ L, K, E = 4, 2, 16
 
 @pytest.fixture(scope="module")
 def engine_reply() -> tuple[bytes, Any]:
-    from sessiongate.mock_engine.app import ChatRequest, EngineState, build_reply
+    from sessiongate.mock_engine.chat_request import ChatRequest
     from sessiongate.mock_engine.config import MockEngineConfig
     from sessiongate.mock_engine.generate import CompletionGenerator
+    from sessiongate.mock_engine.reply import build_reply
+    from sessiongate.mock_engine.state import EngineState
     from sessiongate.tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)

@@ -1,26 +1,31 @@
-"""Deterministic fake generation: completion tokens, logprobs, tool calls and R3 bytes.
+"""Deterministic fake generation: tokens, logprobs, reasoning, tool calls, aborts, stream steps.
 
 Everything here is a pure function of (engine seed, request seed, prompt ids) so tests and
-benchmarks can replay a reply exactly (R3 rows: of the engine seed and the token ids only).
-Completions are made of whole words from a fixed list and cut only on word boundaries, so
-`encode(content) == content ids` holds (the TITO checker relies on re-tokenization stability)
-and `decode(content ids) == content`.
+benchmarks can replay a reply exactly. Completions are made of whole words from a fixed list
+and cut only on word boundaries, so `encode(content) == content ids` holds (the TITO checker
+relies on re-tokenization stability) and `decode(content ids) == content`.
 """
 
 from __future__ import annotations
 
-import base64
-import functools
 import hashlib
 import json
 import random
 import sys
 from array import array
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
-FinishReason = Literal["stop", "length", "tool_calls", "abort"]
+from sessiongate.mock_engine.completion import (
+    THINK_CLOSE,
+    THINK_OPEN,
+    Completion,
+    FinishReason,
+    StreamPiece,
+    ToolCall,
+)
+from sessiongate.mock_engine.tokens import TokenizerLike, token_bytes
 
 # Plain lowercase English words: most are one token (with a leading space) in byte-level BPE
 # vocabularies, which keeps `max_tokens` truncation exact.
@@ -43,23 +48,8 @@ NON_ASCII_WORDS: tuple[str, ...] = (
     "数据", "模型", "привет", "мир", "λόγος", "🙂", "🚀", "½", "→",
 )  # fmt: skip
 
-# R3 rows come from one pool of random rows per (layers, topk, experts), built once and then
-# only sliced per reply (blocks placed by a hash of the token prefix): this many bytes of
-# base64 (4.5 MiB raw), rounded up to whole chunks.
-R3_POOL_B64 = 6 << 20
-# The pool's base64 is kept in chunks of at most this size (the app's send slice).
-R3_POOL_CHUNK_B64 = 1 << 20
-# A reply's rows are blocks of this many consecutive pool rows (a multiple of 3, so blocks
-# are whole base64 groups); each block's place in the pool is hashed from the token prefix.
-R3_BLOCK_ROWS = 96
-# Runs of R3 slices smaller than this (small row shapes) are joined up to about _COALESCE_TO.
-_COALESCE_BELOW = 16 << 10
-_COALESCE_TO = 256 << 10
 _TOOL_CALL_OPEN = "\n<tool_call>\n"
 _TOOL_CALL_CLOSE = "\n</tool_call>"
-# Reasoning block tags, as Qwen3 / DeepSeek-R1 style reasoning parsers expect them.
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
 # SGLang's graceful abort (FINISH_ABORT() without status code, schedule_batch.py).
 ABORT_FINISH: dict[str, Any] = {
     "type": "abort",
@@ -67,107 +57,6 @@ ABORT_FINISH: dict[str, Any] = {
     "status_code": None,
     "err_type": None,
 }
-
-
-class TokenizerLike(Protocol):
-    """The part of `sessiongate.tokenizer` the mock engine needs."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    @property
-    def end_of_turn_token_id(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    call_id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI puts it in `function.arguments`
-
-    def to_openai(self) -> dict[str, Any]:
-        # SGLang's ToolCall field order: id, index, type, function.
-        return {
-            "id": self.call_id,
-            "index": 0,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """One generated reply. `ids` are all sampled tokens (end-of-turn included when present).
-
-    The text the ids spell (end token excluded) is `think_text + content + tool_call_text`:
-    an optional reasoning block (`<think>...</think>`, possibly cut short), the assistant
-    content, then the raw tool-call text.
-    """
-
-    key: bytes  # per-request RNG key (text, logprobs, tool-call ids)
-    prompt_tokens: int
-    ids: list[int]
-    logprobs: list[float]
-    content: str  # assistant text after any reasoning block and before any tool call
-    content_token_count: int  # ids[think_token_count:][:content_token_count] spell `content`
-    finish_reason: FinishReason  # OpenAI choice-level value
-    meta_finish_reason: dict[str, Any]  # SGLang meta_info value
-    tool_call: ToolCall | None = None
-    tool_call_text: str = ""  # raw text of the tool-call tokens (between content and end)
-    think_text: str = ""  # the reasoning block as generated ("" when none)
-    think_token_count: int = 0
-    token_texts: tuple[str, ...] = ()  # decode([id]) per id (logprob token text)
-    # Each id's own bytes (byte-level BPE), () when the tokenizer is not byte-level.
-    token_bytes: tuple[bytes, ...] = ()
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.ids)
-
-    @property
-    def has_end(self) -> bool:
-        return self.finish_reason in ("stop", "tool_calls")
-
-    @property
-    def text(self) -> str:
-        return self.think_text + self.content + self.tool_call_text
-
-    @property
-    def reasoning(self) -> str | None:
-        """What a reasoning parser puts in `reasoning_content` (None without a block)."""
-        if not self.think_text:
-            return None
-        body = self.think_text[len(THINK_OPEN) :]
-        return body[: -len(THINK_CLOSE)] if body.endswith(THINK_CLOSE) else body
-
-    @property
-    def reasoning_tokens(self) -> int:
-        """SGLang's count: every token up to and including the end tag (Req.reasoning_tokens)."""
-        return self.think_token_count
-
-    def output_token_logprobs(self, start: int = 0, stop: int | None = None) -> list[list[Any]]:
-        """SGLang's `[[logprob, token_id, token_text], ...]`.
-
-        The chat endpoint asks for text in logprobs (`return_text_in_logprobs=True`), so the
-        text is each token decoded alone (special tokens kept), never null.
-        """
-        end = len(self.ids) if stop is None else stop
-        return [[self.logprobs[i], self.ids[i], self.token_texts[i]] for i in range(start, end)]
-
-
-@dataclass(frozen=True, slots=True)
-class StreamPiece:
-    """The tokens of one streamed step and what its chunks carry."""
-
-    start: int
-    stop: int
-    content: str  # content delta ("" when these tokens add no content text)
-    tool_call: ToolCall | None = None  # set on the step that completes the tool call
-    reasoning: str = ""  # reasoning delta (text inside the think block)
 
 
 @dataclass(slots=True)
@@ -528,56 +417,6 @@ _CJK_RANGES = (
 )  # fmt: skip
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-level alphabet, reversed: the character that stands for each byte."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    chars = list(kept)
-    extra = 0
-    for b in range(256):
-        if b not in kept:
-            kept.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(kept, chars, strict=True)}
-
-
-_BYTE_DECODER = _byte_decoder()
-
-
-def token_bytes(tokenizer: TokenizerLike, ids: Sequence[int]) -> tuple[bytes, ...]:
-    """Each id's bytes from its vocabulary piece, as SGLang's `token_id_to_bytes` gives the
-    logprob `bytes` of a byte-level BPE tokenizer (entrypoints/openai/utils.py); () when the
-    tokenizer is not byte-level (SGLang then encodes the token text)."""
-    piece_of = getattr(tokenizer, "id_to_token", None)
-    if piece_of is None or not _is_byte_level(tokenizer):
-        return ()
-    out: list[bytes] = []
-    for i in ids:
-        piece = piece_of(i) or ""
-        raw = bytes(_BYTE_DECODER[c] for c in piece if c in _BYTE_DECODER)
-        if not piece or len(raw) != len(piece):  # not byte-level representable
-            raw = tokenizer.decode([i]).encode()
-        out.append(raw)
-    return tuple(out)
-
-
-@functools.cache
-def _is_byte_level_id(tokenizer: TokenizerLike) -> bool:
-    # SGLang's probe: "é" is the piece chr(0xC3) + chr(0xA9) in a byte-level vocabulary.
-    piece_of = getattr(tokenizer, "id_to_token", None)
-    pieces = "".join(piece_of(i) or "" for i in tokenizer.encode("é")) if piece_of else ""
-    return bytes(_BYTE_DECODER.get(c, 0) for c in pieces) == "é".encode()
-
-
-def _is_byte_level(tokenizer: TokenizerLike) -> bool:
-    if isinstance(tokenizer, Hashable):  # the cache's key
-        try:
-            return _is_byte_level_id(tokenizer)
-        except TypeError:  # a hashable type holding unhashable values
-            pass
-    return _is_byte_level_id.__wrapped__(tokenizer)  # unhashable: probe every time
-
-
 def _first_tool_name(tools: Sequence[Any] | None) -> str | None:
     if not tools:
         return None
@@ -611,216 +450,3 @@ def _make_tool_call(
             args[prop] = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3)))
     call_id = "call_" + hashlib.blake2b(key + b"call", digest_size=12).hexdigest()
     return ToolCall(call_id, name, json.dumps(args))
-
-
-@functools.lru_cache(maxsize=16)
-def _expert_tables(experts: int, topk: int) -> tuple[tuple[bytes, bytes], ...]:
-    """Per slot k: (low byte, high byte) tables from a random byte b to an expert id.
-
-    E <= 256: id = (b % E + k) % E. E > 256: id = ((b + k) % 256) * E // 256 (256 ids spread
-    over the whole range). Both keep the `topk` ids of one (row, layer) distinct.
-    """
-    tables: list[tuple[bytes, bytes]] = []
-    for k in range(topk):
-        if experts <= 256:
-            ids = [(b % experts + k) % experts for b in range(256)]
-        else:
-            ids = [((b + k) % 256) * experts // 256 for b in range(256)]
-        tables.append((bytes(i & 0xFF for i in ids), bytes(i >> 8 for i in ids)))
-    return tuple(tables)
-
-
-def _random_rows(seed: bytes, rows: int, layers: int, topk: int, experts: int) -> bytearray:
-    """Little-endian int32 `(rows, layers, topk)` expert ids drawn from `seed`.
-
-    Bulk bytes operations only (no per-value Python objects): one random byte per (row, layer)
-    from shake_256, mapped to the `topk` ids with `bytes.translate`, widened to int32 by
-    strided slice assignment into a zeroed bytearray.
-    """
-    base = hashlib.shake_256(seed).digest(rows * layers)
-    out = bytearray(rows * layers * topk * 4)
-    for k, (lo, hi) in enumerate(_expert_tables(experts, topk)):
-        out[4 * k :: 4 * topk] = base.translate(lo)
-        if experts > 256:
-            out[4 * k + 1 :: 4 * topk] = base.translate(hi)
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class _R3Pool:
-    """Pre-encoded random rows for one (layers, topk, experts), served to every request.
-
-    The rows are counted in groups of 3: 3 rows of int32 are a multiple of 3 bytes, so the
-    base64 of whole groups is unpadded and base64 slices cut at group boundaries concatenate
-    into valid base64 of the concatenated rows.
-    """
-
-    groups: int  # 3-row groups in the pool (the pool's period is 3 * groups rows)
-    group_b64: int  # base64 bytes of one group (4 * row bytes)
-    chunk_groups: int  # groups per chunk
-    chunks: tuple[bytes, ...]  # the pool's base64, `chunk_groups` groups per chunk
-
-
-def _r3_pool(layers: int, topk: int, experts: int) -> _R3Pool:
-    # The sizes are read at call time (and key the cache) so tests can shrink the pool.
-    return _build_r3_pool(layers, topk, experts, R3_POOL_B64, R3_POOL_CHUNK_B64)
-
-
-@functools.lru_cache(maxsize=8)
-def _build_r3_pool(layers: int, topk: int, experts: int, pool_b64: int, chunk_b64: int) -> _R3Pool:
-    """About `pool_b64` bytes of base64 random rows in chunks of at most `chunk_b64` bytes."""
-    group_b64 = 4 * layers * topk * 4
-    # Chunks no bigger than a send slice: whole chunks go out as the bytes objects they are.
-    chunk_groups = max(1, chunk_b64 // group_b64)
-    want_groups = max(1, pool_b64 // group_b64)
-    n_chunks = -(-want_groups // chunk_groups)
-    seed = b"sg-mock-r3-pool|%d|%d|%d|" % (layers, topk, experts)
-    chunks = tuple(
-        base64.b64encode(
-            _random_rows(seed + i.to_bytes(8, "little"), 3 * chunk_groups, layers, topk, experts)
-        )
-        for i in range(n_chunks)
-    )
-    return _R3Pool(n_chunks * chunk_groups, group_b64, chunk_groups, chunks)
-
-
-def r3_pool_rows(layers: int, topk: int, experts: int) -> int:
-    """The pool's period in rows (it repeats, wrapping around, every this many)."""
-    return 3 * _r3_pool(layers, topk, experts).groups
-
-
-def _pool_slices(pool: _R3Pool, start: int, groups: int) -> list[bytes | memoryview]:
-    """`groups` consecutive groups of the pool's base64 from group `start`, wrapping around."""
-    parts: list[bytes | memoryview] = []
-    at, left = start % pool.groups, groups
-    while left:
-        index, within = divmod(at, pool.chunk_groups)
-        take = min(pool.chunk_groups - within, left)
-        chunk = pool.chunks[index]
-        if take == pool.chunk_groups:
-            parts.append(chunk)  # the bytes object itself: the HTTP layer sends it uncopied
-        else:
-            lo = within * pool.group_b64
-            parts.append(memoryview(chunk)[lo : lo + take * pool.group_b64])
-        left -= take
-        at = (at + take) % pool.groups
-    return parts
-
-
-def _block_offsets(
-    tokens: Sequence[int], blocks: int, shape: tuple[int, int, int], seed: int, tag: bytes
-) -> list[int]:
-    """Pool group offset of each R3 block: a hash chain over the tokens, O(len(tokens)).
-
-    Block j (rows `[j * B, (j + 1) * B)`) hashes the tokens `[0, j * B]`: the chain value of
-    the block before it and the tokens since. Row r of block j is the routing of token r >= jB,
-    so every row depends on its own token prefix only (never on tokens after it).
-    """
-    if blocks <= 0:
-        return []
-    B = R3_BLOCK_ROWS
-    ids = array("q", tokens[: (blocks - 1) * B + 1])
-    if sys.byteorder == "big":
-        ids.byteswap()
-    data = memoryview(ids).cast("B")
-    pool_groups = _r3_pool(*shape).groups
-    state = hashlib.blake2b(
-        b"sg-mock-r3|%s|%d|%d|%d|%d" % (tag, seed, *shape), digest_size=16
-    ).digest()
-    offsets: list[int] = []
-    lo = 0
-    for j in range(blocks):
-        hi = 8 * (j * B + 1)
-        h = hashlib.blake2b(state, digest_size=16)
-        h.update(data[lo:hi])
-        state, lo = h.digest(), hi
-        offsets.append(int.from_bytes(state[:8], "little") % pool_groups)
-    return offsets
-
-
-def _coalesce(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Runs of small slices (small row shapes) joined into bytes of up to ~256 KiB, so a big
-    reply is not thousands of tiny sends; slices of 16 KiB or more stay as they are."""
-    out: list[bytes | memoryview] = []
-    run: list[bytes | memoryview] = []
-    size = 0
-    for part in parts:
-        if len(part) >= _COALESCE_BELOW:
-            if run:
-                out.append(b"".join(run) if len(run) > 1 else run[0])
-                run, size = [], 0
-            out.append(part)
-            continue
-        run.append(part)
-        size += len(part)
-        if size >= _COALESCE_TO:
-            out.append(b"".join(run))
-            run, size = [], 0
-    if run:
-        out.append(b"".join(run) if len(run) > 1 else run[0])
-    return out
-
-
-def routed_experts_b64(
-    tokens: Sequence[int],
-    layers: int,
-    topk: int,
-    experts: int,
-    start: int = 0,
-    *,
-    seed: int = 0,
-    tag: bytes = b"r3",
-) -> bytes:
-    """Base64 (ASCII bytes) of little-endian int32 `(rows - start, layers, topk)` expert ids,
-    `rows = len(tokens) - 1` (see `routed_experts_b64_parts`)."""
-    parts = routed_experts_b64_parts(tokens, layers, topk, experts, start, seed=seed, tag=tag)
-    return b"".join(parts)
-
-
-def routed_experts_b64_parts(
-    tokens: Sequence[int],
-    layers: int,
-    topk: int,
-    experts: int,
-    start: int = 0,
-    *,
-    seed: int = 0,
-    tag: bytes = b"r3",
-) -> list[bytes | memoryview]:
-    """Rows `[start, len(tokens) - 1)` of the sequence's R3 as base64 slices (their
-    concatenation), mostly zero-copy views of the shared pool.
-
-    Row r is the routing of token r and, as in SGLang, a function of the token prefix
-    `tokens[:r + 1]` only (plus the engine `seed`, `tag` and the shape): a later turn that
-    extends a sequence repeats the earlier rows, which "addition R3" relies on. Rows come in
-    blocks of `R3_BLOCK_ROWS` (a multiple of 3): block j is that many consecutive pool rows
-    from a group offset hashed from `tokens[:j * B + 1]`, so sequences with different prefixes
-    get different rows from the first block boundary at or after where they differ (row 0
-    depends on token 0). A block cut short by the sequence's end is the start of the
-    same block. Whole 3-row groups are the pool's own base64 (bytes chunks or memoryviews,
-    sent as they are: joining 80 MiB costs a copy and a long GIL hold); only a final partial
-    group (`rows % 3` rows, the only padded base64) is re-encoded. A `start` that is not a
-    multiple of 3 (SGLang's routed_experts_start_len) re-encodes rows `[start, rows)` from
-    the groups that cover them, so the cost follows the rows asked for.
-    """
-    rows = len(tokens) - 1
-    if rows - start <= 0 or layers <= 0 or topk <= 0:
-        return []
-    if start % 3:
-        aligned = start - start % 3
-        parts = routed_experts_b64_parts(tokens, layers, topk, experts, aligned, seed=seed, tag=tag)
-        raw = base64.b64decode(b"".join(parts))
-        return [base64.b64encode(memoryview(raw)[(start - aligned) * layers * topk * 4 :])]
-    B = R3_BLOCK_ROWS
-    pool = _r3_pool(layers, topk, experts)
-    offsets = _block_offsets(tokens, -(-rows // B), (layers, topk, experts), seed, tag)
-    parts = []
-    for j in range(start // B, len(offsets)):
-        first = max(start, j * B) - j * B  # a multiple of 3
-        groups, extra = divmod(min(rows, (j + 1) * B) - j * B - first, 3)
-        at = offsets[j] + first // 3
-        parts += _pool_slices(pool, at, groups)
-        if extra:  # the sequence ends inside a group: its first rows, padded
-            group = base64.b64decode(b"".join(_pool_slices(pool, at + groups, 1)))
-            parts.append(base64.b64encode(group[: extra * layers * topk * 4]))
-    return _coalesce(parts)
