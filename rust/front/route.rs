@@ -1,5 +1,5 @@
 //! What the compiled front does with a request: the twin of
-//! `python/sessiongate/server/routes.py::front_decision`. Stateless "proxy" requests it
+//! `python/sessiongate/front/routes.py::front_decision`. Stateless "proxy" requests it
 //! serves itself; the other requests of the gateway's API go to Python as requests
 //! ("dispatch"); the rest (other methods, the documentation pages, odd targets) take the
 //! whole connection to the Python server ("handoff").
@@ -7,6 +7,8 @@
 /// The one chat path whose session headers make it a session turn.
 pub const CHAT_PATH: &[u8] = b"/v1/chat/completions";
 const PROXY_PREFIX: &[u8] = b"/v1/";
+/// SGLang's native generation route, relayed like `/v1/...` (`routes.py::GENERATE_PATH`).
+const GENERATE_PATH: &[u8] = b"/generate";
 /// Served by FastAPI through the ASGI server (`routes.py::DOCS_PATHS`).
 const DOCS_PATHS: [&[u8]; 2] = [b"/openapi.json", b"/docs"];
 
@@ -60,7 +62,7 @@ pub fn decide(method: &[u8], target: &[u8], has_session: impl FnOnce() -> bool) 
     }
     let path = target_path(target);
     if (is_post || is_get)
-        && path.starts_with(PROXY_PREFIX)
+        && (path.starts_with(PROXY_PREFIX) || path == GENERATE_PATH)
         && !(is_post && path == CHAT_PATH && has_session())
     {
         return Decision::Proxy;
@@ -125,6 +127,8 @@ mod tests {
         assert_eq!(route("GET", "/v1/models", &[]), Decision::Proxy);
         assert_eq!(route("POST", "/v1/completions?x=1", &[]), Decision::Proxy);
         assert_eq!(route("GET", "/v1/", &[]), Decision::Proxy);
+        assert_eq!(route("POST", "/generate", &[]), Decision::Proxy);
+        assert_eq!(route("GET", "/generate?x=1", &[]), Decision::Proxy);
         // The query is not part of the path.
         assert_eq!(
             route("POST", "/v1/chat/completions?a=/b", &[]),
@@ -147,6 +151,9 @@ mod tests {
             ("DELETE", "/v1/models"),
             ("GET", "/nowhere"),
             ("GET", "/openapi.json/x"),
+            ("DELETE", "/generate"),
+            ("POST", "/generate/x"),
+            ("POST", "/Generate"),
             // Not decoded: "%2F" is not a slash.
             ("GET", "/v1%2Fmodels"),
         ] {

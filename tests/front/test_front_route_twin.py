@@ -38,6 +38,12 @@ CASES = [
     ("GET", "/v1/chat/completions", [("X-Session-ID", "abc")], "proxy"),
     ("POST", "/v1/chat/completions?stream=1", [("X-Session-ID", "abc")], "dispatch"),
     ("POST", "/v1", [], "dispatch"),
+    # SGLang's native route is relayed like /v1/... (the rollout framework's rollouts).
+    ("POST", "/generate", [], "proxy"),
+    ("GET", "/generate?rid=1", [], "proxy"),
+    ("PUT", "/generate", [], "handoff"),
+    ("DELETE", "/generate", [], "dispatch"),
+    ("POST", "/generate/", [], "dispatch"),
     ("GET", "/health", [], "dispatch"),
     ("HEAD", "/health", [], "handoff"),
     ("POST", "/sessions", [], "dispatch"),
@@ -73,9 +79,12 @@ def test_configured_session_headers_replace_the_defaults() -> None:
 METHODS = st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post", "PATCH"])
 SEGMENTS = st.sampled_from(
     ["v1", "chat", "completions", "models", "sessions", "health", "metrics", "", "V1", "%2F"]
+    + ["generate", "Generate"]
 )
 PATHS = st.one_of(
-    st.sampled_from(["/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1"]),
+    st.sampled_from(
+        ["/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1", "/generate"]
+    ),
     st.lists(SEGMENTS, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts)),
     st.text(alphabet="/v1chatompletinsd?=&%", max_size=30),
     st.text(max_size=12),

@@ -23,6 +23,9 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Correlation-ID",
 )
 CHAT_PATH = "/v1/chat/completions"
+# SGLang's native generation route, relayed verbatim like `/v1/...` (the rollout framework's
+# rollouts call it through their router).
+GENERATE_PATH = "/generate"
 # The documented surface (front/openapi.py), answered by the front end itself.
 DOCS_PATHS = ("/openapi.json", "/docs")
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
@@ -133,7 +136,7 @@ def classify(
         if session_id is not None:
             return Route(Op.CHAT, session_id, auto_create=True)
         return Route(Op.PROXY, None, upstream_path=path)
-    if path.startswith("/v1/"):
+    if path.startswith("/v1/") or path == GENERATE_PATH:
         return Route(Op.PROXY, None, upstream_path=path)
     # Last, so the hot routes above never pay for these two comparisons.
     if path in DOCS_PATHS:
