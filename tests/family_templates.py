@@ -13,6 +13,13 @@ Each keeps the trait that makes its family need pinned template variables:
 - MINIMAX_STYLE: `]~b]ai` / `]~b]user` / `]~b]tool` headers closed by `[e~[` and a newline;
   reasoning only after the last user unless `clear_thinking` is false, and only a leading
   system message is rendered (MiniMax M2.5/M2.7).
+- GLM47_STYLE: `[gMASK]<sop>`, then each message opened by its role token (`<|system|>`,
+  `<|user|>`, `<|assistant|>`, one `<|observation|>` before a run of tool results) and closed
+  by nothing: the model stops at `<|user|>` or `<|observation|>`, which the next message
+  renders itself. Tool calls are `<tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value>
+  </tool_call>`; the generation prompt opens the reasoning (`<think>`), and a history
+  assistant keeps its reasoning only after the last user unless `clear_thinking` is false
+  (it is then `</think>` alone) (GLM 4.7).
 """
 
 from __future__ import annotations
@@ -123,6 +130,39 @@ not (clear_thinking | default(true))) -%}
 {%- if add_generation_prompt -%}{{- ']~b]ai\\n<think>\\n' -}}{%- endif -%}
 """
 
+GLM47_STYLE = """\
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}\
+{%- endif -%}{%- endfor -%}
+{{- '[gMASK]<sop>' -}}
+{%- for m in messages -%}
+    {%- if m.role == 'assistant' -%}
+        {{- '<|assistant|>' -}}
+        {%- if m.reasoning_content and (loop.index0 > ns.last_user or \
+not (clear_thinking | default(true))) -%}
+            {{- '<think>' + m.reasoning_content.strip() + '</think>' -}}
+        {%- else -%}{{- '</think>' -}}
+        {%- endif -%}
+        {{- (m.content or '').strip() -}}
+        {%- for tc in m.tool_calls or [] -%}
+            {{- '<tool_call>' + tc.function.name -}}
+            {%- for k, v in tc.function.arguments.items() -%}
+                {{- '<arg_key>' + k + '</arg_key><arg_value>' -}}
+                {{- v if v is string else (v | tojson) -}}{{- '</arg_value>' -}}
+            {%- endfor -%}
+            {{- '</tool_call>' -}}
+        {%- endfor -%}
+    {%- elif m.role == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}
+            {{- '<|observation|>' -}}
+        {%- endif -%}
+        {{- '<tool_response>' + m.content + '</tool_response>' -}}
+    {%- else -%}{{- '<|' + m.role + '|>' + m.content -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|assistant|><think>' -}}{%- endif -%}
+"""
+
 # Qwen3.5 refuses a system message after the first; Nemotron 3 keeps history reasoning
 # under its own switch.
 QWEN35_STYLE = (
@@ -144,6 +184,7 @@ KIMI_TOKENS = (
     "<|tool_call_end|>",
 )
 MINIMAX_TOKENS = ("]~!b[", "]~b]", "[e~[")
+GLM_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
 
 # Family name (as --tito-model takes it) -> (template, its role tokens, end-of-sequence token).
 FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -155,13 +196,19 @@ FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kimi26": (KIMI_STYLE, KIMI_TOKENS, "<|im_end|>"),
     "minimax_m25": (MINIMAX_STYLE, MINIMAX_TOKENS, "[e~["),
     "minimax_m27": (MINIMAX_STYLE, MINIMAX_TOKENS, "[e~["),
+    "glm47": (GLM47_STYLE, GLM_TOKENS, "<|endoftext|>"),
 }
 
 
-def family_tokenizer_dir(path: Path, family: str) -> Path:
+def family_tokenizer_dir(
+    path: Path, family: str, *, template: str | None = None, eos: str | None = None
+) -> Path:
     """A Hugging Face tokenizer directory: the built-in vocabulary, `family`'s role tokens
-    added as special tokens, and `family`'s template."""
-    template, role_tokens, eos = FAMILIES[family]
+    added as special tokens, and `family`'s template (or `template`, and `eos` for its
+    end-of-sequence token)."""
+    family_template, role_tokens, family_eos = FAMILIES[family]
+    template = template or family_template
+    eos = eos or family_eos
     path.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer.from_file(str(BUILTIN_TOKENIZER_DIR / "tokenizer.json"))
     if role_tokens:

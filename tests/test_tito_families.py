@@ -119,11 +119,16 @@ def _sample(
     )
     assert full.startswith(prompt)
     ids = tok.encode(full[len(prompt) :])
+    if engine.boundary_stop_ids:
+        # GLM 4.7 closes no turn: the model stops at the token that opens what follows, an
+        # observation after a tool call, else a user turn.
+        stop = "<|observation|>" if reply.get("tool_calls") else "<|user|>"
+        return [*ids, tok.token_to_id(stop)]
     return ids[: ids.index(engine.end_of_turn_id) + 1]
 
 
 def run_agent_session(
-    tok: ChatTokenizer, kwargs: dict[str, Any], sampled_with: dict[str, Any]
+    name: str, tok: ChatTokenizer, kwargs: dict[str, Any], sampled_with: dict[str, Any]
 ) -> tuple[bool, list[dict[str, Any]]]:
     """system, user -> reasoning + tool call -> tool -> reasoning + answer -> user ->
     reasoning + answer. Returns whether every prompt equalled a full render of the history,
@@ -132,7 +137,10 @@ def run_agent_session(
     The gateway renders with `kwargs`; the model's replies are what the template renders
     under `sampled_with` (the model reasons whatever the gateway was told).
     """
-    engine = TitoEngine(tok, chat_template_kwargs=kwargs)
+    family = settings("--tito-model", name)
+    engine = TitoEngine(
+        tok, chat_template_kwargs=kwargs, boundary_stop_tokens=family.boundary_stop_tokens
+    )
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helper."},
         {"role": "user", "content": "Weather in Paris?"},
@@ -161,7 +169,7 @@ def run_agent_session(
         if not appended:
             break
         accumulated = [
-            *accumulated,
+            *engine.junction_prefix(accumulated),
             *engine.junction_ids(accumulated),
             *engine.appended_ids(reply, appended, TOOLS),
         ]
@@ -177,10 +185,10 @@ def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, n
     tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
     kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
     assert kwargs == dict(TITO_FAMILIES[name].template_kwargs)
-    assert run_agent_session(tok, kwargs, kwargs) == (True, [])
+    assert run_agent_session(name, tok, kwargs, kwargs) == (True, [])
     # Without them the template drops earlier reasoning once the history grows: the prompts
     # and the record are no longer what a re-render gives.
-    exact, found = run_agent_session(tok, {}, kwargs)
+    exact, found = run_agent_session(name, tok, {}, kwargs)
     assert not exact
     assert found != []
 
@@ -202,3 +210,61 @@ def test_families_without_system_appends_lose_or_refuse_them(tmp_path: Path, nam
 
 def test_every_supported_family_has_a_test_template() -> None:
     assert set(TITO_FAMILIES) - {"default"} == set(FAMILIES)
+
+
+# --- GLM 4.7: the stop token is the next message's opener ---------------------------------
+
+
+@pytest.fixture
+def glm(tmp_path: Path) -> tuple[ChatTokenizer, TitoEngine]:
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / "glm47", "glm47"))
+    family = TITO_FAMILIES["glm47"]
+    engine = TitoEngine(
+        tok,
+        chat_template_kwargs=family.template_kwargs,
+        max_trim_tokens=family.max_trim_tokens,
+        boundary_stop_tokens=family.boundary_stop_tokens,
+    )
+    return tok, engine
+
+
+def test_glm47_drops_the_sampled_stop_token_whichever_message_follows(
+    glm: tuple[ChatTokenizer, TitoEngine],
+) -> None:
+    # miles/utils/chat_template_utils/tito_tokenizer.py GLM47TITOTokenizer.merge_tokens: the
+    # prefix's last token is dropped when it is <|user|> or <|observation|>, also when the
+    # next message opens with the other one; nothing is inserted.
+    tok, engine = glm
+    user, observation = tok.token_to_id("<|user|>"), tok.token_to_id("<|observation|>")
+    sampled = [*tok.encode("<|assistant|><think>r</think>ok"), observation]
+    assert list(engine.junction_prefix(sampled)) == sampled[:-1]
+    assert list(engine.junction_prefix([*sampled[:-1], user])) == sampled[:-1]
+    assert engine.junction_ids(sampled) == []
+    # A length cut-off sampled no stop token: nothing is dropped, nothing inserted.
+    assert list(engine.junction_prefix(sampled[:-1])) == sampled[:-1]
+    assert engine.junction_ids(sampled[:-1]) == []
+    appended = engine.appended_ids(
+        {"role": "assistant", "content": "ok"}, [{"role": "user", "content": "next"}], None
+    )
+    assert tok.decode(appended) == "<|user|>next<|assistant|><think>"
+
+
+def test_glm47_records_compare_without_the_trailing_stop_token_and_label_assistant_text(
+    glm: tuple[ChatTokenizer, TitoEngine],
+) -> None:
+    tok, engine = glm
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "r"},
+    ]
+    prompt = engine.first_turn_ids(history[:1], None)
+    stop = tok.token_to_id("<|user|>")
+    exact = [*prompt, *tok.encode("r</think>ok"), stop]
+    assert engine.mismatches(history, None, exact) == []
+    assert engine.mismatches(history, None, exact[:-1]) == []  # cut off before the stop
+    other = [*prompt, *tok.encode("r</think>OK"), stop]
+    found = engine.mismatches(history, None, other)
+    assert [m["type"] for m in found] == ["assistant_text"]
+    s = settings("--tito-model", "glm47")
+    assert (s.max_trim_tokens, s.boundary_stop_tokens) == (1, ("<|user|>", "<|observation|>"))
+    assert dict(s.chat_template_kwargs) == {"clear_thinking": False}

@@ -36,6 +36,12 @@ class TitoFamily:
     # template does not honour `template_kwargs`, so give one that does with
     # --chat-template-path.
     needs_fixed_template: bool = False
+    # Stop tokens that also open the next message (GLM 4.7's `<|user|>`, `<|observation|>`:
+    # its template closes no turn, the next role token does). The sampled one is dropped
+    # where the next message joins, whichever it is, since the appended messages render their
+    # own opener; nothing is inserted there. A record is compared with a re-render without
+    # them at its end.
+    boundary_stop_tokens: tuple[str, ...] = ()
 
 
 def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
@@ -73,6 +79,14 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
                 allowed_append_roles=_NO_SYSTEM,
                 needs_fixed_template=True,
             ),
+            # GLM 4.7's stock template has the clear_thinking switch. One trailing token of
+            # the previous checkpoint (the dropped stop token) may differ in the next.
+            _family(
+                "glm47",
+                {"clear_thinking": False},
+                max_trim_tokens=1,
+                boundary_stop_tokens=("<|user|>", "<|observation|>"),
+            ),
         )
     }
 )
@@ -80,9 +94,6 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
 # Framework families the gateway cannot serve token-exactly yet, and why.
 NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
     {
-        "glm47": "its stop tokens <|user|>/<|observation|> also open the next message, so the "
-        "framework drops the sampled one at the junction (max_trim_tokens 1); the gateway "
-        "only inserts junction tokens",
         "deepseekv32": "no Jinja chat template: the framework renders with DeepSeek's Python "
         "encoder",
         "deepseekv4": "no Jinja chat template (Python encoder), and appended tool/user turns "

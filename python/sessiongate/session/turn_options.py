@@ -214,6 +214,7 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
         "lora_path": args.lora_path,
         "message_matcher": args.message_matcher,
         "chat_template_kwargs": kwargs,
+        "boundary_stop_tokens": family.boundary_stop_tokens if family is not None else (),
         "stream_upstream": args.stream_upstream,
         "smg_routing_key": args.smg_routing_key,
     }
