@@ -111,6 +111,29 @@ GLM47 = (
     "{%- if add_generation_prompt -%}{{- '<|assistant|>' -}}{%- endif -%}"
 )
 
+INKLING = (
+    "{%- set effort = '<|message_system|><|content_text|>Effort 0.9<|end_message|>' -%}"
+    "{%- if tools -%}{{- '<|message_system|>tool_declare<|content_xml|>' + (tools | tojson) -}}"
+    "{{- '<|end_message|>' -}}{%- endif -%}"
+    "{%- set st = namespace(effort=false) -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role != 'system' and not st.effort -%}{{- effort -}}{%- set st.effort = true -%}"
+    "{%- endif -%}"
+    "{%- if m.role == 'assistant' -%}{{- '<|message_model|>' -}}"
+    + _BODY.replace("KEEP", "true")
+    + "{{- '<|content_model_end_sampling|>' -}}"
+    "{%- elif m.role == 'tool' -%}{%- set found = namespace(name='') -%}"
+    "{%- for p in messages if p.role == 'assistant' -%}"
+    "{%- for tc in p.tool_calls or [] if tc.id == m.tool_call_id -%}"
+    "{%- set found.name = tc.function.name -%}{%- endfor -%}{%- endfor -%}"
+    "{{- '<|message_tool|>' + found.name + '<|content_text|>' + m.content + '<|end_message|>' -}}"
+    "{%- else -%}"
+    "{{- '<|message_' + m.role + '|><|content_text|>' + m.content + '<|end_message|>' -}}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if not st.effort -%}{{- effort -}}{%- endif -%}"
+    "{%- if add_generation_prompt -%}{{- '<|message_model|>' -}}{%- endif -%}"
+)
+
 # Family -> (template, end-of-sequence token when not the family test tokenizer's).
 AGENT_TEMPLATES: dict[str, tuple[str, str | None]] = {
     "qwen3": (CHATML.replace("SWITCH", "clear_thinking"), None),
@@ -125,6 +148,9 @@ AGENT_TEMPLATES: dict[str, tuple[str, str | None]] = {
     # <|observation|>. Ending every turn with <|user|> also covers a tool result after it
     # (the stop token differs from the next message's opener).
     "glm47": (GLM47.replace("SWITCH", "clear_thinking"), "<|user|>"),
+    # An assistant turn is one block here (the mock samples one text); the turn still ends
+    # at <|content_model_end_sampling|> and every other message with <|end_message|>.
+    "inkling": (INKLING, None),
 }
 TOOLS = [
     {

@@ -139,7 +139,10 @@ def run_agent_session(
     """
     family = settings("--tito-model", name)
     engine = TitoEngine(
-        tok, chat_template_kwargs=kwargs, boundary_stop_tokens=family.boundary_stop_tokens
+        tok,
+        chat_template_kwargs=kwargs,
+        boundary_stop_tokens=family.boundary_stop_tokens,
+        end_of_turn_token=family.end_of_turn_token,
     )
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helper."},
@@ -186,6 +189,8 @@ def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, n
     kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
     assert kwargs == dict(TITO_FAMILIES[name].template_kwargs)
     assert run_agent_session(name, tok, kwargs, kwargs) == (True, [])
+    if not kwargs:
+        return  # nothing pinned (Inkling)
     # Without them the template drops earlier reasoning once the history grows: the prompts
     # and the record are no longer what a re-render gives.
     exact, found = run_agent_session(name, tok, {}, kwargs)
@@ -268,3 +273,25 @@ def test_glm47_records_compare_without_the_trailing_stop_token_and_label_assista
     s = settings("--tito-model", "glm47")
     assert (s.max_trim_tokens, s.boundary_stop_tokens) == (1, ("<|user|>", "<|observation|>"))
     assert dict(s.chat_template_kwargs) == {"clear_thinking": False}
+
+
+# --- Inkling: the turn ends at its stop token, not at the first special token ---------------
+
+
+def test_inkling_turns_end_at_the_stop_token_after_the_block_closers(tmp_path: Path) -> None:
+    # miles/utils/chat_template_utils/tito_tokenizer.py InklingTITOTokenizer: the fixed
+    # template (templates/inkling_fixed.jinja) ends an assistant turn with
+    # <|content_model_end_sampling|> after each block's <|end_message|>, and turns are joined
+    # as they are (no merge rule, max_trim_tokens 0).
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / "inkling", "inkling"))
+    assert tok.decode([tok.end_of_turn_token_id]) == "<|end_message|>"  # the first special
+    family = TITO_FAMILIES["inkling"]
+    engine = TitoEngine(tok, end_of_turn_token=family.end_of_turn_token)
+    assert tok.decode([engine.end_of_turn_id]) == "<|content_model_end_sampling|>"
+    assert engine.turn_suffix_ids == []
+    # Taking the block closer for the end of the turn would insert one and the stop token
+    # after every sampled turn, and cut the sampled ids short of the stop token.
+    assert TitoEngine(tok).turn_suffix_ids == tok.encode("<|content_model_end_sampling|>")
+    s = settings("--tito-model", "inkling")
+    assert (s.end_of_turn_token, s.max_trim_tokens) == ("<|content_model_end_sampling|>", 0)
+    assert s.allowed_append_roles == {"tool", "user", "system", "assistant"}

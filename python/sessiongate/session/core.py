@@ -112,6 +112,7 @@ class SessionCore:
             max_trim_tokens=self.settings.max_trim_tokens,
             chat_template_kwargs=self.settings.chat_template_kwargs,
             boundary_stop_tokens=self.settings.boundary_stop_tokens,
+            end_of_turn_token=self.settings.end_of_turn_token,
         )
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}

@@ -91,27 +91,24 @@ class TitoEngine:
         max_trim_tokens: int = 0,
         chat_template_kwargs: TemplateKwargs | None = None,
         boundary_stop_tokens: Sequence[str] = (),
+        end_of_turn_token: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_trim_tokens = max_trim_tokens
         # Stop tokens that also open the next message (TitoFamily.boundary_stop_tokens).
-        boundary_ids = []
-        for token in boundary_stop_tokens:
-            token_id = tokenizer.token_to_id(token)
-            if token_id is None:
-                raise ValueError(
-                    f"the tokenizer has no {token!r} token, a stop token of this model family"
-                )
-            boundary_ids.append(token_id)
-        self.boundary_stop_ids = frozenset(boundary_ids)
+        self.boundary_stop_ids = frozenset(_token_ids(tokenizer, boundary_stop_tokens))
         try:
             defaults = check_template_kwargs(dict(chat_template_kwargs or {}))
         except TokenizerError as exc:
             raise ValueError(f"server chat_template_kwargs: {exc}") from exc
         self.chat_template_kwargs: dict[str, Any] = dict(defaults)
         # Derived with default template variables: the stop token does not depend on switches
-        # such as enable_thinking in any template we know of.
-        self.end_of_turn_id = tokenizer.end_of_turn_token_id
+        # such as enable_thinking in any template we know of. A family may name it (Inkling
+        # closes each message block with a special token before the turn's stop token).
+        if end_of_turn_token is not None:
+            (self.end_of_turn_id,) = _token_ids(tokenizer, [end_of_turn_token])
+        else:
+            self.end_of_turn_id = tokenizer.end_of_turn_token_id
         self._suffix_lock = threading.Lock()
         self._suffix_cache: dict[str, tuple[int, ...]] = {}
         # Only a template that uses no clock or randomness renders the same prefix twice.
@@ -352,6 +349,16 @@ class TitoEngine:
         return compare_token_sequences(
             self.tokenizer, expected, list(accumulated), self.end_of_turn_id
         )
+
+
+def _token_ids(tokenizer: ChatTokenizer, tokens: Sequence[str]) -> list[int]:
+    ids = []
+    for token in tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"the tokenizer has no {token!r} token, a stop token of this model")
+        ids.append(token_id)
+    return ids
 
 
 def _trim_trailing(ids: list[int], trailing: frozenset[int]) -> list[int]:

@@ -42,6 +42,10 @@ class TitoFamily:
     # own opener; nothing is inserted there. A record is compared with a re-render without
     # them at its end.
     boundary_stop_tokens: tuple[str, ...] = ()
+    # The token that ends an assistant turn, when the first special token the template puts
+    # after an assistant's content is not it (Inkling closes each block with
+    # `<|end_message|>`; the turn ends at `<|content_model_end_sampling|>`).
+    end_of_turn_token: str | None = None
 
 
 def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
@@ -87,6 +91,15 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
                 max_trim_tokens=1,
                 boundary_stop_tokens=("<|user|>", "<|observation|>"),
             ),
+            # The framework renders Inkling with its fixed template (SGLang serves it with a
+            # token-level renderer, but the gateway sends ids): nothing pinned, every role,
+            # turns joined as they are.
+            _family(
+                "inkling",
+                {},
+                needs_fixed_template=True,
+                end_of_turn_token="<|content_model_end_sampling|>",
+            ),
         )
     }
 )
@@ -98,7 +111,6 @@ NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
         "encoder",
         "deepseekv4": "no Jinja chat template (Python encoder), and appended tool/user turns "
         "are merged, so the framework re-renders the whole history",
-        "inkling": "SGLang renders it with a token-level renderer, not a Jinja template",
     }
 )
 

@@ -215,6 +215,7 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
         "message_matcher": args.message_matcher,
         "chat_template_kwargs": kwargs,
         "boundary_stop_tokens": family.boundary_stop_tokens if family is not None else (),
+        "end_of_turn_token": family.end_of_turn_token if family is not None else None,
         "stream_upstream": args.stream_upstream,
         "smg_routing_key": args.smg_routing_key,
     }
