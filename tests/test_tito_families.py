@@ -290,7 +290,7 @@ def test_inkling_turns_end_at_the_stop_token_after_the_block_closers(tmp_path: P
     assert tok.decode([engine.end_of_turn_id]) == "<|content_model_end_sampling|>"
     assert engine.turn_suffix_ids == []
     # Taking the block closer for the end of the turn would insert one and the stop token
-    # after every sampled turn, and cut the sampled ids short of the stop token.
+    # again after every sampled turn (which ends at the stop token).
     assert TitoEngine(tok).turn_suffix_ids == tok.encode("<|content_model_end_sampling|>")
     s = settings("--tito-model", "inkling")
     assert (s.end_of_turn_token, s.max_trim_tokens) == ("<|content_model_end_sampling|>", 0)

@@ -5,8 +5,10 @@ The framework pins, per family, template variables that keep its chat template a
 (a later message must not change how earlier turns render), the roles an agent may append
 after an assistant turn (narrowed where the template drops a role), and how many trailing
 checkpoint tokens may differ. These are the values read in its
-`miles/utils/chat_template_utils/tito_tokenizer.py`. Only families whose prompt boundaries the
-gateway's generic renderer reproduces are supported; the others are named with the reason.
+`miles/utils/chat_template_utils/tito_tokenizer.py`, with the two junction facts the generic
+renderer cannot derive from a template (GLM 4.7's stop tokens that open the next message,
+Inkling's end-of-turn token). Families whose prompts need more than that are named with the
+reason.
 """
 
 from __future__ import annotations
@@ -108,9 +110,11 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
 NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
     {
         "deepseekv32": "no Jinja chat template: the framework renders with DeepSeek's Python "
-        "encoder",
-        "deepseekv4": "no Jinja chat template (Python encoder), and appended tool/user turns "
-        "are merged, so the framework re-renders the whole history",
+        "encoder, whose prompt text (tool-use instructions included) sessiongate does not "
+        "reproduce",
+        "deepseekv4": "no Jinja chat template (DeepSeek's Python encoder, as for deepseekv32), "
+        "and appended tool/user turns are merged, so the framework re-renders the whole "
+        "history",
     }
 )
 
