@@ -16,6 +16,7 @@ from sessiongate.session.tito import (
     merge_chat_template_kwargs,
     parse_chat_template_kwargs,
 )
+from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from support.family_templates import FAMILIES, family_tokenizer_dir
 from support.tool_templates import TEMPLATES, tokenizer_dir
@@ -248,7 +249,10 @@ def test_assistant_differences_are_labelled_assistant_text(tmp_path: Path, name:
     # "]~b]ai" (or "ai" after <|im_start|>): no segment starts with the word "assistant",
     # and the framework treats non_assistant_text as a hard failure.
     tok = _family_tokenizer(tmp_path, name)
-    engine = TitoEngine(tok)
+    # GLM 4.7 closes no turn: its turns start at role tokens (TitoEngine.turn_openers).
+    family = TITO_FAMILIES.get(name)
+    engine = TitoEngine(tok, boundary_stop_tokens=family.boundary_stop_tokens if family else ())
+    openers = engine.turn_openers
     user = {"role": "user", "content": "hello"}
     exact = tok.apply_chat_template(
         [user, {"role": "assistant", "content": "world"}], add_generation_prompt=False
@@ -256,14 +260,16 @@ def test_assistant_differences_are_labelled_assistant_text(tmp_path: Path, name:
     other = tok.apply_chat_template(
         [user, {"role": "assistant", "content": "planet"}], add_generation_prompt=False
     )
-    found = compare_token_sequences(tok, exact, other, engine.end_of_turn_id)
+    found = compare_token_sequences(tok, exact, other, engine.end_of_turn_id, turn_openers=openers)
     assert [m["type"] for m in found] == ["assistant_text"]
     # A user's text is still non-assistant text.
     other_user = tok.apply_chat_template(
         [{"role": "user", "content": "howdy"}, {"role": "assistant", "content": "world"}],
         add_generation_prompt=False,
     )
-    found = compare_token_sequences(tok, exact, other_user, engine.end_of_turn_id)
+    found = compare_token_sequences(
+        tok, exact, other_user, engine.end_of_turn_id, turn_openers=openers
+    )
     assert [m["type"] for m in found] == ["non_assistant_text"]
 
 

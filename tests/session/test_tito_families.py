@@ -119,11 +119,16 @@ def _sample(
     )
     assert full.startswith(prompt)
     ids = tok.encode(full[len(prompt) :])
+    if engine.boundary_stop_ids:
+        # GLM 4.7 closes no turn: the model stops at the token that opens what follows, an
+        # observation after a tool call, else a user turn.
+        stop = "<|observation|>" if reply.get("tool_calls") else "<|user|>"
+        return [*ids, tok.token_to_id(stop)]
     return ids[: ids.index(engine.end_of_turn_id) + 1]
 
 
 def run_agent_session(
-    tok: ChatTokenizer, kwargs: dict[str, Any], sampled_with: dict[str, Any]
+    name: str, tok: ChatTokenizer, kwargs: dict[str, Any], sampled_with: dict[str, Any]
 ) -> tuple[bool, list[dict[str, Any]]]:
     """system, user -> reasoning + tool call -> tool -> reasoning + answer -> user ->
     reasoning + answer. Returns whether every prompt equalled a full render of the history,
@@ -132,7 +137,13 @@ def run_agent_session(
     The gateway renders with `kwargs`; the model's replies are what the template renders
     under `sampled_with` (the model reasons whatever the gateway was told).
     """
-    engine = TitoEngine(tok, chat_template_kwargs=kwargs)
+    family = settings("--tito-model", name)
+    engine = TitoEngine(
+        tok,
+        chat_template_kwargs=kwargs,
+        boundary_stop_tokens=family.boundary_stop_tokens,
+        end_of_turn_token=family.end_of_turn_token,
+    )
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "You are a helper."},
         {"role": "user", "content": "Weather in Paris?"},
@@ -161,7 +172,7 @@ def run_agent_session(
         if not appended:
             break
         accumulated = [
-            *accumulated,
+            *engine.junction_prefix(accumulated),
             *engine.junction_ids(accumulated),
             *engine.appended_ids(reply, appended, TOOLS),
         ]
@@ -177,10 +188,12 @@ def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, n
     tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
     kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
     assert kwargs == dict(TITO_FAMILIES[name].template_kwargs)
-    assert run_agent_session(tok, kwargs, kwargs) == (True, [])
+    assert run_agent_session(name, tok, kwargs, kwargs) == (True, [])
+    if not kwargs:
+        return  # nothing pinned (Inkling)
     # Without them the template drops earlier reasoning once the history grows: the prompts
     # and the record are no longer what a re-render gives.
-    exact, found = run_agent_session(tok, {}, kwargs)
+    exact, found = run_agent_session(name, tok, {}, kwargs)
     assert not exact
     assert found != []
 
@@ -202,3 +215,83 @@ def test_families_without_system_appends_lose_or_refuse_them(tmp_path: Path, nam
 
 def test_every_supported_family_has_a_test_template() -> None:
     assert set(TITO_FAMILIES) - {"default"} == set(FAMILIES)
+
+
+# --- GLM 4.7: the stop token is the next message's opener ---------------------------------
+
+
+@pytest.fixture
+def glm(tmp_path: Path) -> tuple[ChatTokenizer, TitoEngine]:
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / "glm47", "glm47"))
+    family = TITO_FAMILIES["glm47"]
+    engine = TitoEngine(
+        tok,
+        chat_template_kwargs=family.template_kwargs,
+        max_trim_tokens=family.max_trim_tokens,
+        boundary_stop_tokens=family.boundary_stop_tokens,
+    )
+    return tok, engine
+
+
+def test_glm47_drops_the_sampled_stop_token_whichever_message_follows(
+    glm: tuple[ChatTokenizer, TitoEngine],
+) -> None:
+    # miles/utils/chat_template_utils/tito_tokenizer.py GLM47TITOTokenizer.merge_tokens: the
+    # prefix's last token is dropped when it is <|user|> or <|observation|>, also when the
+    # next message opens with the other one; nothing is inserted.
+    tok, engine = glm
+    user, observation = tok.token_to_id("<|user|>"), tok.token_to_id("<|observation|>")
+    sampled = [*tok.encode("<|assistant|><think>r</think>ok"), observation]
+    assert list(engine.junction_prefix(sampled)) == sampled[:-1]
+    assert list(engine.junction_prefix([*sampled[:-1], user])) == sampled[:-1]
+    assert engine.junction_ids(sampled) == []
+    # A length cut-off sampled no stop token: nothing is dropped, nothing inserted.
+    assert list(engine.junction_prefix(sampled[:-1])) == sampled[:-1]
+    assert engine.junction_ids(sampled[:-1]) == []
+    appended = engine.appended_ids(
+        {"role": "assistant", "content": "ok"}, [{"role": "user", "content": "next"}], None
+    )
+    assert tok.decode(appended) == "<|user|>next<|assistant|><think>"
+
+
+def test_glm47_records_compare_without_the_trailing_stop_token_and_label_assistant_text(
+    glm: tuple[ChatTokenizer, TitoEngine],
+) -> None:
+    tok, engine = glm
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "r"},
+    ]
+    prompt = engine.first_turn_ids(history[:1], None)
+    stop = tok.token_to_id("<|user|>")
+    exact = [*prompt, *tok.encode("r</think>ok"), stop]
+    assert engine.mismatches(history, None, exact) == []
+    assert engine.mismatches(history, None, exact[:-1]) == []  # cut off before the stop
+    other = [*prompt, *tok.encode("r</think>OK"), stop]
+    found = engine.mismatches(history, None, other)
+    assert [m["type"] for m in found] == ["assistant_text"]
+    s = settings("--tito-model", "glm47")
+    assert (s.max_trim_tokens, s.boundary_stop_tokens) == (1, ("<|user|>", "<|observation|>"))
+    assert dict(s.chat_template_kwargs) == {"clear_thinking": False}
+
+
+# --- Inkling: the turn ends at its stop token, not at the first special token ---------------
+
+
+def test_inkling_turns_end_at_the_stop_token_after_the_block_closers(tmp_path: Path) -> None:
+    # miles/utils/chat_template_utils/tito_tokenizer.py InklingTITOTokenizer: the fixed
+    # template (templates/inkling_fixed.jinja) ends an assistant turn with
+    # <|content_model_end_sampling|> after each block's <|end_message|>, and turns are joined
+    # as they are (no merge rule, max_trim_tokens 0).
+    tok = load_tokenizer(family_tokenizer_dir(tmp_path / "inkling", "inkling"))
+    assert tok.decode([tok.end_of_turn_token_id]) == "<|end_message|>"  # the first special
+    family = TITO_FAMILIES["inkling"]
+    engine = TitoEngine(tok, end_of_turn_token=family.end_of_turn_token)
+    assert tok.decode([engine.end_of_turn_id]) == "<|content_model_end_sampling|>"
+    assert engine.turn_suffix_ids == []
+    # Taking the block closer for the end of the turn would insert one and the stop token
+    # again after every sampled turn (which ends at the stop token).
+    assert TitoEngine(tok).turn_suffix_ids == tok.encode("<|content_model_end_sampling|>")
+    s = settings("--tito-model", "inkling")
+    assert (s.end_of_turn_token, s.max_trim_tokens) == ("<|content_model_end_sampling|>", 0)
+    assert s.allowed_append_roles == {"tool", "user", "system", "assistant"}

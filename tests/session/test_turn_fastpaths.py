@@ -167,7 +167,9 @@ def test_prefix_cache_never_confuses_values_that_render_differently(values: list
     last = {"role": "assistant", "content": "x"}
     appended = [{"role": "user", "content": "q"}]
     for value in [*values, *reversed(values)]:
-        for kwargs, tools in (({"v": value}, None), (None, [{"v": value}])):
+        # In a tool, the value sits where SGLang's tool model keeps any JSON: the parameters.
+        tool = {"function": {"name": "f", "parameters": {"v": value}}}
+        for kwargs, tools in (({"v": value}, None), (None, [tool])):
             got = engine.appended_ids(last, appended, tools, kwargs)
             assert got == slow.appended_ids(last, appended, tools, kwargs), value
 

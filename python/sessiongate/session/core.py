@@ -112,6 +112,8 @@ class SessionCore:
             tokenizer,
             max_trim_tokens=self.settings.max_trim_tokens,
             chat_template_kwargs=self.settings.chat_template_kwargs,
+            boundary_stop_tokens=self.settings.boundary_stop_tokens,
+            end_of_turn_token=self.settings.end_of_turn_token,
         )
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
@@ -666,7 +668,8 @@ class SessionCore:
                     "q", self.tito.first_turn_ids(messages, tools, template_kwargs=template_kwargs)
                 )
             else:
-                prompt_ids = array("q", base_ids)
+                # Without a stop token the next message opens itself with (GLM 4.7).
+                prompt_ids = array("q", self.tito.junction_prefix(base_ids))
                 prompt_ids.extend(self.tito.junction_ids(base_ids, template_kwargs=template_kwargs))
                 prompt_ids.extend(
                     self.tito.appended_ids(

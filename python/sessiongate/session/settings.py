@@ -20,6 +20,12 @@ class SessionSettings:
     allowed_append_roles: frozenset[str] = field(default=DEFAULT_APPEND_ROLES)
     # Trailing tokens of the previous checkpoint allowed to differ in the next one.
     max_trim_tokens: int = 0
+    # Stop tokens that also open the next message, dropped where it joins (`--tito-model`'s
+    # family, e.g. GLM 4.7; session/tito_families.py).
+    boundary_stop_tokens: tuple[str, ...] = ()
+    # The token that ends an assistant turn, when the family names it (Inkling); None: the
+    # first special token the template renders after an assistant's content.
+    end_of_turn_token: str | None = None
     # Ask the upstream for routed experts (R3).
     r3: bool = False
     # Experts per token per layer, to shape R3 as [tokens, layers, topk] in trajectory files

@@ -92,17 +92,25 @@ class TitoEngine:
         *,
         max_trim_tokens: int = 0,
         chat_template_kwargs: TemplateKwargs | None = None,
+        boundary_stop_tokens: Sequence[str] = (),
+        end_of_turn_token: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_trim_tokens = max_trim_tokens
+        # Stop tokens that also open the next message (TitoFamily.boundary_stop_tokens).
+        self.boundary_stop_ids = frozenset(_token_ids(tokenizer, boundary_stop_tokens))
         try:
             defaults = check_template_kwargs(dict(chat_template_kwargs or {}))
         except TokenizerError as exc:
             raise ValueError(f"server chat_template_kwargs: {exc}") from exc
         self.chat_template_kwargs: dict[str, Any] = dict(defaults)
         # Derived with default template variables: the stop token does not depend on switches
-        # such as enable_thinking in any template we know of.
-        self.end_of_turn_id = tokenizer.end_of_turn_token_id
+        # such as enable_thinking in any template we know of. A family may name it (Inkling
+        # closes each message block with a special token before the turn's stop token).
+        if end_of_turn_token is not None:
+            (self.end_of_turn_id,) = _token_ids(tokenizer, [end_of_turn_token])
+        else:
+            self.end_of_turn_id = tokenizer.end_of_turn_token_id
         self._suffix_lock = threading.Lock()
         self._suffix_cache: dict[str, tuple[int, ...]] = {}
         # Only a template that uses no clock or randomness renders the same prefix twice.
@@ -253,12 +261,38 @@ class TitoEngine:
         """Tokens the template puts between the last sampled token and the next message.
 
         After a natural stop that is the turn suffix; after a length cut-off the turn was
-        never closed, so the end-of-turn token is inserted too (it was not sampled).
+        never closed, so the end-of-turn token is inserted too (it was not sampled). Nothing
+        for a family whose next message opens with its own stop token (`junction_prefix`).
         """
+        if self.boundary_stop_ids:
+            return []
         suffix = self.turn_suffix_for(template_kwargs)
         if checkpoint and checkpoint[-1] == self.end_of_turn_id:
             return suffix
         return [self.end_of_turn_id, *suffix]
+
+    @property
+    def turn_openers(self) -> frozenset[int] | None:
+        """Where a turn starts on a template that closes none (`compare_token_sequences`):
+        at a boundary stop token or at the assistant header's first token (GLM's
+        `<|assistant|>`); None when turns end with the end-of-turn token."""
+        if not self.boundary_stop_ids:
+            return None
+        header = self.tokenizer.encode(self.tokenizer.assistant_header)
+        return self.boundary_stop_ids | frozenset(header[:1])
+
+    def junction_prefix(self, checkpoint: Sequence[int]) -> Sequence[int]:
+        """The part of `checkpoint` the next prompt starts with: all of it, or all but a last
+        stop token that also opens messages (GLM 4.7's `<|user|>` / `<|observation|>`).
+
+        The appended messages render their own opener, which may be the other one (the model
+        stopped at `<|observation|>` after a tool call the agent answered with a user
+        message), so the sampled token is dropped either way, as the rollout framework does
+        (`max_trim_tokens` 1 lets the next checkpoint differ there).
+        """
+        if checkpoint and checkpoint[-1] in self.boundary_stop_ids:
+            return checkpoint[:-1]
+        return checkpoint
 
     def check_extends(self, previous: Sequence[int], new: Sequence[int], session_id: str) -> None:
         """The previous checkpoint must be a prefix of the new one (up to max_trim_tokens)."""
@@ -295,6 +329,17 @@ class TitoEngine:
             tools=_tools_or_none(tools),
             chat_template_kwargs=kwargs,
         )
+        if self.boundary_stop_ids:
+            # The template renders no stop token at the end of the history; the record ends
+            # with the sampled one (or none after a cut-off). The framework's comparator trims
+            # these from both tails.
+            return compare_token_sequences(
+                self.tokenizer,
+                _trim_trailing(expected, self.boundary_stop_ids),
+                _trim_trailing(list(accumulated), self.boundary_stop_ids),
+                self.end_of_turn_id,
+                turn_openers=self.turn_openers,
+            )
         # The last turn ends where sampling stopped: the template's suffix after the
         # end-of-turn token was never sampled, and after a length cut-off neither was the
         # end-of-turn token itself.
@@ -306,6 +351,23 @@ class TitoEngine:
         return compare_token_sequences(
             self.tokenizer, expected, list(accumulated), self.end_of_turn_id
         )
+
+
+def _token_ids(tokenizer: ChatTokenizer, tokens: Sequence[str]) -> list[int]:
+    ids = []
+    for token in tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"the tokenizer has no {token!r} token, a stop token of this model")
+        ids.append(token_id)
+    return ids
+
+
+def _trim_trailing(ids: list[int], trailing: frozenset[int]) -> list[int]:
+    end = len(ids)
+    while end and ids[end - 1] in trailing:
+        end -= 1
+    return ids[:end]
 
 
 def _same_ids(left: Sequence[int], right: Sequence[int]) -> bool:
@@ -344,13 +406,20 @@ def _assistant_stub(message: Message) -> Message:
 
 
 def compare_token_sequences(
-    tokenizer: ChatTokenizer, expected: list[int], actual: list[int], end_of_turn_id: int
+    tokenizer: ChatTokenizer,
+    expected: list[int],
+    actual: list[int],
+    end_of_turn_id: int,
+    *,
+    turn_openers: frozenset[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Classify how `actual` differs from `expected`, segment by segment.
 
     Types: `special_token_count`, `special_token_type` (structure differs), then per text
     segment between special tokens `assistant_text` (inside an assistant turn: sampled text
-    that a re-render would tokenize differently) or `non_assistant_text`.
+    that a re-render would tokenize differently) or `non_assistant_text`. A turn starts after
+    an end-of-turn token, or, given `turn_openers` (templates that close no turn), at the
+    last of those tokens.
     """
     if expected == actual:
         return []
@@ -390,9 +459,9 @@ def compare_token_sequences(
             # Both sides, as the framework's comparator does: a segment is assistant text only
             # if each sequence has it inside an assistant turn.
             in_assistant = _in_assistant_turn(
-                tokenizer, expected, exp_at + len(exp_seg), end_of_turn_id, header
+                tokenizer, expected, exp_at + len(exp_seg), end_of_turn_id, header, turn_openers
             ) and _in_assistant_turn(
-                tokenizer, actual, act_at + len(act_seg), end_of_turn_id, header
+                tokenizer, actual, act_at + len(act_seg), end_of_turn_id, header, turn_openers
             )
         else:  # no header derivable from the template: the ChatML role name
             in_assistant = expected_text.startswith("assistant")
@@ -409,7 +478,12 @@ def compare_token_sequences(
 
 
 def _in_assistant_turn(
-    tokenizer: ChatTokenizer, ids: list[int], end: int, end_of_turn_id: int, header: str
+    tokenizer: ChatTokenizer,
+    ids: list[int],
+    end: int,
+    end_of_turn_id: int,
+    header: str,
+    turn_openers: frozenset[int] | None = None,
 ) -> bool:
     """Whether the turn holding `ids[:end]` opens with the assistant header.
 
@@ -419,6 +493,10 @@ def _in_assistant_turn(
     `<|im_middle|>`) are recognised, not only a ChatML segment starting with "assistant".
     """
     start = end - 1
+    if turn_openers:
+        while start >= 0 and ids[start] not in turn_openers:
+            start -= 1
+        return start >= 0 and tokenizer.decode(ids[start:end]).lstrip().startswith(header)
     while start >= 0 and ids[start] != end_of_turn_id:
         start -= 1
     return tokenizer.decode(ids[start + 1 : end]).lstrip().startswith(header)

@@ -5,8 +5,10 @@ The framework pins, per family, template variables that keep its chat template a
 (a later message must not change how earlier turns render), the roles an agent may append
 after an assistant turn (narrowed where the template drops a role), and how many trailing
 checkpoint tokens may differ. These are the values read in its
-`miles/utils/chat_template_utils/tito_tokenizer.py`. Only families whose prompt boundaries the
-gateway's generic renderer reproduces are supported; the others are named with the reason.
+`miles/utils/chat_template_utils/tito_tokenizer.py`, with the two junction facts the generic
+renderer cannot derive from a template (GLM 4.7's stop tokens that open the next message,
+Inkling's end-of-turn token). Families whose prompts need more than that are named with the
+reason.
 """
 
 from __future__ import annotations
@@ -36,6 +38,16 @@ class TitoFamily:
     # template does not honour `template_kwargs`, so give one that does with
     # --chat-template-path.
     needs_fixed_template: bool = False
+    # Stop tokens that also open the next message (GLM 4.7's `<|user|>`, `<|observation|>`:
+    # its template closes no turn, the next role token does). The sampled one is dropped
+    # where the next message joins, whichever it is, since the appended messages render their
+    # own opener; nothing is inserted there. A record is compared with a re-render without
+    # them at its end.
+    boundary_stop_tokens: tuple[str, ...] = ()
+    # The token that ends an assistant turn, when the first special token the template puts
+    # after an assistant's content is not it (Inkling closes each block with
+    # `<|end_message|>`; the turn ends at `<|content_model_end_sampling|>`).
+    end_of_turn_token: str | None = None
 
 
 def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
@@ -73,6 +85,23 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
                 allowed_append_roles=_NO_SYSTEM,
                 needs_fixed_template=True,
             ),
+            # GLM 4.7's stock template has the clear_thinking switch. One trailing token of
+            # the previous checkpoint (the dropped stop token) may differ in the next.
+            _family(
+                "glm47",
+                {"clear_thinking": False},
+                max_trim_tokens=1,
+                boundary_stop_tokens=("<|user|>", "<|observation|>"),
+            ),
+            # The framework renders Inkling with its fixed template (SGLang serves it with a
+            # token-level renderer, but the gateway sends ids): nothing pinned, every role,
+            # turns joined as they are.
+            _family(
+                "inkling",
+                {},
+                needs_fixed_template=True,
+                end_of_turn_token="<|content_model_end_sampling|>",
+            ),
         )
     }
 )
@@ -80,14 +109,12 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
 # Framework families the gateway cannot serve token-exactly yet, and why.
 NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
     {
-        "glm47": "its stop tokens <|user|>/<|observation|> also open the next message, so the "
-        "framework drops the sampled one at the junction (max_trim_tokens 1); the gateway "
-        "only inserts junction tokens",
         "deepseekv32": "no Jinja chat template: the framework renders with DeepSeek's Python "
-        "encoder",
-        "deepseekv4": "no Jinja chat template (Python encoder), and appended tool/user turns "
-        "are merged, so the framework re-renders the whole history",
-        "inkling": "SGLang renders it with a token-level renderer, not a Jinja template",
+        "encoder, whose prompt text (tool-use instructions included) sessiongate does not "
+        "reproduce",
+        "deepseekv4": "no Jinja chat template (DeepSeek's Python encoder, as for deepseekv32), "
+        "and appended tool/user turns are merged, so the framework re-renders the whole "
+        "history",
     }
 )
 

@@ -89,9 +89,10 @@ def add_turn_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="model family whose TITO defaults apply, named as the rollout framework's "
         "--tito-model (qwen3, qwen35, qwennext, nemotron3, kimi25, kimi26, minimax_m25, "
-        "minimax_m27, default): its chat template variables, appended roles and max trim "
-        "tokens; --chat-template-kwargs keys, --allowed-append-roles and --max-trim-tokens "
-        "given explicitly win (docs/tokenizer.md, Model families)",
+        "minimax_m27, glm47, inkling, default): its chat template variables, appended roles, "
+        "max trim tokens and stop-token rules; --chat-template-kwargs keys, "
+        "--allowed-append-roles and --max-trim-tokens given explicitly win (docs/tokenizer.md, "
+        "Model families)",
     )
     group.add_argument(
         "--stream-upstream",
@@ -214,6 +215,8 @@ def turn_settings(args: argparse.Namespace) -> dict[str, Any]:
         "lora_path": args.lora_path,
         "message_matcher": args.message_matcher,
         "chat_template_kwargs": kwargs,
+        "boundary_stop_tokens": family.boundary_stop_tokens if family is not None else (),
+        "end_of_turn_token": family.end_of_turn_token if family is not None else None,
         "stream_upstream": args.stream_upstream,
         "smg_routing_key": args.smg_routing_key,
     }

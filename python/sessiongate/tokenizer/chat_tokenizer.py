@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
 from sessiongate.tokenizer.tool_arguments import template_messages
+from sessiongate.tokenizer.tool_schema import template_tools
 
 __all__ = [
     "BUILTIN_TOKENIZER_DIR",
@@ -139,7 +140,9 @@ class ChatTokenizer:
 
         Assistant tool-call ``arguments`` given as JSON text reach the template as the object
         they denote, as SGLang and the rollout framework render them (see tool_arguments.py);
-        text that is not a JSON object raises TokenizerError. ``messages`` is not changed.
+        text that is not a JSON object raises TokenizerError. ``tools`` reach it as SGLang's
+        pydantic dump of them (tool_schema.py; an empty list is None), and a tool SGLang
+        refuses raises TokenizerError. Neither ``messages`` nor ``tools`` is changed.
         """
         _check_messages(messages)
         messages = template_messages(messages)
@@ -147,6 +150,7 @@ class ChatTokenizer:
             not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
         ):
             raise TokenizerError("tools must be a list of objects or None")
+        tools = template_tools(tools)
         variables = {**self._special_vars}
         if chat_template_kwargs:
             variables.update(check_template_kwargs(chat_template_kwargs))
