@@ -17,6 +17,16 @@ def pytest_sessionfinish(session: object, exitstatus: int) -> None:
     kill_all_started()
 
 
+# What the standard library runs for itself (ctypes.util.find_library asks ldconfig, or a
+# compiler, on first use): not a process a test starts.
+_STDLIB_PROBES = frozenset({"ldconfig", "gcc", "cc", "ld", "objdump", "uname"})
+
+
+def _stdlib_probe(args: Any) -> bool:
+    first = args[0] if isinstance(args, list | tuple) and args else args
+    return isinstance(first, str) and Path(first).name in _STDLIB_PROBES
+
+
 @pytest.fixture(autouse=True)
 def _processes_only_when_marked(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -26,7 +36,12 @@ def _processes_only_when_marked(
     if request.node.get_closest_marker("procs") is not None:
         return
 
+    popen = subprocess.Popen.__init__
+
     def refuse(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _stdlib_probe(args):
+            popen(self, args, *rest, **kwargs)
+            return
         raise AssertionError(
             f"this test starts a process ({args!r}): mark its module "
             "`pytestmark = pytest.mark.procs`"

@@ -78,8 +78,10 @@ def test_configured_session_headers_replace_the_defaults() -> None:
 
 METHODS = st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post", "PATCH"])
 SEGMENTS = st.sampled_from(
-    ["v1", "chat", "completions", "models", "sessions", "health", "metrics", "", "V1", "%2F"]
-    + ["generate", "Generate"]
+    [
+        *("v1", "chat", "completions", "models", "sessions", "health", "metrics", "", "V1"),
+        *("%2F", "generate", "Generate"),
+    ]
 )
 PATHS = st.one_of(
     st.sampled_from(

@@ -2,7 +2,7 @@
 and the real mock engine: reasoning, tool calls answered with tool results, user turns.
 
 The templates keep each family's layout (role headers, what closes a turn, the switch that
-keeps history reasoning, the system message rules; tests/family_templates.py describes the
+keeps history reasoning, the system message rules; tests/support/family_templates.py describes the
 families) but spell an assistant turn the way the mock engine samples it (`<think>`
 reasoning `</think>`, content, `<tool_call>` JSON blocks, sessiongate/mock_engine/generate.py),
 so a re-render of the history must give back exactly the ids the engine sampled: any
@@ -17,10 +17,13 @@ from typing import Any
 import httpx
 import pytest
 
-from family_templates import family_tokenizer_dir
-from procs import ServerProcess, free_port, mock_engine
 from sessiongate.demo.verify import completion_ids
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
+from support.family_templates import family_tokenizer_dir
+from support.procs import ServerProcess, free_port, mock_engine
+
+# Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
+pytestmark = pytest.mark.procs
 
 # An assistant turn as the mock samples it; KEEP is the family's rule for history reasoning.
 _BODY = (

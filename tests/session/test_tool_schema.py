@@ -27,11 +27,14 @@ from typing import Any
 import httpx
 import pytest
 
-from procs import ServerProcess, free_port, mock_engine
-from sessiongate.session.errors import BadRequest
+from sessiongate.errors import BadRequest
 from sessiongate.session.tito import TitoEngine
 from sessiongate.tokenizer import ChatTokenizer, TokenizerError, load_tokenizer
-from tool_templates import tokenizer_dir
+from support.procs import ServerProcess, free_port, mock_engine
+from support.tool_templates import tokenizer_dir
+
+# Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
+pytestmark = pytest.mark.procs
 
 PRINTS_TOOLS = """\
 {%- if tools -%}{{- '<|im_start|>system\\n' + (tools | tojson) + '<|im_end|>\\n' -}}{%- endif -%}
