@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from support.procs import ServerProcess, free_port, mock_engine
-from support.raw_engine import RawEngine
+from support.procs import ServerProcess, free_port
+from support.raw_engine import RawEngine, recording_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
@@ -45,12 +45,8 @@ BODY = json.dumps(
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[RawEngine]:
-    with mock_engine() as mock:
-        raw = RawEngine(mock.url)
-        try:
-            yield raw
-        finally:
-            raw.close()
+    with recording_engine() as raw:
+        yield raw
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))

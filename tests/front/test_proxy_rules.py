@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from support.front_sockets import get, post
-from support.procs import ServerProcess, free_port, mock_engine
-from support.raw_engine import RawEngine
+from support.procs import ServerProcess, free_port
+from support.raw_engine import RawEngine, recording_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
@@ -33,12 +33,8 @@ SMUGGLED = b"GET /v1/script/SMUGGLED HTTP/1.1\r\nHost: x\r\n\r\n"
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[RawEngine]:
-    with mock_engine() as mock:
-        raw = RawEngine(mock.url)
-        try:
-            yield raw
-        finally:
-            raw.close()
+    with recording_engine() as raw:
+        yield raw
 
 
 def start_gateway(engine: RawEngine, *args: str) -> ServerProcess:

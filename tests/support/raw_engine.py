@@ -14,10 +14,13 @@ import http.client
 import json
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from support.front_sockets import Reader
+from support.procs import mock_engine
 
 # Scripted replies, by path.
 SCRIPT = "/v1/script/"
@@ -166,3 +169,14 @@ class RawEngine:
             return _reply(reply.status, body, f"Content-Type: {content_type}", reason=reply.reason)
         finally:
             engine.close()
+
+
+@contextmanager
+def recording_engine() -> Iterator[RawEngine]:
+    """A `RawEngine` in front of a real mock engine process, for a test module's fixture."""
+    with mock_engine() as mock:
+        raw = RawEngine(mock.url)
+        try:
+            yield raw
+        finally:
+            raw.close()
