@@ -15,13 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from sessiongate.errors import BadRequest, GatewayError, LimitReached, UpstreamError
 from sessiongate.protocol import CoreReply, CoreRequest, error_reply, json_reply
-from sessiongate.routing.stamper import SessionStamper
 from sessiongate.session.reads import SessionReads
-from sessiongate.session.settings import SessionSettings
-from sessiongate.session.store.records_store import RecordsStore
 from sessiongate.session.turn import SessionTurns
-from sessiongate.tokenizer import ChatTokenizer
-from sessiongate.upstream import UpstreamPool
 
 # Proxied replies with a declared length below this are read whole and relayed in one frame.
 PROXY_BUFFER_BELOW = 256 * 1024
@@ -30,16 +25,8 @@ PROXY_BUFFER_BELOW = 256 * 1024
 class SessionCore(SessionTurns, SessionReads):
     """Sessions of one worker: a registry, the TITO engine, and one upstream client."""
 
-    def __init__(
-        self,
-        tokenizer: ChatTokenizer,
-        upstream: UpstreamPool,
-        settings: SessionSettings | None = None,
-        stamper: SessionStamper | None = None,
-        store: RecordsStore | None = None,
-    ) -> None:
-        super().__init__(tokenizer, upstream, settings, stamper, store)
-        self._ops: dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]] = {
+    def operations(self) -> dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]]:
+        return {
             "health": self._health,
             "create": self._create,
             "get": self._get,

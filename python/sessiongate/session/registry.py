@@ -91,6 +91,12 @@ class SessionRegistry:
         # Called as hook(session_id, reason) exactly once per session when it ends.
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
+        # Operation name -> handler, bound once (the class that assembles the core says).
+        self._ops = self.operations()
+
+    def operations(self) -> dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]]:
+        """The operations this core answers, by `CoreRequest.op`."""
+        return {"create": self._create, "delete": self._delete}
 
     def start(self) -> None:
         """Background work that needs a running loop (idempotent)."""
