@@ -28,7 +28,7 @@ from sessiongate.session.core_config import (
     core_config,
     session_argv,
 )
-from sessiongate.session.core_options import MOCK_BACKEND
+from sessiongate.session.core_options import MOCK_BACKEND, upstream_argv
 from sessiongate.session.core_options import backend_list as core_backend_list
 from sessiongate.session.store.options import check_store_options
 
@@ -406,11 +406,7 @@ def run_local(args: argparse.Namespace) -> int:
         router_args = [
             *router_arguments(args, frontend),
             # The upstreams, for the compiled front's stateless proxy path.
-            *[arg for url in upstreams for arg in ("--backend", url)],
-            "--timeout",
-            str(args.timeout),
-            "--health-interval",
-            str(args.health_interval),
+            *upstream_argv(args, upstreams),
         ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)

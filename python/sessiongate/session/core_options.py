@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sessiongate.session.turn_options import apply_tito_model
 
 # `serve --backend mock` (its default): the embedded mock engine, started by serve itself.
 MOCK_BACKEND = "mock"
+# Who declares --backend (add_upstream_arguments).
+BackendFlag = Literal["mock", "required", "optional"]
 
 
-def add_core_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) -> None:
-    """`embedded_mock`: serve, whose --backend defaults to the mock engine it starts; a
-    worker has no engine of its own, so it must be given one."""
-    if embedded_mock:
+def add_upstream_arguments(parser: argparse.ArgumentParser, *, backends: BackendFlag) -> None:
+    """The upstreams and how they are reached. `backends`: "mock" for serve, whose --backend
+    defaults to the mock engine it starts; "required" for a worker, which has no engine of
+    its own; "optional" for the router, whose compiled front proxies stateless requests."""
+    if backends == "mock":
         parser.add_argument(
             "--backend",
             action="append",
@@ -33,7 +36,8 @@ def add_core_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) 
         parser.add_argument(
             "--backend",
             action="append",
-            required=True,
+            required=backends == "required",
+            default=None if backends == "required" else [],
             help="upstream base URL (an SGLang-style engine or router); repeat for several",
         )
     parser.add_argument(
@@ -43,12 +47,28 @@ def add_core_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) 
         help="seconds between upstream health checks (GET /health; 5)",
     )
     parser.add_argument(
+        "--timeout", type=float, default=600.0, help="upstream timeout in seconds (600)"
+    )
+
+
+def upstream_argv(args: argparse.Namespace, backends: Sequence[str]) -> list[str]:
+    """The upstream options as argv, for a worker or the router; `backends`: the URLs."""
+    return [
+        *[arg for url in backends for arg in ("--backend", url)],
+        "--health-interval",
+        str(args.health_interval),
+        "--timeout",
+        str(args.timeout),
+    ]
+
+
+def add_core_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) -> None:
+    """`embedded_mock`: serve's (see add_upstream_arguments)."""
+    add_upstream_arguments(parser, backends="mock" if embedded_mock else "required")
+    parser.add_argument(
         "--tokenizer",
         default=None,
         help="local Hugging Face tokenizer directory (default: the built-in tokenizer)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="upstream timeout in seconds (600)"
     )
     parser.add_argument(
         "--allowed-append-roles",
@@ -138,11 +158,7 @@ def core_argv(args: argparse.Namespace, backends: Sequence[str]) -> list[str]:
     """These options as the argv a worker process is started with (after core_settings,
     which resolves the --tito-model defaults); `backends`: the URLs it talks to."""
     return [
-        *[arg for url in backends for arg in ("--backend", url)],
-        "--health-interval",
-        str(args.health_interval),
-        "--timeout",
-        str(args.timeout),
+        *upstream_argv(args, backends),
         "--allowed-append-roles",
         args.allowed_append_roles,
         "--max-trim-tokens",
