@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sessiongate.cli import build_parser
-from sessiongate.dataplane.worker.main import build_core
-from sessiongate.server.serve import session_settings_from
+from sessiongate.server.serve import serve_core_config
+from sessiongate.session.factory import build_core
 from sessiongate.session.turn_options import turn_argv
 from sessiongate.tokenizer import BUILTIN_TOKENIZER_DIR, TokenizerError, load_tokenizer
 from support.tool_templates import MINIMAX_STYLE
@@ -51,8 +51,7 @@ def test_a_directory_without_a_template_loads_with_the_file(tmp_path: Path) -> N
 
 def test_sessions_render_with_the_file(tmp_path: Path) -> None:
     args = serve_args("--chat-template-path", str(template_file(tmp_path)))
-    session_settings_from(args)
-    core = build_core(args)
+    core = build_core(serve_core_config(args))
     assert core.tito.tokenizer.chat_template == MINIMAX_STYLE
     argv = turn_argv(args)
     forwarded = argv[argv.index("--chat-template-path") + 1]
@@ -74,9 +73,9 @@ def test_a_bad_file_is_a_startup_error(tmp_path: Path, content: bytes | None, me
     if content is not None:
         path.write_bytes(content)
     with pytest.raises(SystemExit, match=rf"--chat-template-path: .*{message}"):
-        session_settings_from(serve_args("--chat-template-path", str(path)))
+        serve_core_config(serve_args("--chat-template-path", str(path)))
 
 
 def test_a_directory_is_not_a_template_file(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="chat template file not found"):
-        session_settings_from(serve_args("--chat-template-path", str(tmp_path)))
+        serve_core_config(serve_args("--chat-template-path", str(tmp_path)))

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sessiongate.protocol import CoreReply, CoreRequest
-from sessiongate.session import core as core_module
+from sessiongate.session import registry
 from sessiongate.session.core import SessionCore
 from sessiongate.session.limit_options import (
     AUTO,
@@ -317,7 +317,7 @@ def test_budget_and_cap_replies_carry_retry_after(engine: ServerProcess) -> None
 def test_expiry_keeps_a_bounded_record_of_expired_ids(
     engine: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(core_module, "EXPIRED_IDS_KEPT", 2)
+    monkeypatch.setattr(registry, "EXPIRED_IDS_KEPT", 2)  # read where sessions expire
     ended: list[tuple[str, str]] = []
 
     async def scenario() -> None:

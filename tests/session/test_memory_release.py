@@ -59,12 +59,14 @@ def test_a_due_trim_waits_for_a_quiet_spell(monkeypatch: pytest.MonkeyPatch) -> 
 def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     from sessiongate.protocol import CoreRequest
     from sessiongate.session import core as core_module
+    from sessiongate.session import registry
     from sessiongate.tokenizer import load_tokenizer
     from sessiongate.upstream import UpstreamPool
 
     trims: list[int] = []
     monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
-    monkeypatch.setattr(core_module, "release_free_memory", lambda: bool(trims.append(1)) or True)
+    # Patched where the core's registry calls it.
+    monkeypatch.setattr(registry, "release_free_memory", lambda: bool(trims.append(1)) or True)
 
     async def scenario() -> None:
         # Never contacted: creating sessions asks nothing of the upstream.

@@ -11,7 +11,7 @@ import pytest
 
 from sessiongate.cli import build_parser
 from sessiongate.errors import BadRequest
-from sessiongate.server.serve import session_settings_from
+from sessiongate.server.serve import serve_core_config
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
@@ -26,7 +26,7 @@ def serve_args(*argv: str) -> argparse.Namespace:
 
 
 def settings(*argv: str) -> SessionSettings:
-    return session_settings_from(serve_args(*argv))
+    return serve_core_config(serve_args(*argv)).settings
 
 
 def test_without_a_family_the_defaults_are_unchanged() -> None:
@@ -76,7 +76,7 @@ def test_explicit_flags_win_over_the_family() -> None:
 
 def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
     args = serve_args("--tito-model", "qwen35")
-    session_settings_from(args)
+    serve_core_config(args)
     argv = turn_argv(args)
     assert argv[argv.index("--tito-model") + 1] == "qwen35"
     # Set on the namespace the worker argv is built from (serve passes these two itself).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
+from sessiongate.session.core_options import add_upstream_arguments
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.placement.remote import RemoteSettings
@@ -47,9 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--body-timeout", type=float, default=None)
     parser.add_argument("--log-level", default="warning")
     # The upstreams, for the compiled front's stateless proxy path (the workers have them too).
-    parser.add_argument("--backend", action="append", default=[])
-    parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--health-interval", type=float, default=5.0)
+    add_upstream_arguments(parser, backends="optional")
     add_front_arguments(parser)
     parser.set_defaults(run=run)
 

@@ -20,7 +20,6 @@ from typing import Any
 
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
-from sessiongate.dataplane.worker.main import build_core
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.compiled import open_front_door, serve_with_front
 from sessiongate.front.http_protocol import gateway_protocol
@@ -28,6 +27,8 @@ from sessiongate.front.http_server import QuietServer, uvicorn_config
 from sessiongate.process.children import listen_problem
 from sessiongate.protocol import CoreReply, CoreRequest, Op
 from sessiongate.session.core import SessionCore
+from sessiongate.session.core_config import CoreConfig
+from sessiongate.session.factory import build_core
 
 WATCH_INTERVAL_S = 0.2
 
@@ -77,20 +78,21 @@ class InProcessGateway:
 def run_in_process(
     args: argparse.Namespace,
     frontend: FrontendSettings,
+    config: CoreConfig,
     upstream: str,
     watched: Sequence[subprocess.Popen[bytes]] = (),
 ) -> int:
     """Serve until signalled, or until a `watched` child (the embedded mock engine) exits,
-    as the supervisor does for the workers layout; `args.backend` holds the upstream URLs."""
+    as the supervisor does for the workers layout; `config` names the live upstream URLs."""
     problem = listen_problem(args.host, args.port)
     if problem is not None:
         # uvicorn would fail to bind too, but only log the errno: say it plainly, and before
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
-    door = open_front_door(args, frontend, args.backend, LATENCY_BUCKETS, who="sessiongate")
+    door = open_front_door(args, frontend, config.backends, LATENCY_BUCKETS, who="sessiongate")
     port = door.port if door is not None else args.port
-    core = build_core(args)
+    core = build_core(config)
     gateway = InProcessGateway(core)
     if door is not None:
         gateway.front_stats = door.stats

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
 import shlex
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
@@ -20,26 +21,17 @@ from sessiongate.front.compiled import (
 from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
-from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
-from sessiongate.session.settings import SessionSettings
-from sessiongate.session.store.options import (
-    add_store_arguments,
-    check_store_options,
-    store_argv,
+from sessiongate.session.core_config import (
+    IN_PROCESS,
+    CoreConfig,
+    add_session_arguments,
+    core_config,
+    session_argv,
 )
-from sessiongate.session.tree_options import (
-    add_session_mode_option,
-    session_mode_argv,
-    session_mode_settings,
-)
-from sessiongate.session.turn_options import (
-    add_turn_arguments,
-    apply_tito_model,
-    turn_argv,
-    turn_settings,
-)
+from sessiongate.session.core_options import MOCK_BACKEND, upstream_argv
+from sessiongate.session.core_options import backend_list as core_backend_list
+from sessiongate.session.store.options import check_store_options
 
-MOCK_BACKEND = "mock"
 # R3 shape the embedded mock engine uses when --r3 is given without --mock-args.
 DEFAULT_MOCK_R3 = ("--r3-layers", "4", "--r3-topk", "2")
 
@@ -58,28 +50,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--backend",
-        action="append",
-        default=None,
-        help="upstream base URL (an SGLang-style engine or router); repeat for several "
-        "upstreams (each session tree is pinned to one by rendezvous hashing of its root "
-        "id). 'mock' (the default) starts the built-in mock engine",
-    )
-    parser.add_argument(
-        "--health-interval",
-        type=float,
-        default=5.0,
-        help="seconds between upstream health checks (GET /health; 5)",
-    )
-    parser.add_argument(
-        "--tokenizer",
-        default=None,
-        help="local Hugging Face tokenizer directory (default: the built-in tokenizer)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=600.0, help="upstream timeout in seconds (600)"
-    )
+    add_session_arguments(parser, embedded_mock=True)
     parser.add_argument(
         "--max-body-bytes",
         type=int,
@@ -110,46 +81,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "stays open)",
     )
     parser.add_argument(
-        "--allowed-append-roles",
-        default=None,
-        help="roles an agent may append after an assistant turn (comma list; default: "
-        "--tito-model's, else tool,user)",
-    )
-    parser.add_argument(
-        "--max-trim-tokens",
-        type=int,
-        default=None,
-        help="trailing checkpoint tokens allowed to differ in the next turn (default: "
-        "--tito-model's, else 0)",
-    )
-    parser.add_argument(
         "--session-header",
         action="append",
         default=None,
         help="header naming the session on POST /v1/chat/completions (repeatable; default: "
         + ", ".join(DEFAULT_SESSION_HEADERS)
         + ")",
-    )
-    parser.add_argument(
-        "--session-routing",
-        default=None,
-        metavar="MODE",
-        help="stamp session identity onto upstream requests for an external router "
-        "(`sessiongate plugins` lists the modes)",
-    )
-    parser.add_argument(
-        "--session-routing-opt",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the session routing mode (repeatable)",
-    )
-    parser.add_argument(
-        "--header-session-ttl",
-        type=float,
-        default=3600.0,
-        help="close sessions created by a session header after this many idle seconds "
-        "(3600; 0 = never)",
     )
     parser.add_argument(
         "--mock-args",
@@ -172,11 +109,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart a worker that exits and keep serving the other shards (default), or "
         "stop everything and exit non-zero (fail-fast)",
     )
-    parser.add_argument("--log-level", default="warning")
-    add_turn_arguments(parser)
-    add_session_mode_option(parser)
-    add_limit_arguments(parser)
-    add_store_arguments(parser)
     add_remote_arguments(parser)
     add_front_arguments(parser)
 
@@ -243,23 +175,19 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def session_settings_from(args: argparse.Namespace) -> SessionSettings:
-    apply_tito_model(args)
-    roles = frozenset(r.strip() for r in args.allowed_append_roles.split(",") if r.strip())
-    if not roles:
-        raise SystemExit("--allowed-append-roles must name at least one role")
-    if args.max_trim_tokens < 0:
-        raise SystemExit("--max-trim-tokens must be >= 0")
-    if args.header_session_ttl < 0:
-        raise SystemExit("--header-session-ttl must be >= 0")
-    return SessionSettings(
-        allowed_append_roles=roles,
-        max_trim_tokens=args.max_trim_tokens,
-        header_session_ttl=args.header_session_ttl,
-        **turn_settings(args),
-        **session_mode_settings(args),
-        **limit_settings(args),
-    )
+def serve_core_config(args: argparse.Namespace) -> CoreConfig:
+    """The session options validated once, before anything starts: the in-process core's
+    config (its backends replaced by the live URLs once the embedded engine is up), and the
+    resolved values `worker_arguments` forwards."""
+    embedded_mock_r3(args)  # the embedded engine's R3 shape, before it is validated
+    return core_config(args, IN_PROCESS, program="sessiongate serve", backends=backend_list(args))
+
+
+def worker_arguments(args: argparse.Namespace, upstreams: Sequence[str]) -> list[str]:
+    """The session options of every local worker process or Ray worker (after
+    serve_core_config), talking to `upstreams`."""
+    # Local workers split this machine's memory; Ray actors size for their host.
+    return session_argv(args, upstreams, local_workers=args.workers, placed_elsewhere=args.ray)
 
 
 def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
@@ -281,15 +209,8 @@ def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
 
 
 def backend_list(args: argparse.Namespace) -> list[str]:
-    backends: list[str] = args.backend or [MOCK_BACKEND]
-    if MOCK_BACKEND in backends and len(backends) > 1:
-        raise SystemExit("--backend mock cannot be combined with other --backend URLs")
-    for url in backends:
-        if url != MOCK_BACKEND and not url.startswith(("http://", "https://")):
-            raise SystemExit(f"--backend {url!r} must be an http:// or https:// URL, or 'mock'")
-    if len(set(backends)) != len(backends):
-        raise SystemExit(f"--backend URLs must be distinct: {backends}")
-    return backends
+    """The upstream URLs serve was given, validated; `[MOCK_BACKEND]` by default."""
+    return core_backend_list(args, embedded_mock=True)
 
 
 def _option_value(argv: list[str], flag: str) -> str | None:
@@ -449,14 +370,8 @@ def run_remote(args: argparse.Namespace) -> int:
 def run_local(args: argparse.Namespace) -> int:
     """Local worker processes, or (--ray) worker actors placed by Ray."""
     from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
-    from sessiongate.session_routing import RoutingConfigError, load_mode
 
-    embedded_mock_r3(args)  # the embedded engine's R3 shape, before it is validated
-    session_settings_from(args)  # validate before starting anything
-    try:
-        load_mode(args.session_routing, args.session_routing_opt)
-    except RoutingConfigError as exc:
-        raise SystemExit(f"sessiongate serve: {exc}") from None
+    config = serve_core_config(args)  # validate before starting anything
     frontend = frontend_settings_from(args)
     if args.workers is None:
         args.workers = os.cpu_count() or 1
@@ -485,39 +400,13 @@ def run_local(args: argparse.Namespace) -> int:
         if args.workers == 0:
             from sessiongate.server.inprocess import run_in_process
 
-            args.backend = upstreams
-            return run_in_process(args, frontend, upstream, watched)
-        worker_args = [
-            *[arg for url in upstreams for arg in ("--backend", url)],
-            "--health-interval",
-            str(args.health_interval),
-            "--timeout",
-            str(args.timeout),
-            "--allowed-append-roles",
-            args.allowed_append_roles,
-            "--max-trim-tokens",
-            str(args.max_trim_tokens),
-            "--header-session-ttl",
-            str(args.header_session_ttl),
-            *(["--session-routing", args.session_routing] if args.session_routing else []),
-            *[arg for opt in args.session_routing_opt for arg in ("--session-routing-opt", opt)],
-            "--log-level",
-            args.log_level,
-            *(["--tokenizer", args.tokenizer] if args.tokenizer else []),
-            *turn_argv(args),
-            *session_mode_argv(args),
-            # Local workers split this machine's memory; Ray actors size for their host.
-            *limit_argv(args, None if args.ray else args.workers),
-            *store_argv(args, args.workers),
-        ]
+            config = dataclasses.replace(config, backends=tuple(upstreams))
+            return run_in_process(args, frontend, config, upstream, watched)
+        worker_args = worker_arguments(args, upstreams)
         router_args = [
             *router_arguments(args, frontend),
             # The upstreams, for the compiled front's stateless proxy path.
-            *[arg for url in upstreams for arg in ("--backend", url)],
-            "--timeout",
-            str(args.timeout),
-            "--health-interval",
-            str(args.health_interval),
+            *upstream_argv(args, upstreams),
         ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)

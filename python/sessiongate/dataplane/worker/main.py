@@ -18,10 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sessiongate.process.children import die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
-from sessiongate.session.limit_options import add_limit_arguments, limit_settings
-from sessiongate.session.store.options import add_store_arguments, store_settings
-from sessiongate.session.tree_options import add_session_mode_option, session_mode_settings
-from sessiongate.session.turn_options import add_turn_arguments, apply_tito_model, turn_settings
+from sessiongate.session.core_config import add_session_arguments, core_config, supervised
 
 if TYPE_CHECKING:
     from sessiongate.session.core import SessionCore
@@ -34,61 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--generation", type=int, default=0)
-    add_session_arguments(parser)
+    add_session_arguments(parser, embedded_mock=False)
     parser.set_defaults(run=run)
-
-
-def add_session_arguments(parser: argparse.ArgumentParser) -> None:
-    """The session options of a worker: shared by `_worker` and `sessiongate worker`."""
-    parser.add_argument(
-        "--backend",
-        action="append",
-        required=True,
-        help="upstream base URL (an SGLang-style engine or router); repeat for several",
-    )
-    parser.add_argument(
-        "--health-interval",
-        type=float,
-        default=5.0,
-        help="seconds between upstream health checks (GET /health; 5)",
-    )
-    parser.add_argument(
-        "--tokenizer", default=None, help="local Hugging Face tokenizer directory (built-in)"
-    )
-    parser.add_argument("--timeout", type=float, default=600.0, help="upstream timeout (600 s)")
-    parser.add_argument(
-        "--allowed-append-roles",
-        default=None,
-        help="roles an agent may append after an assistant turn (--tito-model's, else tool,user)",
-    )
-    parser.add_argument(
-        "--max-trim-tokens",
-        type=int,
-        default=None,
-        help="trailing checkpoint tokens allowed to differ in the next turn (--tito-model's, "
-        "else 0)",
-    )
-    parser.add_argument(
-        "--header-session-ttl",
-        type=float,
-        default=3600.0,
-        help="close header-created sessions after this many idle seconds (3600; 0 = never)",
-    )
-    parser.add_argument(
-        "--session-routing", default=None, metavar="MODE", help="session routing mode"
-    )
-    parser.add_argument(
-        "--session-routing-opt",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an option of the session routing mode (repeatable)",
-    )
-    parser.add_argument("--log-level", default="warning")
-    add_turn_arguments(parser)
-    add_session_mode_option(parser)
-    add_limit_arguments(parser)
-    add_store_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,71 +59,6 @@ def restart_note(index: int) -> str:
     )
 
 
-def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCore:
-    """One session core and its upstream pool from the session options."""
-    # Heavy imports live here: this module is also imported by the CLI of light processes.
-    from sessiongate.session.core import SessionCore
-    from sessiongate.session.settings import SessionSettings
-    from sessiongate.session.store.records_store import RecordsStore
-    from sessiongate.session_routing import load_mode
-    from sessiongate.session_routing.stamper import SessionStamper
-    from sessiongate.tokenizer import load_tokenizer
-    from sessiongate.upstream import UpstreamPool
-
-    apply_tito_model(args)
-    settings = SessionSettings(
-        allowed_append_roles=frozenset(
-            r.strip() for r in args.allowed_append_roles.split(",") if r.strip()
-        ),
-        max_trim_tokens=args.max_trim_tokens,
-        header_session_ttl=args.header_session_ttl,
-        not_found_note=not_found_note,
-        **turn_settings(args),
-        **session_mode_settings(args),
-        **limit_settings(args),
-        label=_core_label(args),
-    )
-    # The caller validated the mode already; a failure here is a bug, so let it raise.
-    mode = load_mode(args.session_routing, args.session_routing_opt)
-    store_config = store_settings(args, _store_index(args))
-    core = SessionCore(
-        load_tokenizer(args.tokenizer, chat_template_path=args.chat_template_path),
-        UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
-        settings,
-        SessionStamper(mode) if mode is not None else None,
-        RecordsStore(store_config) if store_config is not None else None,
-    )
-    # Before the caller serves anything: a worker is ready only with its shard recovered.
-    report = core.recover()
-    if report is not None and (report.sessions or report.torn_tails or report.dropped_files):
-        print(
-            f"{settings.label}: recovered {report.sessions} sessions, {report.turns} turns, "
-            f"{report.bytes / 2**20:.1f} MiB from {store_config.directory if store_config else ''}"
-            f" in {report.seconds:.2f} s ({report.torn_tails} torn tails dropped)",
-            file=sys.stderr,
-            flush=True,
-        )
-    return core
-
-
-def _store_index(args: argparse.Namespace) -> int | None:
-    """The shard whose directory a core uses: a supervised worker's index, 0 in-process,
-    None for a standalone `sessiongate worker` (it owns its --records-dir)."""
-    if getattr(args, "index", None) is not None:
-        return int(args.index)
-    return None if getattr(args, "listen", None) else 0
-
-
-def _core_label(args: argparse.Namespace) -> str:
-    """How limit errors name the core: by the router's worker index; a standalone worker
-    does not know its shard index (the router's --worker-endpoints order fixes it)."""
-    if getattr(args, "index", None) is not None:
-        return f"worker {args.index}"
-    if getattr(args, "listen", None):
-        return "this worker"
-    return "the gateway"
-
-
 def core_status(core: SessionCore) -> dict[str, Any]:
     """The core's part of each heartbeat."""
     return {
@@ -202,10 +81,13 @@ def core_status(core: SessionCore) -> dict[str, Any]:
 async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     from sessiongate.dataplane.transport.connection import FrameConnection
     from sessiongate.dataplane.worker.loop import WorkerLoop
+    from sessiongate.session.factory import build_core
 
     # Without a records directory a replacement worker starts empty: its 404s say why.
     lost = args.generation > 0 and not args.records_dir
-    core = build_core(args, restart_note(args.index) if lost else "")
+    role = supervised(args.index, restart_note(args.index) if lost else "")
+    # serve validated these options before starting its workers.
+    core = build_core(core_config(args, role, program="sessiongate serve"))
     # Probe the upstreams from the start, not from the first request: /health must say the
     # engine is down even when no traffic has come yet.
     core.start()

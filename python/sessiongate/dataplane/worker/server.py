@@ -27,9 +27,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint
-from sessiongate.dataplane.worker.main import add_session_arguments
 from sessiongate.process.children import PARENT_PID_ENV, die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
+from sessiongate.session.core_config import (
+    STANDALONE,
+    CoreConfig,
+    add_session_arguments,
+    core_config,
+)
+from sessiongate.session.core_options import backend_list
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.transport.connection import FrameConnection
@@ -73,14 +79,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help=f"seconds a new connection has to complete TLS and the handshake "
         f"({DEFAULT_HANDSHAKE_TIMEOUT:g})",
     )
-    add_session_arguments(parser)
+    add_session_arguments(parser, embedded_mock=False)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.transport.tcp import load_secret, parse_endpoint, server_tls_context
-    from sessiongate.server.serve import session_settings_from
-    from sessiongate.session_routing import RoutingConfigError, load_mode
 
     if not die_with_parent():
         return 0
@@ -103,34 +107,36 @@ def run(args: argparse.Namespace) -> int:
         tls = server_tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
     except (OSError, ssl.SSLError) as exc:
         raise fail(f"cannot load the TLS certificate or key: {exc}") from None
-    for url in args.backend:
-        if not url.startswith(("http://", "https://")):
-            raise fail(f"--backend {url!r} must be an http:// or https:// URL")
+    try:
+        backend_list(args, embedded_mock=False)
+    except SystemExit as exc:
+        raise fail(str(exc)) from None
     if args.handshake_timeout <= 0:
         raise fail("--handshake-timeout must be > 0")
-    session_settings_from(args)  # exits with a clear message on bad session options
+    # Exits with a clear message on bad session options.
+    config = core_config(args, STANDALONE, program="sessiongate worker")
     try:
-        load_mode(args.session_routing, args.session_routing_opt)
-    except RoutingConfigError as exc:
-        raise fail(str(exc)) from None
-    try:
-        return asyncio.run(_main(args, endpoint, secret, tls))
+        return asyncio.run(_main(args, config, endpoint, secret, tls))
     except KeyboardInterrupt:
         return 0
 
 
 async def _main(
-    args: argparse.Namespace, endpoint: Endpoint, secret: bytes, tls: ssl.SSLContext | None
+    args: argparse.Namespace,
+    config: CoreConfig,
+    endpoint: Endpoint,
+    secret: bytes,
+    tls: ssl.SSLContext | None,
 ) -> int:
     from sessiongate.dataplane.transport.tcp import listen_socket
-    from sessiongate.dataplane.worker.main import build_core
+    from sessiongate.session.factory import build_core
 
     try:
         listener = listen_socket(endpoint)
     except OSError as exc:
         print(f"sessiongate worker: cannot listen on {endpoint}: {exc}", file=sys.stderr)
         return 1
-    core = build_core(args)
+    core = build_core(config)
     core.start()  # probe the upstreams before the first request (their state is in /health)
     server = WorkerServer(core, secret, tls, args.handshake_timeout)
     host, port = listener.getsockname()[:2]

@@ -1,0 +1,47 @@
+"""The one place a session core is built: every layout (in-process, local worker, TCP
+worker, each Ray actor's worker) calls `build_core` with a `CoreConfig`, so a core never
+misses its stamper, its store or its recovery depending on who started it."""
+
+from __future__ import annotations
+
+import sys
+
+from sessiongate.session.core import SessionCore
+from sessiongate.session.core_config import CoreConfig
+from sessiongate.session.store.records_store import RecordsStore
+from sessiongate.session_routing import load_mode
+from sessiongate.session_routing.stamper import SessionStamper
+from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
+from sessiongate.upstream import UpstreamPool
+
+
+def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) -> SessionCore:
+    """One session core and its upstream pool, its records recovered. `tokenizer`: one
+    already loaded (an embedding app's), instead of loading `config.tokenizer`."""
+    # core_config validated the mode already; a failure here is a bug, so let it raise.
+    mode = load_mode(config.session_routing, config.session_routing_opts)
+    core = SessionCore(
+        tokenizer
+        if tokenizer is not None
+        else load_tokenizer(config.tokenizer, chat_template_path=config.chat_template_path),
+        UpstreamPool(
+            list(config.backends),
+            timeout=config.timeout,
+            health_interval=config.health_interval,
+        ),
+        config.settings,
+        SessionStamper(mode) if mode is not None else None,
+        RecordsStore(config.store) if config.store is not None else None,
+    )
+    # Before the caller serves anything: a worker is ready only with its shard recovered.
+    report = core.recover()
+    if report is not None and (report.sessions or report.torn_tails or report.dropped_files):
+        directory = config.store.directory if config.store is not None else ""
+        print(
+            f"{config.settings.label}: recovered {report.sessions} sessions, {report.turns} "
+            f"turns, {report.bytes / 2**20:.1f} MiB from {directory} in "
+            f"{report.seconds:.2f} s ({report.torn_tails} torn tails dropped)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return core

@@ -1,0 +1,119 @@
+"""The option sets of `serve`, `worker` and the internal `_worker`: every flag, its default
+and whether it is required, as they were before the session options got one home. Moving
+where an option is declared must not add, drop or change one of them."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sessiongate.cli import build_parser
+
+# Flag -> (default, required). The session options every process that runs a core accepts.
+SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
+    "--health-interval": (5.0, False),
+    "--tokenizer": (None, False),
+    "--timeout": (600.0, False),
+    "--allowed-append-roles": (None, False),
+    "--max-trim-tokens": (None, False),
+    "--header-session-ttl": (3600.0, False),
+    "--session-routing": (None, False),
+    "--session-routing-opt": ([], False),
+    "--log-level": ("warning", False),
+    "--r3": (False, False),
+    "--r3-topk": (0, False),
+    "--r3-addition": (False, False),
+    "--r3-missing": ("error", False),
+    "--indexer-replay": (False, False),
+    "--indexer-topk": (0, False),
+    "--lora-path": (None, False),
+    "--message-matcher": ("strict", False),
+    "--chat-template-kwargs": (None, False),
+    "--chat-template-path": (None, False),
+    "--tito-model": (None, False),
+    "--stream-upstream": ("buffered", False),
+    "--no-smg-routing-key": (True, False),
+    "--session-mode": ("linear", False),
+    "--tree-pick-hook": ("drop_retries", False),
+    "--tree-postprocess-hook": ("default_postprocess", False),
+    "--max-sessions": (10000, False),
+    "--max-records-bytes": ("auto", False),
+    "--session-ttl": (0.0, False),
+    "--records-dir": (None, False),
+    "--records-durability": (None, False),
+    "--records-memory": (None, False),
+    "--records-shards": (0, False),
+}
+
+EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
+    "serve": {
+        **SESSION_CORE_OPTIONS,
+        # serve's --backend defaults to the embedded mock engine (None = "mock").
+        "--backend": (None, False),
+        "--host": ("127.0.0.1", False),
+        "--port": (8000, False),
+        "--max-body-bytes": (268435456, False),
+        "--header-timeout": (10.0, False),
+        "--body-timeout": (30.0, False),
+        "--api-key": (None, False),
+        "--session-header": (None, False),
+        "--mock-args": ("", False),
+        "--workers": (None, False),
+        "--on-worker-exit": ("restart", False),
+        "--worker-endpoints": (None, False),
+        "--secret-file": (None, False),
+        "--tls-ca": (None, False),
+        "--tls-insecure": (False, False),
+        "--tls-server-name": (None, False),
+        "--worker-heartbeat-timeout": (10.0, False),
+        "--ray": (False, False),
+        "--ray-address": (None, False),
+        "--worker-num-cpus": (1.0, False),
+        "--front": ("auto", False),
+        "--front-threads": (None, False),
+    },
+    "worker": {
+        **SESSION_CORE_OPTIONS,
+        "--backend": (None, True),
+        "--listen": (None, True),
+        "--secret-file": (None, False),
+        "--secret-env": (None, False),
+        "--tls-cert": (None, False),
+        "--tls-key": (None, False),
+        "--handshake-timeout": (10.0, False),
+    },
+    "_worker": {
+        **SESSION_CORE_OPTIONS,
+        "--backend": (None, True),
+        "--fd": (None, True),
+        "--index": (None, True),
+        "--generation": (0, False),
+    },
+}
+
+
+def subcommand(name: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = commands.choices[name]
+    return found
+
+
+def option_set(parser: argparse.ArgumentParser) -> dict[str, tuple[object, bool]]:
+    return {
+        "/".join(action.option_strings): (action.default, action.required)
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction)
+    }
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_option_set_is_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SESSIONGATE_API_KEY", raising=False)  # serve's --api-key default
+    parser = subcommand(name)
+    assert option_set(parser) == EXPECTED[name]
+    shown = parser.format_help()
+    for flag in EXPECTED[name]:
+        if flag != "--records-shards":  # internal: serve -> its workers, not in --help
+            assert flag in shown, flag
