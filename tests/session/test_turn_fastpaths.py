@@ -313,7 +313,9 @@ def strict_reference(stored: dict[str, Any], replayed: dict[str, Any]) -> bool:
         left, right = _empty_as_none(stored.get(key)), _empty_as_none(replayed.get(key))
         if key == "tool_calls":
             left, right = _without_wire_keys(left), _without_wire_keys(right)
-        if left != right:
+        # Compared as the framework's dict `==` compares values: identity first, so one NaN
+        # object equals itself (a bare `nan != nan` is True).
+        if [left] != [right]:
             return False
     return True
 
