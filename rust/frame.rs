@@ -1,4 +1,4 @@
-//! IPC frame codec and request/reply envelope (DESIGN.md "IPC frame", docs/ipc.md).
+//! IPC frame codec and request/reply envelope (docs/ipc.md "Frame layout" and "Envelope").
 //!
 //! ```text
 //! frame    = u64 BE length (9 + payload) | u64 BE request_id | u8 type | payload
@@ -6,22 +6,22 @@
 //! ```
 //!
 //! Every function matches the pure-Python twin (`python/sessiongate/primitives/_py_frame.py`)
-//! in results, exception classes and messages. The exception classes are defined once, in
-//! `sessiongate.primitives.errors`, and imported here the first time one is raised.
+//! in results, exception classes and messages (the shared classes: `rust/error.rs`).
 
 use std::fmt::Write as _;
 
 use pyo3::exceptions::{PyMemoryError, PyRecursionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
 use pyo3::types::{
-    PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple, PyType,
+    PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple,
 };
 use pyo3::{ffi, intern};
 
-use crate::buffer::Input;
+use crate::buf::Input;
+use crate::error::SharedError;
 use crate::json_scan::push_code_point;
-use crate::shard::{int_arg, type_name, IntArg};
+use crate::json_write::write_json_str;
+use crate::types::{int_arg, type_name, IntArg};
 
 pub const FRAME_REQUEST: u8 = 1;
 pub const FRAME_REPLY: u8 = 2;
@@ -41,34 +41,9 @@ const MAX_JSON_DEPTH: usize = 1000;
 // ---------------------------------------------------------------------------------------
 // Errors
 
-#[derive(Clone, Copy)]
-enum ErrKind {
-    Base,
-    TooLarge,
-    Corrupt,
-}
-
-static FRAME_ERROR_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-static FRAME_TOO_LARGE_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-static FRAME_CORRUPT_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-
-/// An exception of the shared class `kind` from `sessiongate.primitives.errors`.
-fn frame_err(py: Python<'_>, kind: ErrKind, msg: String) -> PyErr {
-    let (cell, name) = match kind {
-        ErrKind::Base => (&FRAME_ERROR_CLS, "FrameError"),
-        ErrKind::TooLarge => (&FRAME_TOO_LARGE_CLS, "FrameTooLarge"),
-        ErrKind::Corrupt => (&FRAME_CORRUPT_CLS, "FrameCorrupt"),
-    };
-    match cell.import(py, "sessiongate.primitives.errors", name) {
-        Ok(cls) => PyErr::from_type(cls.clone(), msg),
-        Err(import_error) => import_error,
-    }
-}
-
 fn too_large(py: Python<'_>, payload_len: u64, limit: u64) -> PyErr {
-    frame_err(
+    SharedError::FrameTooLarge.new_err(
         py,
-        ErrKind::TooLarge,
         format!(
             "frame length {} (9 + {payload_len}-byte payload) exceeds max_frame {limit}",
             u128::from(payload_len) + u128::from(LENGTH_OVERHEAD)
@@ -283,11 +258,11 @@ fn frame_tuple<'py>(
 }
 
 impl FrameDecoder {
-    fn fail(&mut self, py: Python<'_>, kind: ErrKind, msg: String) -> PyErr {
+    fn fail(&mut self, py: Python<'_>, class: SharedError, msg: String) -> PyErr {
         self.error = Some(msg.clone());
         self.head_len = 0;
         self.pending = None;
-        frame_err(py, kind, msg)
+        class.new_err(py, msg)
     }
 
     fn check_length(&mut self, py: Python<'_>, length: u64) -> PyResult<()> {
@@ -297,7 +272,7 @@ impl FrameDecoder {
                  9-byte minimum",
                 self.offset
             );
-            return Err(self.fail(py, ErrKind::Corrupt, msg));
+            return Err(self.fail(py, SharedError::FrameCorrupt, msg));
         }
         if length > self.max_frame {
             let msg = format!(
@@ -307,7 +282,7 @@ impl FrameDecoder {
                 length - LENGTH_OVERHEAD,
                 self.max_frame
             );
-            return Err(self.fail(py, ErrKind::TooLarge, msg));
+            return Err(self.fail(py, SharedError::FrameTooLarge, msg));
         }
         Ok(())
     }
@@ -343,7 +318,7 @@ impl FrameDecoder {
                     "cannot hold the {plen}-byte payload of the frame at stream offset {}",
                     self.offset
                 );
-                return Err(self.fail(py, ErrKind::TooLarge, msg));
+                return Err(self.fail(py, SharedError::FrameTooLarge, msg));
             }
         };
         let (payload, mut cursor) = match new_bytes(py, len) {
@@ -352,7 +327,7 @@ impl FrameDecoder {
                 // The header is consumed, so the stream cannot continue without this frame.
                 self.fail(
                     py,
-                    ErrKind::Base,
+                    SharedError::Frame,
                     format!(
                         "could not allocate {len} bytes for the payload of the frame at \
                          stream offset {}",
@@ -466,9 +441,8 @@ impl FrameDecoder {
         data: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         if let Some(err) = &self.error {
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("FrameDecoder is closed after an earlier error: {err}"),
             ));
         }
@@ -698,40 +672,6 @@ fn write_float(out: &mut Vec<u8>, f: &Bound<'_, PyFloat>) -> PyResult<()> {
         out.extend_from_slice(exact.repr()?.to_str()?.as_bytes());
     }
     Ok(())
-}
-
-/// A JSON string literal with CPython's `ensure_ascii=False` escaping: `"` `\` and control
-/// characters only; everything else is written as UTF-8.
-pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(s.len() + 2);
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &c) in bytes.iter().enumerate() {
-        let escape: &[u8] = match c {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(c >> 4)]);
-            out.push(HEX[usize::from(c & 0xf)]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
 }
 
 /// `u64 BE meta_len | compact JSON meta | body` (the body is copied exactly once).
@@ -1110,17 +1050,15 @@ fn decode_envelope<'py>(
     let data = src.as_slice();
     let size = data.len();
     if size < 8 {
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!("envelope truncated at offset 0: need 8 bytes for meta_len, got {size}"),
         ));
     }
     let meta_len = u64::from_be_bytes(read8(data, 0));
     if meta_len > (size - 8) as u64 {
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!(
                 "envelope truncated at offset 8: meta_len {meta_len} runs past the end of the \
                  {size}-byte payload"
@@ -1131,9 +1069,8 @@ fn decode_envelope<'py>(
     let text = &data[8..end];
     if let Err(err) = std::str::from_utf8(text) {
         let at = err.valid_up_to();
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!(
                 "envelope meta at offset {} is not valid UTF-8: {}",
                 8 + at,
@@ -1159,9 +1096,8 @@ fn decode_envelope<'py>(
     let meta = match parsed {
         Ok(meta) => meta,
         Err(JsonFail::Syntax(JsonSyntax { at, msg })) => {
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!(
                     "envelope meta at offset {} is not valid JSON: {msg}",
                     8 + at
@@ -1170,9 +1106,8 @@ fn decode_envelope<'py>(
         }
         Err(JsonFail::Py(err)) => {
             // int() digit limit and the like: the text is not usable JSON for us either.
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("envelope meta at offset 8 is not valid JSON: {err}"),
             ));
         }
@@ -1181,9 +1116,8 @@ fn decode_envelope<'py>(
         Ok(dict) => dict,
         Err(err) => {
             let kind = json_kind(err.into_inner().as_any());
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("envelope meta at offset 8 must be a JSON object, got {kind}"),
             ));
         }
@@ -1214,13 +1148,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_string_escapes() {
-        let mut out = Vec::new();
-        write_json_str(&mut out, "a\"b\\c\n\u{1}\u{7f}é");
-        assert_eq!(out, "\"a\\\"b\\\\c\\n\\u0001\u{7f}é\"".as_bytes());
-    }
 
     #[test]
     fn header_layout() {
