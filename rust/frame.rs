@@ -10,17 +10,18 @@
 
 use std::fmt::Write as _;
 
-use pyo3::exceptions::{PyMemoryError, PyRecursionError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{
     PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple,
 };
 use pyo3::{ffi, intern};
 
-use crate::buf::Input;
+use crate::buffer::{new_bytes, Filler, Input};
 use crate::error::SharedError;
+use crate::gil::maybe_unlocked;
 use crate::json_scan::push_code_point;
-use crate::json_write::write_json_str;
+use crate::json_write::{write_i64, write_json_str};
 use crate::types::{int_arg, type_name, IntArg};
 
 pub const FRAME_REQUEST: u8 = 1;
@@ -32,9 +33,6 @@ pub const FRAME_HEADER_SIZE: usize = 17;
 const LENGTH_OVERHEAD: u64 = 9;
 pub const DEFAULT_MAX_FRAME: u64 = 64 << 30;
 
-/// Copies at least this large run with the GIL released: a memcpy of 1 MiB takes tens of
-/// microseconds, far more than releasing and re-taking the GIL.
-const GIL_RELEASE_COPY: usize = 1 << 20;
 /// Deepest JSON nesting accepted in envelope meta (CPython's default recursion limit).
 const MAX_JSON_DEPTH: usize = 1000;
 
@@ -96,50 +94,12 @@ fn min_error(func: &str, got: &str) -> PyErr {
 }
 
 // ---------------------------------------------------------------------------------------
-// Output bytes written in place
+// Output
 
-/// Raw write cursor into a not yet initialised bytes object. Raw pointers (not `&mut [u8]`)
-/// because the memory is uninitialised until written.
-struct RawOut {
-    ptr: *mut u8,
-    len: usize,
-    pos: usize,
-}
-
-// SAFETY: the target is a bytes object no other code can see yet; moving the cursor to a
-// thread that runs without the GIL (for a large memcpy) is sound.
-unsafe impl Send for RawOut {}
-
-impl RawOut {
-    fn put(&mut self, src: &[u8]) {
-        assert!(src.len() <= self.len - self.pos, "RawOut overflow");
-        // SAFETY: bounds checked above; source and target never overlap (the target is new).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(self.pos), src.len()) };
-        self.pos += src.len();
-    }
-
-    /// `put`, releasing the GIL when `src` is large.
-    fn put_big(&mut self, py: Python<'_>, src: &[u8]) {
-        if src.len() >= GIL_RELEASE_COPY {
-            py.allow_threads(|| self.put(src));
-        } else {
-            self.put(src);
-        }
-    }
-}
-
-/// A new, uninitialised bytes object of `len` bytes and a cursor to fill it.
-fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, RawOut)> {
-    let size = isize::try_from(len)
-        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {len} bytes")))?;
-    // SAFETY: PyBytes_FromStringAndSize(NULL, n) returns a new reference (or NULL with an
-    // exception set) to an n-byte bytes object whose contents the caller must write.
-    unsafe {
-        let raw = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
-        let obj = Bound::from_owned_ptr_or_err(py, raw)?.downcast_into_unchecked::<PyBytes>();
-        let ptr = ffi::PyBytes_AsString(raw) as *mut u8;
-        Ok((obj, RawOut { ptr, len, pos: 0 }))
-    }
+/// Appends `src` to `fill` through the caches (a frame is read back at once: sent, or
+/// parsed), under the GIL rule of `rust/gil.rs`.
+fn put_copy(py: Python<'_>, fill: &mut Filler, src: &[u8]) {
+    maybe_unlocked(py, src.len(), || fill.put_cached(src));
 }
 
 fn header_bytes(frame_type: u8, request_id: u64, payload_len: u64) -> [u8; FRAME_HEADER_SIZE] {
@@ -200,9 +160,10 @@ fn encode_frame<'py>(
     if plen > limit - LENGTH_OVERHEAD {
         return Err(too_large(py, plen, limit));
     }
-    let (out, mut cursor) = new_bytes(py, FRAME_HEADER_SIZE + data.len())?;
-    cursor.put(&header_bytes(ftype, rid, plen));
-    cursor.put_big(py, data);
+    let (out, mut fill) = new_bytes(py, FRAME_HEADER_SIZE + data.len())?;
+    fill.put_cached(&header_bytes(ftype, rid, plen));
+    put_copy(py, &mut fill, data);
+    debug_assert!(fill.is_full());
     Ok(out)
 }
 
@@ -210,9 +171,9 @@ fn encode_frame<'py>(
 struct Pending {
     frame_type: u8,
     request_id: u64,
+    /// Private to the decoder until `fill` is full; owns the memory `fill` writes.
     payload: Py<PyBytes>,
-    len: usize,
-    filled: usize,
+    fill: Filler,
 }
 
 /// Incremental frame decoder: `feed` bytes as they arrive, get back whole frames.
@@ -321,7 +282,7 @@ impl FrameDecoder {
                 return Err(self.fail(py, SharedError::FrameTooLarge, msg));
             }
         };
-        let (payload, mut cursor) = match new_bytes(py, len) {
+        let (payload, mut fill) = match new_bytes(py, len) {
             Ok(pair) => pair,
             Err(err) => {
                 // The header is consumed, so the stream cannot continue without this frame.
@@ -337,14 +298,13 @@ impl FrameDecoder {
                 return Err(err);
             }
         };
-        cursor.put_big(py, &data[*pos..]);
+        put_copy(py, &mut fill, &data[*pos..]);
         *pos = data.len();
         self.pending = Some(Pending {
             frame_type,
             request_id,
             payload: payload.unbind(),
-            len,
-            filled: avail,
+            fill,
         });
         Ok(())
     }
@@ -360,20 +320,12 @@ impl FrameDecoder {
         let Some(p) = self.pending.as_mut() else {
             return Ok(());
         };
-        let take = (p.len - p.filled).min(data.len() - *pos);
-        // SAFETY: the pending bytes object is private to this decoder until it is complete,
-        // and `filled + take <= len`.
-        let mut cursor = RawOut {
-            ptr: unsafe { ffi::PyBytes_AsString(p.payload.as_ptr()) as *mut u8 },
-            len: p.len,
-            pos: p.filled,
-        };
-        cursor.put_big(py, &data[*pos..*pos + take]);
-        p.filled += take;
+        let take = p.fill.remaining().min(data.len() - *pos);
+        put_copy(py, &mut p.fill, &data[*pos..*pos + take]);
         *pos += take;
-        if p.filled == p.len {
+        if p.fill.is_full() {
             if let Some(done) = self.pending.take() {
-                self.offset += FRAME_HEADER_SIZE as u64 + done.len as u64;
+                self.offset += FRAME_HEADER_SIZE as u64 + done.fill.len() as u64;
                 let payload = done.payload.into_bound(py).into_any();
                 out.push(frame_tuple(py, done.frame_type, done.request_id, &payload)?);
             }
@@ -413,7 +365,7 @@ impl FrameDecoder {
     #[getter]
     fn buffered(&self) -> usize {
         match &self.pending {
-            Some(p) => FRAME_HEADER_SIZE + p.filled,
+            Some(p) => FRAME_HEADER_SIZE + p.fill.written(),
             None => self.head_len,
         }
     }
@@ -422,7 +374,7 @@ impl FrameDecoder {
     #[getter]
     fn pending_frame_size(&self) -> Option<u64> {
         match &self.pending {
-            Some(p) => Some(FRAME_HEADER_SIZE as u64 + p.len as u64),
+            Some(p) => Some(FRAME_HEADER_SIZE as u64 + p.fill.len() as u64),
             None if self.head_len >= 8 => Some(8 + u64::from_be_bytes(read8(&self.head, 0))),
             None => None,
         }
@@ -626,7 +578,7 @@ fn write_int(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
                 return Err(err);
             }
         }
-        let _ = write!(StrOut(out), "{v}");
+        write_i64(out, v);
         return Ok(());
     }
     let py = obj.py();
@@ -699,10 +651,11 @@ fn encode_envelope<'py>(
     writer.dict(dict)?;
     let json = writer.out;
     let body = src.as_ref().map_or(&[][..], Input::as_slice);
-    let (out, mut cursor) = new_bytes(py, 8 + json.len() + body.len())?;
-    cursor.put(&(json.len() as u64).to_be_bytes());
-    cursor.put(&json);
-    cursor.put_big(py, body);
+    let (out, mut fill) = new_bytes(py, 8 + json.len() + body.len())?;
+    fill.put_cached(&(json.len() as u64).to_be_bytes());
+    fill.put_cached(&json);
+    put_copy(py, &mut fill, body);
+    debug_assert!(fill.is_full());
     Ok(out)
 }
 

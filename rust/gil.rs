@@ -15,8 +15,8 @@ use pyo3::prelude::*;
 /// 4,053 ns per call, min of 30 rounds, just above vs just below the threshold). With a busy
 /// pure-Python thread beside it, releasing costs the call ~3 µs more (24.7 vs 22.0 µs) and
 /// lets that thread run 2.4x as much meanwhile. Below this, the other thread would get only a
-/// sliver of time per release; far above it (the frame codec used 1 MiB), a worker's event
-/// loop would wait ~50 µs per copy for a GIL nothing needs.
+/// sliver of time per release; far above it (the frame codec used 1 MiB), other threads wait
+/// out copies of tens of microseconds for a GIL the copy does not need.
 pub(crate) const GIL_RELEASE: usize = 128 << 10;
 
 /// Runs `f`, which works over `size` bytes, with the GIL released when `size` reaches

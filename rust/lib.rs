@@ -5,7 +5,7 @@
 use pyo3::prelude::*;
 
 // Plumbing shared by the primitives.
-pub mod buf;
+pub mod buffer;
 pub mod error;
 pub mod gil;
 pub mod hash;

@@ -16,7 +16,7 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyMemoryView, PyString, PyTuple};
 
-use crate::buf::{new_bytes, Filler, Input};
+use crate::buffer::{new_bytes, Filler, Input};
 use crate::gil::maybe_unlocked;
 use crate::types::{int_arg, IntArg};
 

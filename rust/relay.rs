@@ -23,7 +23,7 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyType};
 use pyo3::{ffi, intern};
 
-use crate::buf::{new_bytes, Filler, Input};
+use crate::buffer::{new_bytes, Filler, Input};
 use crate::error::SharedError;
 use crate::gil::maybe_unlocked;
 use crate::json_scan::{

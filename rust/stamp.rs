@@ -20,7 +20,7 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
-use crate::buf::{new_bytes, Filler, Input};
+use crate::buffer::{new_bytes, Filler, Input};
 use crate::error::SharedError;
 use crate::gil::maybe_unlocked;
 use crate::json_scan::{member_cuts, Kind, Member, Scan, Scanner};
