@@ -16,7 +16,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::relay::{maybe_unlocked, new_bytes};
+use crate::buffer::new_bytes;
+use crate::gil::maybe_unlocked;
 
 const SPENT: &str = "BytesSink.finish() was already called: the sink is spent";
 const OPEN_VIEWS: &str = "BytesSink.finish(): views of the sink are still open; release them first";
@@ -38,7 +39,7 @@ impl BytesSink {
         let len = usize::try_from(size).map_err(|_| {
             PyValueError::new_err(format!("BytesSink size must be >= 0, not {size}"))
         })?;
-        // A new bytes object (huge-page backed when large: relay::new_bytes), zero-filled
+        // A new bytes object (huge-page backed when large: buffer::new_bytes), zero-filled
         // like the twin's bytearray so a sink finished early holds no stale heap bytes. The
         // zero-fill also takes the page faults of fresh memory (most of the cost) with the
         // GIL released, so a caller can pay them in a thread rather than in the receive on

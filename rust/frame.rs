@@ -1,4 +1,4 @@
-//! IPC frame codec and request/reply envelope (DESIGN.md "IPC frame", docs/ipc.md).
+//! IPC frame codec and request/reply envelope (docs/ipc.md "Frame layout" and "Envelope").
 //!
 //! ```text
 //! frame    = u64 BE length (9 + payload) | u64 BE request_id | u8 type | payload
@@ -6,22 +6,23 @@
 //! ```
 //!
 //! Every function matches the pure-Python twin (`python/sessiongate/primitives/_py_frame.py`)
-//! in results, exception classes and messages. The exception classes are defined once, in
-//! `sessiongate.primitives.errors`, and imported here the first time one is raised.
+//! in results, exception classes and messages (the shared classes: `rust/error.rs`).
 
 use std::fmt::Write as _;
 
-use pyo3::exceptions::{PyMemoryError, PyRecursionError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::sync::GILOnceCell;
 use pyo3::types::{
-    PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple, PyType,
+    PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple,
 };
 use pyo3::{ffi, intern};
 
-use crate::buffer::Input;
+use crate::buffer::{new_bytes, Filler, Input};
+use crate::error::SharedError;
+use crate::gil::maybe_unlocked;
 use crate::json_scan::push_code_point;
-use crate::shard::{int_arg, type_name, IntArg};
+use crate::json_write::{write_i64, write_json_str};
+use crate::types::{int_arg, type_name, IntArg};
 
 pub const FRAME_REQUEST: u8 = 1;
 pub const FRAME_REPLY: u8 = 2;
@@ -32,43 +33,15 @@ pub const FRAME_HEADER_SIZE: usize = 17;
 const LENGTH_OVERHEAD: u64 = 9;
 pub const DEFAULT_MAX_FRAME: u64 = 64 << 30;
 
-/// Copies at least this large run with the GIL released: a memcpy of 1 MiB takes tens of
-/// microseconds, far more than releasing and re-taking the GIL.
-const GIL_RELEASE_COPY: usize = 1 << 20;
 /// Deepest JSON nesting accepted in envelope meta (CPython's default recursion limit).
 const MAX_JSON_DEPTH: usize = 1000;
 
 // ---------------------------------------------------------------------------------------
 // Errors
 
-#[derive(Clone, Copy)]
-enum ErrKind {
-    Base,
-    TooLarge,
-    Corrupt,
-}
-
-static FRAME_ERROR_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-static FRAME_TOO_LARGE_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-static FRAME_CORRUPT_CLS: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-
-/// An exception of the shared class `kind` from `sessiongate.primitives.errors`.
-fn frame_err(py: Python<'_>, kind: ErrKind, msg: String) -> PyErr {
-    let (cell, name) = match kind {
-        ErrKind::Base => (&FRAME_ERROR_CLS, "FrameError"),
-        ErrKind::TooLarge => (&FRAME_TOO_LARGE_CLS, "FrameTooLarge"),
-        ErrKind::Corrupt => (&FRAME_CORRUPT_CLS, "FrameCorrupt"),
-    };
-    match cell.import(py, "sessiongate.primitives.errors", name) {
-        Ok(cls) => PyErr::from_type(cls.clone(), msg),
-        Err(import_error) => import_error,
-    }
-}
-
 fn too_large(py: Python<'_>, payload_len: u64, limit: u64) -> PyErr {
-    frame_err(
+    SharedError::FrameTooLarge.new_err(
         py,
-        ErrKind::TooLarge,
         format!(
             "frame length {} (9 + {payload_len}-byte payload) exceeds max_frame {limit}",
             u128::from(payload_len) + u128::from(LENGTH_OVERHEAD)
@@ -121,50 +94,12 @@ fn min_error(func: &str, got: &str) -> PyErr {
 }
 
 // ---------------------------------------------------------------------------------------
-// Output bytes written in place
+// Output
 
-/// Raw write cursor into a not yet initialised bytes object. Raw pointers (not `&mut [u8]`)
-/// because the memory is uninitialised until written.
-struct RawOut {
-    ptr: *mut u8,
-    len: usize,
-    pos: usize,
-}
-
-// SAFETY: the target is a bytes object no other code can see yet; moving the cursor to a
-// thread that runs without the GIL (for a large memcpy) is sound.
-unsafe impl Send for RawOut {}
-
-impl RawOut {
-    fn put(&mut self, src: &[u8]) {
-        assert!(src.len() <= self.len - self.pos, "RawOut overflow");
-        // SAFETY: bounds checked above; source and target never overlap (the target is new).
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(self.pos), src.len()) };
-        self.pos += src.len();
-    }
-
-    /// `put`, releasing the GIL when `src` is large.
-    fn put_big(&mut self, py: Python<'_>, src: &[u8]) {
-        if src.len() >= GIL_RELEASE_COPY {
-            py.allow_threads(|| self.put(src));
-        } else {
-            self.put(src);
-        }
-    }
-}
-
-/// A new, uninitialised bytes object of `len` bytes and a cursor to fill it.
-fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, RawOut)> {
-    let size = isize::try_from(len)
-        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {len} bytes")))?;
-    // SAFETY: PyBytes_FromStringAndSize(NULL, n) returns a new reference (or NULL with an
-    // exception set) to an n-byte bytes object whose contents the caller must write.
-    unsafe {
-        let raw = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
-        let obj = Bound::from_owned_ptr_or_err(py, raw)?.downcast_into_unchecked::<PyBytes>();
-        let ptr = ffi::PyBytes_AsString(raw) as *mut u8;
-        Ok((obj, RawOut { ptr, len, pos: 0 }))
-    }
+/// Appends `src` to `fill` through the caches (a frame is read back at once: sent, or
+/// parsed), under the GIL rule of `rust/gil.rs`.
+fn put_copy(py: Python<'_>, fill: &mut Filler, src: &[u8]) {
+    maybe_unlocked(py, src.len(), || fill.put_cached(src));
 }
 
 fn header_bytes(frame_type: u8, request_id: u64, payload_len: u64) -> [u8; FRAME_HEADER_SIZE] {
@@ -225,9 +160,10 @@ fn encode_frame<'py>(
     if plen > limit - LENGTH_OVERHEAD {
         return Err(too_large(py, plen, limit));
     }
-    let (out, mut cursor) = new_bytes(py, FRAME_HEADER_SIZE + data.len())?;
-    cursor.put(&header_bytes(ftype, rid, plen));
-    cursor.put_big(py, data);
+    let (out, mut fill) = new_bytes(py, FRAME_HEADER_SIZE + data.len())?;
+    fill.put_cached(&header_bytes(ftype, rid, plen));
+    put_copy(py, &mut fill, data);
+    debug_assert!(fill.is_full());
     Ok(out)
 }
 
@@ -235,9 +171,9 @@ fn encode_frame<'py>(
 struct Pending {
     frame_type: u8,
     request_id: u64,
+    /// Private to the decoder until `fill` is full; owns the memory `fill` writes.
     payload: Py<PyBytes>,
-    len: usize,
-    filled: usize,
+    fill: Filler,
 }
 
 /// Incremental frame decoder: `feed` bytes as they arrive, get back whole frames.
@@ -283,11 +219,11 @@ fn frame_tuple<'py>(
 }
 
 impl FrameDecoder {
-    fn fail(&mut self, py: Python<'_>, kind: ErrKind, msg: String) -> PyErr {
+    fn fail(&mut self, py: Python<'_>, class: SharedError, msg: String) -> PyErr {
         self.error = Some(msg.clone());
         self.head_len = 0;
         self.pending = None;
-        frame_err(py, kind, msg)
+        class.new_err(py, msg)
     }
 
     fn check_length(&mut self, py: Python<'_>, length: u64) -> PyResult<()> {
@@ -297,7 +233,7 @@ impl FrameDecoder {
                  9-byte minimum",
                 self.offset
             );
-            return Err(self.fail(py, ErrKind::Corrupt, msg));
+            return Err(self.fail(py, SharedError::FrameCorrupt, msg));
         }
         if length > self.max_frame {
             let msg = format!(
@@ -307,7 +243,7 @@ impl FrameDecoder {
                 length - LENGTH_OVERHEAD,
                 self.max_frame
             );
-            return Err(self.fail(py, ErrKind::TooLarge, msg));
+            return Err(self.fail(py, SharedError::FrameTooLarge, msg));
         }
         Ok(())
     }
@@ -343,16 +279,16 @@ impl FrameDecoder {
                     "cannot hold the {plen}-byte payload of the frame at stream offset {}",
                     self.offset
                 );
-                return Err(self.fail(py, ErrKind::TooLarge, msg));
+                return Err(self.fail(py, SharedError::FrameTooLarge, msg));
             }
         };
-        let (payload, mut cursor) = match new_bytes(py, len) {
+        let (payload, mut fill) = match new_bytes(py, len) {
             Ok(pair) => pair,
             Err(err) => {
                 // The header is consumed, so the stream cannot continue without this frame.
                 self.fail(
                     py,
-                    ErrKind::Base,
+                    SharedError::Frame,
                     format!(
                         "could not allocate {len} bytes for the payload of the frame at \
                          stream offset {}",
@@ -362,14 +298,13 @@ impl FrameDecoder {
                 return Err(err);
             }
         };
-        cursor.put_big(py, &data[*pos..]);
+        put_copy(py, &mut fill, &data[*pos..]);
         *pos = data.len();
         self.pending = Some(Pending {
             frame_type,
             request_id,
             payload: payload.unbind(),
-            len,
-            filled: avail,
+            fill,
         });
         Ok(())
     }
@@ -385,20 +320,12 @@ impl FrameDecoder {
         let Some(p) = self.pending.as_mut() else {
             return Ok(());
         };
-        let take = (p.len - p.filled).min(data.len() - *pos);
-        // SAFETY: the pending bytes object is private to this decoder until it is complete,
-        // and `filled + take <= len`.
-        let mut cursor = RawOut {
-            ptr: unsafe { ffi::PyBytes_AsString(p.payload.as_ptr()) as *mut u8 },
-            len: p.len,
-            pos: p.filled,
-        };
-        cursor.put_big(py, &data[*pos..*pos + take]);
-        p.filled += take;
+        let take = p.fill.remaining().min(data.len() - *pos);
+        put_copy(py, &mut p.fill, &data[*pos..*pos + take]);
         *pos += take;
-        if p.filled == p.len {
+        if p.fill.is_full() {
             if let Some(done) = self.pending.take() {
-                self.offset += FRAME_HEADER_SIZE as u64 + done.len as u64;
+                self.offset += FRAME_HEADER_SIZE as u64 + done.fill.len() as u64;
                 let payload = done.payload.into_bound(py).into_any();
                 out.push(frame_tuple(py, done.frame_type, done.request_id, &payload)?);
             }
@@ -438,7 +365,7 @@ impl FrameDecoder {
     #[getter]
     fn buffered(&self) -> usize {
         match &self.pending {
-            Some(p) => FRAME_HEADER_SIZE + p.filled,
+            Some(p) => FRAME_HEADER_SIZE + p.fill.written(),
             None => self.head_len,
         }
     }
@@ -447,7 +374,7 @@ impl FrameDecoder {
     #[getter]
     fn pending_frame_size(&self) -> Option<u64> {
         match &self.pending {
-            Some(p) => Some(FRAME_HEADER_SIZE as u64 + p.len as u64),
+            Some(p) => Some(FRAME_HEADER_SIZE as u64 + p.fill.len() as u64),
             None if self.head_len >= 8 => Some(8 + u64::from_be_bytes(read8(&self.head, 0))),
             None => None,
         }
@@ -466,9 +393,8 @@ impl FrameDecoder {
         data: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         if let Some(err) = &self.error {
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("FrameDecoder is closed after an earlier error: {err}"),
             ));
         }
@@ -652,7 +578,7 @@ fn write_int(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
                 return Err(err);
             }
         }
-        let _ = write!(StrOut(out), "{v}");
+        write_i64(out, v);
         return Ok(());
     }
     let py = obj.py();
@@ -700,40 +626,6 @@ fn write_float(out: &mut Vec<u8>, f: &Bound<'_, PyFloat>) -> PyResult<()> {
     Ok(())
 }
 
-/// A JSON string literal with CPython's `ensure_ascii=False` escaping: `"` `\` and control
-/// characters only; everything else is written as UTF-8.
-pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(s.len() + 2);
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &c) in bytes.iter().enumerate() {
-        let escape: &[u8] = match c {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[start..i]);
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(c >> 4)]);
-            out.push(HEX[usize::from(c & 0xf)]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
-}
-
 /// `u64 BE meta_len | compact JSON meta | body` (the body is copied exactly once).
 #[pyfunction]
 #[pyo3(signature = (meta, body=None), text_signature = "(meta, body=b'')")]
@@ -759,10 +651,11 @@ fn encode_envelope<'py>(
     writer.dict(dict)?;
     let json = writer.out;
     let body = src.as_ref().map_or(&[][..], Input::as_slice);
-    let (out, mut cursor) = new_bytes(py, 8 + json.len() + body.len())?;
-    cursor.put(&(json.len() as u64).to_be_bytes());
-    cursor.put(&json);
-    cursor.put_big(py, body);
+    let (out, mut fill) = new_bytes(py, 8 + json.len() + body.len())?;
+    fill.put_cached(&(json.len() as u64).to_be_bytes());
+    fill.put_cached(&json);
+    put_copy(py, &mut fill, body);
+    debug_assert!(fill.is_full());
     Ok(out)
 }
 
@@ -1110,17 +1003,15 @@ fn decode_envelope<'py>(
     let data = src.as_slice();
     let size = data.len();
     if size < 8 {
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!("envelope truncated at offset 0: need 8 bytes for meta_len, got {size}"),
         ));
     }
     let meta_len = u64::from_be_bytes(read8(data, 0));
     if meta_len > (size - 8) as u64 {
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!(
                 "envelope truncated at offset 8: meta_len {meta_len} runs past the end of the \
                  {size}-byte payload"
@@ -1131,9 +1022,8 @@ fn decode_envelope<'py>(
     let text = &data[8..end];
     if let Err(err) = std::str::from_utf8(text) {
         let at = err.valid_up_to();
-        return Err(frame_err(
+        return Err(SharedError::Frame.new_err(
             py,
-            ErrKind::Base,
             format!(
                 "envelope meta at offset {} is not valid UTF-8: {}",
                 8 + at,
@@ -1159,9 +1049,8 @@ fn decode_envelope<'py>(
     let meta = match parsed {
         Ok(meta) => meta,
         Err(JsonFail::Syntax(JsonSyntax { at, msg })) => {
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!(
                     "envelope meta at offset {} is not valid JSON: {msg}",
                     8 + at
@@ -1170,9 +1059,8 @@ fn decode_envelope<'py>(
         }
         Err(JsonFail::Py(err)) => {
             // int() digit limit and the like: the text is not usable JSON for us either.
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("envelope meta at offset 8 is not valid JSON: {err}"),
             ));
         }
@@ -1181,9 +1069,8 @@ fn decode_envelope<'py>(
         Ok(dict) => dict,
         Err(err) => {
             let kind = json_kind(err.into_inner().as_any());
-            return Err(frame_err(
+            return Err(SharedError::Frame.new_err(
                 py,
-                ErrKind::Base,
                 format!("envelope meta at offset 8 must be a JSON object, got {kind}"),
             ));
         }
@@ -1214,13 +1101,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_string_escapes() {
-        let mut out = Vec::new();
-        write_json_str(&mut out, "a\"b\\c\n\u{1}\u{7f}é");
-        assert_eq!(out, "\"a\\\"b\\\\c\\n\\u0001\u{7f}é\"".as_bytes());
-    }
 
     #[test]
     fn header_layout() {

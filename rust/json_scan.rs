@@ -1,5 +1,5 @@
-//! A validating, non-allocating JSON scanner over bytes, for the relay primitives
-//! (`rust/relay.rs`). It reports byte spans instead of building values.
+//! A validating, non-allocating JSON scanner over bytes, for the primitives that splice JSON
+//! (`rust/relay.rs`, `rust/stamp.rs`). It reports byte spans instead of building values.
 //!
 //! Grammar: exactly what CPython's `json.loads` accepts on strict UTF-8 input: the JSON
 //! grammar plus `NaN`, `Infinity` and `-Infinity`, escapes `\uXXXX` that may be lone

@@ -1,14 +1,23 @@
-//! sessiongate's Rust core. This file only wires modules; each primitive
-//! lives in its own file with its own `register` function.
+//! sessiongate's Rust core. This file only wires modules: each primitive lives in its own
+//! file with its own `register` function and imports only the shared plumbing, never another
+//! primitive (docs/architecture.md, "The Rust crate").
 
 use pyo3::prelude::*;
 
+// Plumbing shared by the primitives.
 pub mod buffer;
+pub mod error;
+pub mod gil;
+pub mod hash;
+pub mod json_scan;
+pub mod json_write;
+pub mod types;
+
+// Primitives: one `register` each.
 pub mod build_info;
 pub mod bytes_sink;
 pub mod frame;
 pub mod front;
-pub mod json_scan;
 pub mod r3;
 pub mod relay;
 pub mod shard;

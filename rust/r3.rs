@@ -1,5 +1,5 @@
-//! R3 decode: the base64 text of `routed_experts` (little-endian int32, DESIGN.md "Upstream
-//! chat contract") to a typed array, without a Python list in between (docs/relay.md).
+//! R3 decode: the base64 text of `routed_experts` (little-endian int32, docs/relay.md
+//! "`decode_r3`") to a typed array, without a Python list in between.
 //!
 //! `decode_r3(data, *, layers, topk)` returns a read-only `memoryview` of format `'i'` and
 //! shape `(n_tokens, layers, topk)` over a new bytes object (one-dimensional and empty when
@@ -16,9 +16,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyMemoryView, PyString, PyTuple};
 
-use crate::buffer::Input;
-use crate::relay::{new_bytes, Filler, GIL_RELEASE};
-use crate::shard::{int_arg, IntArg};
+use crate::buffer::{new_bytes, Filler, Input};
+use crate::gil::maybe_unlocked;
+use crate::types::{int_arg, IntArg};
 
 /// Largest accepted `layers` / `topk`.
 pub const MAX_DIM: u64 = 1 << 20;
@@ -198,11 +198,7 @@ fn decode_r3<'py>(
         )));
     }
     let (bytes, mut fill) = new_bytes(py, size)?;
-    let ok = if n >= GIL_RELEASE {
-        py.allow_threads(|| decode_into(text, pad, &mut fill))
-    } else {
-        decode_into(text, pad, &mut fill)
-    };
+    let ok = maybe_unlocked(py, n, || decode_into(text, pad, &mut fill));
     if !ok {
         let problem = b64_problem(text).unwrap_or_default();
         return Err(not_base64(&problem));

@@ -1,7 +1,7 @@
 //! JSON relay primitives for the upstream chat path (docs/relay.md):
 //!
-//! - `extract_reply(body)`: validate an upstream reply against the chat contract (DESIGN.md
-//!   "Upstream chat contract"), return the completion ids, logprobs, finish reason, assistant
+//! - `extract_reply(body)`: validate an upstream reply against the chat contract
+//!   (docs/relay.md "`extract_reply`" and "Contract errors"), return the completion ids, logprobs, finish reason, assistant
 //!   message, the raw `routed_experts` / `indexer_topk` texts, the weight version and cached
 //!   tokens, and the client body: the original bytes with every `routed_experts` /
 //!   `indexer_topk` member of every `choices[i].meta_info` cut out.
@@ -17,194 +17,29 @@
 //! integers) are handed to the twin, whose `json.loads` gives the verdict and the message.
 
 use pyo3::buffer::PyBuffer;
-use pyo3::exceptions::{PyMemoryError, PyTypeError};
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyType};
 use pyo3::{ffi, intern};
 
-use crate::buffer::Input;
-use crate::frame::write_json_str;
+use crate::buffer::{new_bytes, Filler, Input};
+use crate::error::SharedError;
+use crate::gil::maybe_unlocked;
 use crate::json_scan::{
     for_each_kept, member_cuts, spliced_len, unescape, validate, Kind, Member, NumKind, Scan,
     Scanner, Str,
 };
-use crate::shard::type_name;
+use crate::json_write::{write_i64, write_json_str};
+use crate::types::type_name;
 
-/// Scans and copies at least this large run with the GIL released.
-pub(crate) const GIL_RELEASE: usize = 128 << 10;
+// ---------------------------------------------------------------------------------------
+// Errors and the twin
 
 const CONTRACT_PREFIX: &str = "upstream reply breaks the chat contract: ";
 
-// ---------------------------------------------------------------------------------------
-// Shared helpers (also used by rust/r3.rs)
-
-/// Write cursor into a new, not yet initialised bytes object (raw pointers: the memory is
-/// uninitialised until written).
-pub(crate) struct Filler {
-    ptr: *mut u8,
-    len: usize,
-    pos: usize,
-}
-
-// SAFETY: the target is a bytes object no other code can see yet; filling it from a thread
-// that runs without the GIL is sound.
-unsafe impl Send for Filler {}
-
-impl Filler {
-    pub(crate) fn put(&mut self, src: &[u8]) {
-        assert!(src.len() <= self.len - self.pos, "Filler overflow");
-        // SAFETY: bounds checked above; the target is new, so the ranges never overlap.
-        unsafe {
-            let dst = self.ptr.add(self.pos);
-            if src.len() >= STREAM_COPY {
-                stream_copy(dst, src);
-            } else {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-            }
-        }
-        self.pos += src.len();
-    }
-
-    pub(crate) fn is_full(&self) -> bool {
-        self.pos == self.len
-    }
-
-    /// Zeroes what is left to fill (and so takes its page faults now).
-    pub(crate) fn zero_rest(&mut self) {
-        // SAFETY: `pos..len` lies inside the new bytes object this filler writes.
-        unsafe { std::ptr::write_bytes(self.ptr.add(self.pos), 0, self.len - self.pos) };
-        self.pos = self.len;
-    }
-}
-
-/// Copies at least this large bypass the caches: the target is not read back soon (it is
-/// handed to Python), and streaming stores skip reading each target line before writing it.
-const STREAM_COPY: usize = 1 << 20;
-
-/// `copy_nonoverlapping` with non-temporal stores (SSE2) on x86_64.
-///
-/// # Safety
-/// `dst` must be valid for `src.len()` bytes of writes and must not overlap `src`.
-unsafe fn stream_copy(dst: *mut u8, src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::*;
-        let len = src.len();
-        // Bytes up to the first 16-byte aligned target address.
-        let head = (16 - (dst as usize & 15)) & 15;
-        std::ptr::copy_nonoverlapping(src.as_ptr(), dst, head);
-        let mut i = head;
-        while i + 64 <= len {
-            let s = src.as_ptr().add(i) as *const __m128i;
-            let d = dst.add(i) as *mut __m128i;
-            let a = _mm_loadu_si128(s);
-            let b = _mm_loadu_si128(s.add(1));
-            let c = _mm_loadu_si128(s.add(2));
-            let e = _mm_loadu_si128(s.add(3));
-            _mm_stream_si128(d, a);
-            _mm_stream_si128(d.add(1), b);
-            _mm_stream_si128(d.add(2), c);
-            _mm_stream_si128(d.add(3), e);
-            i += 64;
-        }
-        _mm_sfence();
-        std::ptr::copy_nonoverlapping(src.as_ptr().add(i), dst.add(i), len - i);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
-}
-
-/// A new bytes object of `len` bytes, to be filled completely through the returned cursor
-/// before Python code can see it.
-pub(crate) fn new_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>, Filler)> {
-    let size = isize::try_from(len)
-        .map_err(|_| PyMemoryError::new_err(format!("cannot allocate {len} bytes")))?;
-    // SAFETY: PyBytes_FromStringAndSize(NULL, n) returns a new reference (or NULL with an
-    // exception set) to an n-byte bytes object whose contents the caller must write.
-    unsafe {
-        let raw = ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
-        let obj = Bound::from_owned_ptr_or_err(py, raw)?.downcast_into_unchecked::<PyBytes>();
-        let ptr = ffi::PyBytes_AsString(raw) as *mut u8;
-        advise_huge_pages(ptr, len);
-        Ok((obj, Filler { ptr, len, pos: 0 }))
-    }
-}
-
-/// Outputs at least this large ask for transparent huge pages before they are written.
-const HUGE_PAGE_ADVICE: usize = 4 << 20;
-
-/// Asks Linux to back the (not yet touched) buffer with transparent huge pages: a fresh
-/// 128 MiB buffer otherwise takes 32,768 page faults on first write, which cost more than
-/// the JSON scan itself, and a gateway worker's CPU per 16 MiB-R3 turn (its `BytesSink`)
-/// was 15-16 ms with the advice vs 29-35 ms without (see docs/performance.md). A VM whose
-/// host takes back free memory can hand out cold huge pages right after an idle spell
-/// (35-52 ms per 22 MiB then); measured over whole runs, the advice still wins. Advisory
-/// only: contents are unaffected and failures are ignored.
-fn advise_huge_pages(ptr: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    if len >= HUGE_PAGE_ADVICE {
-        const PAGE: usize = 4096;
-        const MADV_HUGEPAGE: std::ffi::c_int = 14;
-        extern "C" {
-            fn madvise(
-                addr: *mut std::ffi::c_void,
-                len: usize,
-                advice: std::ffi::c_int,
-            ) -> std::ffi::c_int;
-        }
-        let start = (ptr as usize).next_multiple_of(PAGE);
-        let end = (ptr as usize + len) / PAGE * PAGE;
-        if end > start {
-            // SAFETY: the range lies inside the buffer just allocated for us; MADV_HUGEPAGE
-            // only changes how the kernel backs those pages.
-            unsafe { madvise(start as *mut std::ffi::c_void, end - start, MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len, HUGE_PAGE_ADVICE);
-}
-
-/// Runs `f` with the GIL released when `size` is large enough to be worth it.
-pub(crate) fn maybe_unlocked<T: Send>(
-    py: Python<'_>,
-    size: usize,
-    f: impl FnOnce() -> T + Send,
-) -> T {
-    if size >= GIL_RELEASE {
-        py.allow_threads(f)
-    } else {
-        f()
-    }
-}
-
-static REPLY_CONTRACT_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-static REQUEST_REWRITE_ERROR: GILOnceCell<Py<PyType>> = GILOnceCell::new();
-
-/// An exception of a shared class from `sessiongate.primitives.errors`.
-fn shared_err(
-    py: Python<'_>,
-    cell: &'static GILOnceCell<Py<PyType>>,
-    name: &str,
-    msg: String,
-) -> PyErr {
-    match cell.import(py, "sessiongate.primitives.errors", name) {
-        Ok(cls) => PyErr::from_type(cls.clone(), msg),
-        Err(import_error) => import_error,
-    }
-}
-
 fn contract_error(py: Python<'_>, detail: &str) -> PyErr {
-    shared_err(
-        py,
-        &REPLY_CONTRACT_ERROR,
-        "ReplyContractError",
-        format!("{CONTRACT_PREFIX}{detail}"),
-    )
-}
-
-pub(crate) fn rewrite_error(py: Python<'_>, msg: String) -> PyErr {
-    shared_err(py, &REQUEST_REWRITE_ERROR, "RequestRewriteError", msg)
+    SharedError::ReplyContract.new_err(py, format!("{CONTRACT_PREFIX}{detail}"))
 }
 
 static TWIN: GILOnceCell<Py<PyModule>> = GILOnceCell::new();
@@ -1186,36 +1021,6 @@ fn scan_request(s: &[u8], names: &[Vec<u8>]) -> Scan<RequestScan> {
 /// over, with its own circular-reference and recursion checks).
 const MAX_WRITE_DEPTH: usize = 64;
 
-const DIGIT_PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
-2021222324252627282930313233343536373839\
-4041424344454647484950515253545556575859\
-6061626364656667686970717273747576777879\
-8081828384858687888990919293949596979899";
-
-pub(crate) fn write_i64(out: &mut Vec<u8>, v: i64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = v.unsigned_abs();
-    while n >= 100 {
-        let d = (n % 100) as usize * 2;
-        n /= 100;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
-    }
-    if n >= 10 {
-        let d = n as usize * 2;
-        i -= 2;
-        buf[i..i + 2].copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
-    } else {
-        i -= 1;
-        buf[i] = b'0' + n as u8;
-    }
-    if v < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&buf[i..]);
-}
-
 /// Appends `obj` as `json.dumps(obj, separators=(",", ":"), ensure_ascii=False)` would
 /// write it, for the plain types (None, bool, exact int / float / str / list / tuple, and
 /// exact dicts with str keys). Ok(false) means "not a plain value": the caller truncates
@@ -1437,7 +1242,7 @@ fn rewrite_request<'py>(
         }
     };
     if scan.kind != Kind::Object {
-        return Err(rewrite_error(
+        return Err(SharedError::RequestRewrite.new_err(
             py,
             format!(
                 "request body must be a JSON object, got {}",
@@ -1504,9 +1309,6 @@ mod tests {
     #[test]
     fn ints() {
         for v in [0i64, 7, -7, 10, 99, 100, 12345, i64::MAX, i64::MIN] {
-            let mut out = Vec::new();
-            write_i64(&mut out, v);
-            assert_eq!(out, v.to_string().as_bytes());
             assert_eq!(parse_i64(v.to_string().as_bytes()), Some(v));
         }
         assert_eq!(parse_i64(b"9223372036854775808"), None);

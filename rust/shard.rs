@@ -1,16 +1,17 @@
-//! Shard selection and session ids (DESIGN.md "Shard key and ids").
+//! Shard selection and session ids (docs/architecture.md "Why this shape": ownership is
+//! stateless; docs/api.md: ids are 1-256 visible ASCII characters).
 //!
 //! `shard(key, n) = u64::from_be_bytes(blake2b(key, digest_size = 8)) % n`, byte-for-byte the
 //! function of the pure-Python twin (`python/sessiongate/primitives/_py_shard.py`), so the
 //! router, the workers and the rollout framework's Python server agree on ownership.
 
-use pyo3::exceptions::{PyOSError, PyOverflowError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
-use blake2::digest::consts::U8;
-use blake2::{Blake2b, Digest};
+use crate::hash::blake2b64;
+use crate::types::{int_arg, type_name, IntArg};
 
 /// Longest accepted session id, in characters (all ASCII, so also bytes).
 pub const MAX_SESSION_ID_LEN: usize = 256;
@@ -18,12 +19,6 @@ pub const MAX_SESSION_ID_LEN: usize = 256;
 /// Batches at least this long hash with the GIL released: below it the release and
 /// re-acquire cost more than the hashing they would let other threads overlap with.
 const GIL_RELEASE_MIN_KEYS: usize = 64;
-
-/// blake2b with an 8-byte digest, read big-endian (one key: the `blake2` crate).
-#[inline]
-pub fn blake2b64(data: &[u8]) -> u64 {
-    u64::from_be_bytes(Blake2b::<U8>::digest(data).into())
-}
 
 /// `blake2b64` of the keys `data[ends[i-1]..ends[i]]` (the first starts at 0) into `out`.
 ///
@@ -370,48 +365,6 @@ fn reduce(hash: u64, modulus: Option<u64>) -> u64 {
     match modulus {
         Some(m) => hash % m,
         None => hash,
-    }
-}
-
-/// `type(obj).__name__`, for error messages.
-pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
-    obj.get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "object".to_owned())
-}
-
-/// An integer argument read through `__index__`, as Python's `operator.index` does.
-pub(crate) enum IntArg {
-    Value(u64),
-    /// Outside 0..=u64::MAX; `text` is the value as Python prints it.
-    OutOfRange {
-        negative: bool,
-        text: String,
-    },
-}
-
-pub(crate) fn int_arg(obj: &Bound<'_, PyAny>, func: &str, arg: &str) -> PyResult<IntArg> {
-    match obj.extract::<u64>() {
-        Ok(v) => Ok(IntArg::Value(v)),
-        Err(err) if err.is_instance_of::<PyOverflowError>(obj.py()) => {
-            // SAFETY: PyNumber_Index returns a new reference or NULL with an exception set.
-            let index = unsafe {
-                Bound::from_owned_ptr_or_err(obj.py(), ffi::PyNumber_Index(obj.as_ptr()))
-            }?;
-            let negative = index.lt(0)?;
-            Ok(IntArg::OutOfRange {
-                negative,
-                text: index.str()?.to_string(),
-            })
-        }
-        Err(err) if err.is_instance_of::<PyTypeError>(obj.py()) => {
-            Err(PyTypeError::new_err(format!(
-                "{func}() argument '{arg}' must be int, not {}",
-                type_name(obj)
-            )))
-        }
-        Err(err) => Err(err),
     }
 }
 

@@ -20,11 +20,12 @@ use pyo3::sync::GILOnceCell;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyList, PyString, PyTuple};
 use pyo3::{ffi, intern, Borrowed};
 
-use crate::buffer::Input;
-use crate::frame::write_json_str;
+use crate::buffer::{new_bytes, Filler, Input};
+use crate::error::SharedError;
+use crate::gil::maybe_unlocked;
 use crate::json_scan::{member_cuts, Kind, Member, Scan, Scanner};
-use crate::relay::{maybe_unlocked, new_bytes, rewrite_error, write_i64, Filler};
-use crate::shard::type_name;
+use crate::json_write::{write_i64, write_json_str};
+use crate::types::type_name;
 
 // ---------------------------------------------------------------------------------------
 // Header names (the rules of python/sessiongate/primitives/header_names.py)
@@ -842,7 +843,7 @@ fn nvext_session_control<'py>(
         Err(_) => return twin_nvext(py, (body, session_id, action, timeout)),
     };
     let Some(doc) = scan.body else {
-        return Err(rewrite_error(
+        return Err(SharedError::RequestRewrite.new_err(
             py,
             format!(
                 "request body must be a JSON object, got {}",

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::hop::{connection_named, forwarded};
-use crate::shard::blake2b64;
+use crate::hash::blake2b64;
 
 pub type Body = Full<Bytes>;
 
