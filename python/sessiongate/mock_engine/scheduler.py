@@ -115,7 +115,9 @@ class StepScheduler:
         )
 
     async def _sleep(self, seconds: float) -> None:
-        if seconds > 0:
+        if seconds <= 0:
+            await asyncio.sleep(0)  # a free step still lets the requests see their tokens
+        else:
             try:
                 await asyncio.wait_for(self.closing.wait(), timeout=seconds)
             except TimeoutError:
