@@ -132,3 +132,26 @@ def test_flush_empties_the_cache() -> None:
 def test_speed_must_be_positive(speed: float) -> None:
     with pytest.raises(ValueError, match="speed"):
         MockEngineConfig(speed=speed)
+
+
+def test_chat_through_the_scheduler_reports_what_the_cache_matched() -> None:
+    # The chat route under --step-scheduler: non-stream and stream both finish, and
+    # meta_info.cached_tokens is the prefix the scheduler matched at admission.
+    from starlette.testclient import TestClient
+
+    from sessiongate.mock_engine.app import create_app
+
+    cfg = MockEngineConfig(
+        step_scheduler=True, prefill_us_per_token=0.0, decode_step_ms=0.0, completion_tokens=6
+    )
+    with TestClient(create_app(cfg)) as client:
+        body = {"messages": [{"role": "user", "content": "hi"}], "input_ids": [5, 6, 7, 8]}
+        first = client.post("/v1/chat/completions", json={**body, "return_meta_info": True})
+        again = client.post("/v1/chat/completions", json={**body, "return_meta_info": True})
+        stream = client.post("/v1/chat/completions", json={**body, "stream": True})
+        stats = client.get("/mock/stats").json()
+    assert first.json()["choices"][0]["meta_info"]["cached_tokens"] == 0
+    assert again.json()["choices"][0]["meta_info"]["cached_tokens"] == 3
+    assert stream.text.endswith("data: [DONE]\n\n")
+    assert stats["cached_tokens"] == 6 and stats["prefilled_tokens"] == 6
+    assert stats["adapter_requests"] == {"": 3}
