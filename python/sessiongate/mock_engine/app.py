@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -37,9 +38,11 @@ from sessiongate.mock_engine.chat_request import (
 from sessiongate.mock_engine.completion import Completion
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import CompletionGenerator
+from sessiongate.mock_engine.native import NativeRoutes, cache_namespace
 from sessiongate.mock_engine.prefix_cache import PrefixCache
 from sessiongate.mock_engine.reply import Outcome, build_reply
 from sessiongate.mock_engine.routed_experts import r3_pool_rows
+from sessiongate.mock_engine.scheduler import Job, StepScheduler
 from sessiongate.mock_engine.state import EngineState, interruptible_sleep
 from sessiongate.mock_engine.stream import stream_events
 from sessiongate.mock_engine.tokens import TokenizerLike
@@ -83,6 +86,14 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         PrefixCache(config.prefix_cache_tokens),
         config.weight_version,
     )
+    scheduler: StepScheduler | None = None
+    if config.step_scheduler:
+        scheduler = StepScheduler(
+            config,
+            state.prefix_cache,
+            state.closing,
+            on_admit=lambda job: state.count_prompt(len(job.prompt), job.cached, job.adapter),
+        )
     if config.r3_enabled:
         # Build the R3 pool now (~10 ms) rather than inside the first R3 reply.
         r3_pool_rows(config.r3_layers, config.r3_topk, config.r3_experts)
@@ -139,10 +150,22 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         state.prompt_tokens += completion.prompt_tokens
         abort = asyncio.Event()
         state.running[req.rid] = abort
+        job: Job | None = None
+        if scheduler is not None and req.abort_message is None:
+            job = Job(
+                req.prompt_ids,
+                completion.ids,
+                cache_namespace(None, req.lora, None),
+                abort,
+                req.lora,
+            )
+            scheduler.submit(job)
+        else:
+            state.count_prompt(completion.prompt_tokens, cached, req.lora)
 
         if req.stream:
             state.streams += 1
-            events = stream_events(req, completion, cached, state, abort)
+            events = stream_events(req, completion, cached, state, abort, scheduler, job)
             # serving_chat.py `_handle_streaming_request` waits for the first chunk (the
             # role chunk, with the first token) before the 200 goes out.
             try:
@@ -158,14 +181,22 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             return StreamingResponse(
                 body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
-        state.in_flight += 1
+        state.flight(+1)
         try:
             start = time.monotonic()
-            delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
-            status = await interruptible_sleep(state, delay_ms / 1000, abort)
+            if scheduler is not None and job is not None:
+                status = await scheduler.wait(job, completion.completion_tokens)
+                cached = job.cached
+            else:
+                delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
+                status = await interruptible_sleep(state, delay_ms / 1000, abort)
             if status == "closing":
                 return error_response("mock engine is shutting down", "InternalServerError", 503)
-            if status == "abort":
+            if status == "abort" and job is not None:
+                done = max(0, min(job.done, completion.completion_tokens - 1))
+                completion = generator.aborted(completion, done)
+                state.aborted += 1
+            elif status == "abort":
                 # Tokens "generated" before the abort arrived.
                 spent_ms = (time.monotonic() - start) * 1000 - config.ttft_ms
                 done = int(spent_ms // config.token_delay_ms) if config.token_delay_ms > 0 else 0
@@ -175,7 +206,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             out = Outcome(completion, cached, state.weight_version, time.monotonic() - received)
             reply = await anyio.to_thread.run_sync(build_reply, req, out, state)
         finally:
-            state.in_flight -= 1
+            state.flight(-1)
             state.running.pop(req.rid, None)
         state.tokens_generated += completion.completion_tokens
         return PartsResponse(reply)
@@ -199,10 +230,12 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         if after is not None and after < completion.completion_tokens:
             completion = generator.aborted(completion, after)
             state.aborted += 1
+        if scheduler is not None:
+            return req, completion, 0  # the scheduler matches it at admission
         # The radix cache keeps what had KV computed: the prompt and all but the last token.
         sequence = req.prompt_ids + completion.ids[:-1]
         cached = state.prefix_cache.lookup_and_insert(
-            req.prompt_ids, sequence, namespace=req.lora or ""
+            req.prompt_ids, sequence, namespace=cache_namespace(None, req.lora, None)
         )
         return req, completion, cached
 
@@ -284,11 +317,34 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         )
         return Response(body, media_type="application/json")
 
+    native = NativeRoutes(state, scheduler)
+
     async def stats(request: Request) -> Response:
-        return json_response({**state.stats(), "prefix_cache": state.prefix_cache.stats()})
+        return json_response(
+            {
+                **state.stats(),
+                "prefix_cache": state.prefix_cache.stats(),
+                "cached_tokens": state.cached_tokens,
+                "prefilled_tokens": state.prefilled_tokens,
+                "adapter_requests": dict(state.adapter_requests),
+                "in_flight_avg": round(state.in_flight_avg(), 6),
+                "scheduler_steps": scheduler.steps if scheduler is not None else 0,
+            }
+        )
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        # FastAPI's default HTTPException handler (SGLang's own handler is registered for
+        # fastapi.HTTPException, which the router's starlette exception is not):
+        # {"detail": "Not Found"} as JSON, e.g. for the Gateway's GET /get_load.
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "Internal Server Error"
+        return json_response({"detail": detail}, status)
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/generate", native.generate, methods=["POST", "PUT"]),
+        Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
+        Route("/v1/loads", native.loads, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),
@@ -298,6 +354,6 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         Route("/mock/requests", recent_requests, methods=["GET"]),
         Route("/mock/stats", stats, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
     app.state.engine = state
     return app

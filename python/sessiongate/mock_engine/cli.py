@@ -113,6 +113,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="token budget of the prefix cache behind cached_tokens (0 = off)",
     )
     p.add_argument(
+        "--step-scheduler",
+        action="store_true",
+        help="serve every request through one step scheduler (prefill and decode steps)",
+    )
+    p.add_argument(
+        "--prefill-us-per-token",
+        type=float,
+        default=d.prefill_us_per_token,
+        help="step scheduler: prefill time per uncached prompt token (default %(default)s)",
+    )
+    p.add_argument(
+        "--decode-step-ms",
+        type=float,
+        default=d.decode_step_ms,
+        help="step scheduler: time of one decode step of the running batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=d.speed,
+        help="step scheduler: speed factor, 0.5 = every step takes twice as long",
+    )
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=d.max_running_requests,
+        help="step scheduler: running batch size; more requests wait (default %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         default=d.log_level,
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -149,6 +178,11 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         indexer_topk=args.indexer_topk,
         enable_cache_report=args.enable_cache_report,
         prefix_cache_tokens=args.prefix_cache_tokens,
+        step_scheduler=args.step_scheduler,
+        prefill_us_per_token=args.prefill_us_per_token,
+        decode_step_ms=args.decode_step_ms,
+        speed=args.speed,
+        max_running_requests=args.max_running_requests,
     )
 
 

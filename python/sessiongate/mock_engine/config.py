@@ -51,6 +51,16 @@ class MockEngineConfig:
     enable_cache_report: bool = False
     # Token budget of the mock's prefix cache (0 = no cache: cached_tokens is always 0).
     prefix_cache_tokens: int = 1 << 20
+    # The step scheduler (off: each request sleeps ttft + token delays on its own, as
+    # before). On: requests are admitted into one running batch; a prefill step costs
+    # prefill_us_per_token per uncached prompt token, a decode step decode_step_ms and
+    # gives every running request one token; speed divides every step's time.
+    step_scheduler: bool = False
+    prefill_us_per_token: float = 20.0
+    decode_step_ms: float = 5.0
+    speed: float = 1.0
+    # SGLang's --max-running-requests: more wait in the queue (num_waiting_reqs).
+    max_running_requests: int = 64
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -80,6 +90,12 @@ class MockEngineConfig:
             problems.append("indexer_layers and indexer_topk must be >= 0")
         if self.prefix_cache_tokens < 0:
             problems.append("prefix_cache_tokens must be >= 0")
+        if self.prefill_us_per_token < 0 or self.decode_step_ms < 0:
+            problems.append("prefill_us_per_token and decode_step_ms must be >= 0")
+        if not self.speed > 0:
+            problems.append("speed must be > 0")
+        if self.max_running_requests < 1:
+            problems.append("max_running_requests must be >= 1")
         if not self.weight_version:
             problems.append("weight_version must not be empty")
         if any(not name or ":" in name for name in self.lora_adapters):

@@ -137,14 +137,18 @@ class CompletionGenerator:
         tools: Sequence[Any] | None = None,
         reasoning: bool = False,
         variant: str = "",
+        natural_tokens: int | None = None,
     ) -> Completion:
         """The reply to `prompt_ids`. `reasoning` opens it with a `<think>` block that takes
-        about half of the natural length; `variant` (a LoRA adapter) changes the RNG key."""
+        about half of the natural length; `variant` (a LoRA adapter) changes the RNG key;
+        `natural_tokens` overrides the natural length (ignore_eos: run to max_tokens)."""
         key = request_key(self.engine_seed, request_seed, prompt_ids, variant)
         rng = _rng(key, b"text")
         tool_name = _first_tool_name(tools)
         wants_tool = tool_name is not None and rng.random() < self.tool_call_rate
         target = self.completion_tokens + rng.randint(-self.jitter, self.jitter)
+        if natural_tokens is not None:
+            target = natural_tokens
         words = self._draw_words(rng, target)
         think_text = ""
         think_ids: list[int] = []

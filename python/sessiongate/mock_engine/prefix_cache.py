@@ -74,6 +74,33 @@ class PrefixCache:
             matched += 1
         return matched
 
+    def match(self, prompt: Sequence[int], namespace: str = "", limit: int | None = None) -> int:
+        """Cached prompt tokens for `prompt` at schedule time: at most `len(prompt) - 1`
+        (and at most `limit`, SGLang's `_compute_max_prefix_len` with a logprob start)."""
+        hashes = self._chain(namespace, prompt)
+        with self._lock:
+            cached = min(self._match_locked(namespace, prompt, hashes), len(prompt) - 1)
+            if limit is not None:
+                cached = min(cached, limit)
+            return max(0, cached)
+
+    def insert(self, sequence: Sequence[int], namespace: str = "") -> None:
+        """Remember `sequence` (a finished prefill's prompt, or a finished request's prompt
+        and output but the last token), evicting least recently used sequences over budget."""
+        if not sequence or self.max_tokens <= 0:
+            return
+        hashes = self._chain(namespace, sequence)
+        with self._lock:
+            self._remember_locked(namespace, sequence, hashes)
+
+    def flush(self) -> None:
+        """Forget everything (SGLang's `/flush_cache` resets the radix tree)."""
+        with self._lock:
+            self._entries.clear()
+            self._blocks.clear()
+            self._first.clear()
+            self._tokens = 0
+
     def lookup_and_insert(
         self, prompt: Sequence[int], sequence: Sequence[int], namespace: str = ""
     ) -> int:
@@ -84,14 +111,17 @@ class PrefixCache:
         with self._lock:
             cached = min(self._match_locked(namespace, prompt, prompt_hashes), len(prompt) - 1)
             if sequence and self.max_tokens > 0:
-                if self._match_locked(namespace, sequence, seq_hashes) == len(sequence):
-                    # Already cached: refresh the holder of its last block (LRU touch).
-                    holders = self._blocks.get(seq_hashes[-1]) if seq_hashes else None
-                    if holders:
-                        self._entries.move_to_end(next(reversed(holders)))
-                else:
-                    self._insert_locked(namespace, sequence, seq_hashes)
+                self._remember_locked(namespace, sequence, seq_hashes)
             return max(0, cached)
+
+    def _remember_locked(self, namespace: str, sequence: Sequence[int], hashes: list[int]) -> None:
+        if self._match_locked(namespace, sequence, hashes) == len(sequence):
+            # Already cached: refresh the holder of its last block (LRU touch).
+            holders = self._blocks.get(hashes[-1]) if hashes else None
+            if holders:
+                self._entries.move_to_end(next(reversed(holders)))
+        else:
+            self._insert_locked(namespace, sequence, hashes)
 
     def _insert_locked(self, namespace: str, sequence: Sequence[int], hashes: list[int]) -> None:
         entry_id = self._next_id

@@ -7,6 +7,7 @@ in-process callers (relay tests, benches) build one by hand to call `build_reply
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
@@ -48,6 +49,34 @@ class EngineState:
     prompt_tokens: int = 0
     tokens_generated: int = 0
     aborted: int = 0
+    # Benchmark counters: prompt tokens found in the prefix cache, prompt tokens prefilled
+    # (not cached), requests per LoRA adapter ("" = the base model).
+    cached_tokens: int = 0
+    prefilled_tokens: int = 0
+    adapter_requests: dict[str, int] = field(default_factory=dict)
+    # Time-integral of in_flight since `started`, for its time average.
+    started: float = field(default_factory=time.monotonic)
+    _flight_area: float = 0.0
+    _flight_at: float = field(default_factory=time.monotonic)
+
+    def flight(self, delta: int) -> None:
+        """Change `in_flight` by `delta`, keeping its time integral."""
+        now = time.monotonic()
+        self._flight_area += self.in_flight * (now - self._flight_at)
+        self._flight_at = now
+        self.in_flight += delta
+
+    def count_prompt(self, prompt_tokens: int, cached: int, adapter: str | None) -> None:
+        """One request's prompt as it reached the engine."""
+        self.cached_tokens += cached
+        self.prefilled_tokens += prompt_tokens - cached
+        key = adapter or ""
+        self.adapter_requests[key] = self.adapter_requests.get(key, 0) + 1
+
+    def in_flight_avg(self) -> float:
+        now = time.monotonic()
+        area = self._flight_area + self.in_flight * (now - self._flight_at)
+        return area / (now - self.started) if now > self.started else 0.0
 
     def stats(self) -> dict[str, int]:
         return {

@@ -27,6 +27,7 @@ from sessiongate.mock_engine.reply import (
     routed_experts_parts,
     usage_info,
 )
+from sessiongate.mock_engine.scheduler import Job, StepScheduler
 from sessiongate.mock_engine.state import EngineState, interruptible_sleep
 
 
@@ -143,16 +144,19 @@ async def stream_events(
     cached: int,
     state: EngineState,
     abort: asyncio.Event,
+    scheduler: StepScheduler | None = None,
+    job: Job | None = None,
 ) -> AsyncIterator[Part]:
     """serving_chat.py `_generate_chat_stream`: the role chunk with the engine's first
     output, then per step its chunks, the finish chunk, the sglext chunk, the usage chunk
-    (only with stream_options.include_usage), [DONE]."""
+    (only with stream_options.include_usage), [DONE]. With the step scheduler (`job`) each
+    step waits for the scheduler to have produced its tokens instead of sleeping."""
     cfg = state.config
     chunks = _StreamChunks(req, int(time.time()))
     # The tool-call path stands for an engine with a tool-call parser.
     flush = cfg.reasoning_parser is not None or cfg.tool_call_parser is not None
     flush = flush or req.tools is not None
-    state.in_flight += 1
+    state.flight(+1)
     try:
         final = completion
         if req.abort_message is not None:
@@ -163,15 +167,22 @@ async def stream_events(
             final = dataclasses.replace(state.generator.aborted(completion, 0), prompt_tokens=1)
             yield chunks.content(role="assistant", content="")
         else:
-            if await interruptible_sleep(state, cfg.ttft_ms / 1000, abort) == "closing":
+            if scheduler is not None and job is not None:
+                first = await scheduler.wait(job, min(1, completion.completion_tokens))
+            else:
+                first = await interruptible_sleep(state, cfg.ttft_ms / 1000, abort)
+            if first == "closing":
                 return  # shutting down: end the stream early, like an engine going away
             pieces = await anyio.to_thread.run_sync(
                 state.generator.stream_pieces, completion, cfg.stream_chunk_tokens
             )
             for n, piece in enumerate(pieces):
                 if n:
-                    delay = cfg.token_delay_ms * (piece.stop - piece.start) / 1000
-                    status = await interruptible_sleep(state, delay, abort)
+                    if scheduler is not None and job is not None:
+                        status = await scheduler.wait(job, piece.stop)
+                    else:
+                        delay = cfg.token_delay_ms * (piece.stop - piece.start) / 1000
+                        status = await interruptible_sleep(state, delay, abort)
                     if status == "closing":
                         return
                     if status == "abort":
@@ -184,6 +195,8 @@ async def stream_events(
                 for event in _piece_events(chunks, req, completion, piece, flush):
                     yield event
 
+        if job is not None:
+            cached = job.cached  # matched when the scheduler admitted it
         finish, matched, _ = choice_finish(final, stream=True)
         yield chunks.content(finish=finish, matched_stop=matched)
 
@@ -219,5 +232,5 @@ async def stream_events(
         yield b"data: [DONE]\n\n"
         state.tokens_generated += final.completion_tokens
     finally:
-        state.in_flight -= 1
+        state.flight(-1)
         state.running.pop(req.rid, None)
