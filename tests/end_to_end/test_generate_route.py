@@ -31,12 +31,13 @@ LAYOUTS = {
 BODY = json.dumps(
     {
         "input_ids": [101, 2023, 2003, 1037, 3231],
-        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "skip_special_tokens": False},
+        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0},
         "return_logprob": True,
         "return_routed_experts": False,
         "lora_path": None,
         "extra_key": "grpo-step-3",
         "rid": "rollout-7-sample-2",
+        # Unknown top-level fields are ignored by SGLang (and must be relayed by the router).
         "an_rl_field_of_tomorrow": {"nested": [1, 2.5, "x"]},
     },
     separators=(", ", ": "),  # not compact: the bytes must survive as sent
@@ -76,8 +77,11 @@ def test_generate_reaches_the_engine_verbatim(gateway: ServerProcess, engine: Ra
     assert ("x-trace", "t1") in arrived[0].headers
     # The engine's answer comes back as the engine gave it (whatever it is: the reply of an
     # engine without the route is its 404, relayed, not the gateway's own).
-    assert reply.status_code == direct.status_code
+    assert reply.status_code == direct.status_code == 200, reply.text
     assert reply.headers.get("content-type") == direct.headers.get("content-type")
+    # The mock generates from the request alone, so the same body gives the same tokens.
+    assert reply.json()["output_ids"] == direct.json()["output_ids"]
+    assert reply.json()["meta_info"]["id"] == "rollout-7-sample-2"
 
 
 def test_generate_with_a_query_keeps_it(gateway: ServerProcess, engine: RawEngine) -> None:
