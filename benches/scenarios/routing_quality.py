@@ -1,0 +1,442 @@
+"""Routing quality: which engine each request of an RL rollout lands on, and what it costs.
+
+In a rollout the router's job is the engines' prefix-cache hit rate and their balance, not
+microseconds: a GRPO group is n concurrent requests with the same prompt, and a re-prefilled
+2,000-token prompt costs far more than any router. This bench sends one seeded workload,
+identical for every arm, to four mock engines that model SGLang's cost (the step scheduler:
+prefill time per uncached token, one decode step per running request; the prefix cache
+filled when a prefill completes, per adapter and `extra_key`), and reads from the replies and
+the engines what each arm did:
+
+    python benches/scenarios/routing_quality.py                 # every variant, every arm
+    python benches/scenarios/routing_quality.py --quick         # smaller, for a smoke run
+    python benches/scenarios/routing_quality.py --variants grpo --arms sg:round_robin,client:rr
+
+Variants: `grpo` (P prompts x n samples as n separate concurrent `/generate` calls: a shared
+system prefix plus a unique part, lognormal lengths; several steps with `/flush_cache`
+between them, as after a weight update), `multiturn` (agents extending their own prefix turn
+by turn), `slow` (grpo with one engine at half speed), `lora` (grpo with a mix of adapters).
+
+Arms: `sg:<policy>` (sessiongate `serve --workers 0 --policy <policy>`, each policy its
+`serve --help` lists; round robin only when it has no `--policy`), `smg:<policy>` (the SGLang
+Model Gateway, sglang-router, in its own venv: `SGLANG_ROUTER_PYTHON=/venv/bin/python`;
+skipped with a message when absent), `client:rr` (the client alone, round robin over the
+engines) and `client:lif` (the client alone with the rollout framework router's rule: the
+engine with the fewest requests in flight).
+
+Figures per arm: prefix-cache hit rate (sum of `cached_tokens` over sum of prompt tokens,
+from the replies), re-prefilled tokens, the share of GRPO groups kept on one engine, load
+imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
+time-averaged in-flight from the engines' counters), mean step makespan, and the router's
+added p50 on small idle requests. docs/performance.md, "Routing quality", has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peer import peer_python, started
+
+from support.procs import ServerProcess, free_port
+
+ENGINES = 4
+VOCAB = (300, 7600)  # inside the built-in tokenizer's vocabulary (7,615 ids)
+ADAPTERS = ("math", "code")
+SMG_POLICIES = ("cache_aware", "round_robin", "power_of_two", "manual")
+
+
+@dataclass
+class Request:
+    rid: str
+    ids: list[int]
+    max_new_tokens: int
+    group: str
+    adapter: str | None = None
+
+
+@dataclass
+class Outcome:
+    rid: str
+    engine: int  # -1 until the engines' logs are read
+    prompt: int
+    cached: int
+    generated: int
+    latency: float
+    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Workload:
+    """Steps of concurrent requests; a step's requests go out together, steps one by one."""
+
+    steps: list[list[Request]] = field(default_factory=list)
+    # Multi-turn: each step is one turn of every agent, built from the previous replies.
+    agents: int = 0
+    turns: int = 0
+
+
+def _tokens(rng: random.Random, count: int) -> list[int]:
+    return [rng.randrange(*VOCAB) for _ in range(count)]
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
+    return max(low, min(high, int(rng.lognormvariate(0.0, sigma) * median)))
+
+
+def grpo_workload(
+    seed: int, steps: int, prompts: int, samples: int, *, adapters: Sequence[str] = ()
+) -> Workload:
+    rng = random.Random(seed)
+    system = _tokens(rng, 600)
+    work = Workload()
+    for step in range(steps):
+        batch = []
+        for p in range(prompts):
+            unique = _tokens(rng, _lognormal(rng, 700, 0.6, 64, 3000))
+            adapter = adapters[rng.randrange(len(adapters))] if adapters else None
+            group = f"s{step}p{p}"
+            for s in range(samples):
+                batch.append(Request(f"{group}n{s}", system + unique, 16, group, adapter))
+        rng.shuffle(batch)  # samples of a group do not arrive back to back
+        work.steps.append(batch)
+    return work
+
+
+# -- targets --------------------------------------------------------------------------------
+
+
+_RUNS = itertools.count()
+
+
+class Target:
+    """Where requests go: a router URL, or the client picking an engine itself."""
+
+    def __init__(self, name: str, engines: list[str], router: str | None, rule: str = "") -> None:
+        self.name, self.engines, self.router, self.rule = name, engines, router, rule
+        self.run = f"{name.replace(':', '-')}-{next(_RUNS)}"
+        self._turn = itertools.count()
+        self.in_flight = [0] * len(engines)
+
+    def pick(self) -> tuple[str, int | None]:
+        if self.router is not None:
+            return self.router, None
+        if self.rule == "lif":  # fewest in flight, lowest index first (the framework's min())
+            index = min(range(len(self.engines)), key=self.in_flight.__getitem__)
+        else:
+            index = next(self._turn) % len(self.engines)
+        return self.engines[index], index
+
+
+async def send(client: httpx.AsyncClient, target: Target, request: Request) -> Outcome:
+    url, index = target.pick()
+    body: dict[str, Any] = {
+        "input_ids": request.ids,
+        "sampling_params": {"max_new_tokens": request.max_new_tokens, "ignore_eos": True},
+        # Unique per arm: the engines' request logs say which engine served which rid.
+        "rid": f"{target.run}-{request.rid}",
+    }
+    if request.adapter is not None:
+        body["lora_path"] = request.adapter
+    if index is not None:
+        target.in_flight[index] += 1
+    started_at = time.perf_counter()
+    try:
+        reply = await client.post(f"{url}/generate", json=body)
+    finally:
+        if index is not None:
+            target.in_flight[index] -= 1
+    latency = time.perf_counter() - started_at
+    reply.raise_for_status()
+    document = reply.json()
+    meta = document["meta_info"]
+    return Outcome(
+        f"{target.run}-{request.rid}",
+        index if index is not None else -1,
+        int(meta["prompt_tokens"]),
+        int(meta.get("cached_tokens") or 0),
+        int(meta["completion_tokens"]),
+        latency,
+        list(document.get("output_ids") or []),
+    )
+
+
+async def engine_of_rids(client: httpx.AsyncClient, engines: list[str]) -> dict[str, int]:
+    """Which engine served each rid, from the engines' logs of their last requests."""
+    served: dict[str, int] = {}
+    for index, url in enumerate(engines):
+        log = (await client.get(f"{url}/mock/requests")).json()["requests"]
+        for body in log:
+            rid = body.get("rid")
+            if isinstance(rid, str):
+                served[rid] = index
+    return served
+
+
+async def engine_stats(client: httpx.AsyncClient, engines: list[str]) -> list[dict[str, Any]]:
+    return [(await client.get(f"{url}/mock/stats")).json() for url in engines]
+
+
+async def flush(client: httpx.AsyncClient, engines: list[str]) -> None:
+    for url in engines:
+        for _ in range(50):  # an engine flushes only when idle (SGLang's rule)
+            if (await client.post(f"{url}/flush_cache")).status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+
+
+async def run_arm(
+    target: Target, workload: Workload, variant: str, seed: int
+) -> dict[str, float | str]:
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        await flush(client, target.engines)
+        outcomes: list[Outcome] = []
+        sent: list[Request] = []
+        makespans = []
+        steps: Iterator[list[Request]]
+        steps = (
+            multiturn_steps(workload, outcomes, seed)
+            if variant == "multiturn"
+            else iter(workload.steps)
+        )
+        for step_index, batch in enumerate(steps):
+            if step_index and variant != "multiturn":
+                await flush(client, target.engines)  # a weight update between steps
+            sent += batch
+            t0 = time.perf_counter()
+            outcomes += await asyncio.gather(*(send(client, target, r) for r in batch))
+            makespans.append(time.perf_counter() - t0)
+            served = await engine_of_rids(client, target.engines)
+            for outcome in outcomes:
+                if outcome.engine < 0:
+                    outcome.engine = served.get(outcome.rid, -1)
+        after = await engine_stats(client, target.engines)
+        added = await added_p50(client, target)
+    return summarise(target, sent, outcomes, makespans, after, added)
+
+
+def multiturn_steps(
+    workload: Workload, outcomes: list[Outcome], seed: int
+) -> Iterator[list[Request]]:
+    """Agents extending their own prefix: turn t's prompt is turn t-1's prompt, the ids the
+    engine generated for it, and a new user message (read from `outcomes`, which the caller
+    fills with each turn's replies before asking for the next turn)."""
+    rng = random.Random(seed + 1)
+    system = _tokens(rng, 400)
+    prompts = {
+        a: system + _tokens(rng, _lognormal(rng, 300, 0.5, 32, 1500))
+        for a in range(workload.agents)
+    }
+    for turn in range(workload.turns):
+        yield [Request(f"a{a}t{turn}", list(prompts[a]), 32, f"a{a}") for a in prompts]
+        replies = {o.rid.rpartition("-")[2]: o for o in outcomes}
+        for a in prompts:
+            reply = replies[f"a{a}t{turn}"]
+            prompts[a] += reply.output_ids + _tokens(rng, _lognormal(rng, 120, 0.5, 16, 600))
+
+
+async def added_p50(client: httpx.AsyncClient, target: Target) -> float:
+    """The router's added median on small idle requests (0 for the client-side arms)."""
+    if target.router is None:
+        return 0.0
+    body = {"input_ids": [400, 401, 402], "sampling_params": {"max_new_tokens": 1}}
+
+    async def timed(url: str) -> float:
+        t0 = time.perf_counter()
+        (await client.post(f"{url}/generate", json=body)).raise_for_status()
+        return time.perf_counter() - t0
+
+    direct, routed = [], []
+    for _ in range(40):
+        direct.append(await timed(target.engines[0]))
+        routed.append(await timed(target.router))
+    return (statistics.median(routed) - statistics.median(direct)) * 1000
+
+
+def summarise(
+    target: Target,
+    sent: list[Request],
+    outcomes: list[Outcome],
+    makespans: list[float],
+    after: list[dict[str, Any]],
+    added_ms: float,
+) -> dict[str, float | str]:
+    prompt = sum(o.prompt for o in outcomes)
+    cached = sum(o.cached for o in outcomes)
+    work = [0.0] * len(target.engines)
+    for o in outcomes:
+        if o.engine >= 0:
+            work[o.engine] += o.prompt - o.cached + o.generated
+    groups: dict[str, set[int]] = defaultdict(set)
+    by_rid = {f"{target.run}-{r.rid}": r for r in sent}
+    for o in outcomes:
+        request = by_rid.get(o.rid)
+        if request is not None:
+            groups[request.group].add(o.engine)
+    kept = sum(len(engines) == 1 for engines in groups.values()) / len(groups) if groups else 0.0
+    in_flight = [a["in_flight_avg"] for a in after]
+    return {
+        "arm": target.name,
+        "requests": len(outcomes),
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "reprefilled": float(prompt - cached),
+        "groups_on_one": kept,
+        "work_imbalance": max(work) / statistics.mean(work) if any(work) else 0.0,
+        "inflight_imbalance": max(in_flight) / statistics.mean(in_flight)
+        if statistics.mean(in_flight)
+        else 0.0,
+        "makespan_s": statistics.mean(makespans),
+        "added_p50_ms": added_ms,
+        "unattributed": float(sum(o.engine < 0 for o in outcomes)),
+    }
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def sessiongate_policies() -> list[str]:
+    """The `--policy` choices `serve --help` lists; [] when serve has no such flag."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "sessiongate", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    match = re.search(r"--policy \{([^}]*)\}", help_text)
+    return match.group(1).split(",") if match else []
+
+
+@contextlib.contextmanager
+def engines(variant: str) -> Iterator[list[str]]:
+    with contextlib.ExitStack() as stack:
+        urls = []
+        for index in range(ENGINES):
+            port = free_port()
+            argv = ["mock-engine", "--port", str(port), "--step-scheduler", "--seed", str(index)]
+            argv += ["--lora-adapters", ",".join(ADAPTERS), "--prefix-cache-tokens", "200000"]
+            if variant == "slow" and index == ENGINES - 1:
+                argv += ["--speed", "0.5"]
+            urls.append(stack.enter_context(ServerProcess(argv, port, timeout=60)).url)
+        yield urls
+
+
+@contextlib.contextmanager
+def arm_target(arm: str, urls: list[str]) -> Iterator[Target | None]:
+    kind, _, policy = arm.partition(":")
+    if kind == "client":
+        yield Target(arm, urls, None, rule=policy)
+        return
+    port = free_port()
+    if kind == "sg":
+        argv = ["serve", "--port", str(port), "--workers", "0"]
+        argv += [arg for url in urls for arg in ("--backend", url)]
+        if policy != "default":
+            argv += ["--policy", policy]
+        with ServerProcess(argv, port, timeout=60) as proc:
+            yield Target(arm, urls, proc.url)
+        return
+    peer = peer_python()
+    if peer is None:
+        print(f"  {arm}: skipped (no sglang-router venv: set SGLANG_ROUTER_PYTHON)")
+        yield None
+        return
+    cmd = [peer, "-m", "sglang_router.launch_router", "--port", str(port), "--log-level", "warn"]
+    cmd += ["--policy", policy, "--worker-urls", *urls]
+    if policy == "manual":
+        cmd += ["--assignment-mode", "min_load"]
+    with started(cmd, port):
+        yield Target(arm, urls, f"http://127.0.0.1:{port}")
+
+
+def default_arms() -> list[str]:
+    policies = sessiongate_policies() or ["default"]
+    return [
+        *(f"sg:{p}" for p in policies),
+        *(f"smg:{p}" for p in SMG_POLICIES),
+        "client:rr",
+        "client:lif",
+    ]
+
+
+def workload_for(variant: str, args: argparse.Namespace) -> Workload:
+    if variant == "multiturn":
+        return Workload(agents=args.prompts * 2, turns=args.steps + 2)
+    adapters = ADAPTERS if variant == "lora" else ()
+    return grpo_workload(args.seed, args.steps, args.prompts, args.samples, adapters=adapters)
+
+
+def table(rows: list[dict[str, float | str]]) -> str:
+    columns = [
+        ("arm", "{}"),
+        ("hit_rate", "{:.3f}"),
+        ("reprefilled", "{:,.0f}"),
+        ("groups_on_one", "{:.2f}"),
+        ("work_imbalance", "{:.2f}"),
+        ("inflight_imbalance", "{:.2f}"),
+        ("makespan_s", "{:.2f}"),
+        ("added_p50_ms", "{:.2f}"),
+    ]
+    lines = ["| " + " | ".join(name for name, _ in columns) + " |"]
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(fmt.format(row[name]) for name, fmt in columns) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="grpo,multiturn,slow,lora")
+    parser.add_argument("--arms", default="", help="comma list (default: every arm available)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=16, help="GRPO prompts per step")
+    parser.add_argument("--samples", type=int, default=8, help="GRPO samples per prompt (n)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="2 steps x 6 prompts x 4 samples")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.prompts, args.samples = 2, 6, 4
+    arms = [a for a in args.arms.split(",") if a] or default_arms()
+    results: dict[str, list[dict[str, float | str]]] = {}
+    for variant in [v for v in args.variants.split(",") if v]:
+        print(f"== {variant}")
+        workload = workload_for(variant, args)
+        rows = []
+        for arm in arms:
+            # Fresh engines per arm: their counters (time-averaged in flight) and caches
+            # start from zero, and no arm inherits another's warm state.
+            with engines(variant) as urls, arm_target(arm, urls) as target:
+                if target is None:
+                    continue
+                row = asyncio.run(run_arm(target, workload, variant, args.seed))
+                print(f"  {arm}: hit {row['hit_rate']:.3f}, makespan {row['makespan_s']:.2f} s")
+                rows.append(row)
+        results[variant] = rows
+        print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    counts = Counter(len(rows) for rows in results.values())
+    return 0 if counts else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
