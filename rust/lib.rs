@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 pub mod buffer;
 pub mod build_info;
 pub mod bytes_sink;
+pub mod engine_policy;
 pub mod frame;
 pub mod front;
 pub mod json_scan;
@@ -25,5 +26,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stamp::register(m)?;
     bytes_sink::register(m)?;
     front::register(m)?;
+    engine_policy::register(m)?;
     Ok(())
 }
