@@ -251,6 +251,8 @@ class CompiledFront:
         threads: int,
         latency_buckets: list[float],
         dispatch: bool = False,
+        engine_policy: str = "round_robin",
+        engine_policy_options: dict[str, object] | None = None,
     ) -> None:
         """``listen_fd`` (a bound, listening TCP socket) and ``notify_fd`` (the write end of a
         non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
@@ -258,7 +260,9 @@ class CompiledFront:
         duplicate). ``upstreams`` are distinct ``http://host:port[/prefix]`` base URLs
         (trailing "/" stripped); timeouts are positive seconds; ``latency_buckets`` strictly
         ascending. ValueError (OSError for the fds) otherwise. Without ``dispatch`` the
-        requests Python answers are handed off with their connection."""
+        requests Python answers are handed off with their connection. ``engine_policy`` and
+        ``engine_policy_options`` choose the engine of each proxied request (as
+        ``EnginePolicy``; the policy's trims run every ``eviction_interval_secs``)."""
     def take_handoffs(self) -> list[tuple[int, bytes]]:
         """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
     def take_requests(self) -> list[DispatchedRequest]:

@@ -353,10 +353,25 @@ impl Router {
     }
 
     pub fn pick(&mut self, headers: &dyn Headers, body: &[u8]) -> usize {
-        let request = Request::new(headers, body);
-        let index = self.policy.pick(&request, &self.engines);
+        self.pick_request(&Request::new(headers, body))
+    }
+
+    /// `pick` for a request whose key material the caller may have read already (outside
+    /// the lock a shared router sits behind: see `reads_body`).
+    pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
+        let index = self.policy.pick(request, &self.engines);
         // A policy bug must not index out of bounds in the caller.
         index.min(self.engines.len() - 1)
+    }
+
+    /// Whether the policy reads the body's key material, and if so with the text when the
+    /// body has token ids (`Request::material`'s argument).
+    pub fn reads_body(&self) -> Option<bool> {
+        match self.name.as_str() {
+            "cache_aware" => Some(false),
+            "cache_aware_gateway" => Some(true),
+            _ => None,
+        }
     }
 
     pub fn started(&mut self, index: usize) {

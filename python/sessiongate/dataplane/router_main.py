@@ -16,6 +16,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from sessiongate.engine_routing.options import add_engine_routing_arguments
 from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
 
@@ -51,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--health-interval", type=float, default=5.0)
     add_front_arguments(parser)
+    add_engine_routing_arguments(parser)
     parser.set_defaults(run=run)
 
 

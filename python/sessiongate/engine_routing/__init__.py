@@ -48,4 +48,9 @@ def _active() -> type[PyEnginePolicy]:
 if TYPE_CHECKING:
     EnginePolicy = PyEnginePolicy
 else:
-    EnginePolicy = _active()
+
+    def __getattr__(name: str) -> object:
+        # Resolved on first use: option parsing alone must not load the compiled core.
+        if name == "EnginePolicy":
+            return _active()
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,10 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from sessiongate.engine_routing.options import (
+    add_engine_routing_arguments,
+    engine_routing_argv,
+)
 from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.front.compiled import (
     add_front_arguments,
@@ -179,6 +183,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add_store_arguments(parser)
     add_remote_arguments(parser)
     add_front_arguments(parser)
+    add_engine_routing_arguments(parser)
 
 
 def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
@@ -474,6 +479,7 @@ def run_local(args: argparse.Namespace) -> int:
             "each `sessiongate worker` its own --records-dir"
         )
     backends = backend_list(args)  # validate before starting anything
+    engine_routing_argv(args)  # validates --policy and its tunables
     if args.front == "compiled":
         urls = [url for url in backends if url != MOCK_BACKEND]  # the mock is plain http
         problem = front_unsupported(urls) if urls else None
@@ -509,6 +515,7 @@ def run_local(args: argparse.Namespace) -> int:
             # Local workers split this machine's memory; Ray actors size for their host.
             *limit_argv(args, None if args.ray else args.workers),
             *store_argv(args, args.workers),
+            *engine_routing_argv(args),
         ]
         router_args = [
             *router_arguments(args, frontend),
@@ -518,6 +525,7 @@ def run_local(args: argparse.Namespace) -> int:
             str(args.timeout),
             "--health-interval",
             str(args.health_interval),
+            *engine_routing_argv(args),
         ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)

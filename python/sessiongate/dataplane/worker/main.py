@@ -16,6 +16,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from sessiongate.engine_routing.options import (
+    add_engine_routing_arguments,
+    engine_routing_settings,
+)
 from sessiongate.process.children import die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
 from sessiongate.session.limit_options import add_limit_arguments, limit_settings
@@ -89,6 +93,7 @@ def add_session_arguments(parser: argparse.ArgumentParser) -> None:
     add_session_mode_option(parser)
     add_limit_arguments(parser)
     add_store_arguments(parser)
+    add_engine_routing_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,7 +149,12 @@ def build_core(args: argparse.Namespace, not_found_note: str = "") -> SessionCor
     store_config = store_settings(args, _store_index(args))
     core = SessionCore(
         load_tokenizer(args.tokenizer, chat_template_path=args.chat_template_path),
-        UpstreamPool(args.backend, timeout=args.timeout, health_interval=args.health_interval),
+        UpstreamPool(
+            args.backend,
+            timeout=args.timeout,
+            health_interval=args.health_interval,
+            engine_routing=engine_routing_settings(args),
+        ),
         settings,
         SessionStamper(mode) if mode is not None else None,
         RecordsStore(store_config) if store_config is not None else None,
