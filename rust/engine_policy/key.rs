@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use crate::json_scan::{unescape, Kind, NumKind, Scan, Scanner};
+use crate::json_scan::{unescape, NumKind, Scan, Scanner};
 
 /// What the body says about the prompt; `Default` is "nothing" (not a JSON object).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -48,12 +48,17 @@ fn read(body: &[u8], text_with_ids: bool) -> Scan<Material> {
     }
     // Where each member's value starts; a duplicate key's last value wins, as in json.loads.
     let mut at: [Option<usize>; 7] = [None; 7];
+    // The token ids of `input_ids` and `prompt`, read while validating (one pass over them).
+    let mut ids_of: [Option<Vec<u32>>; 2] = [None, None];
     if !sc.object_start()? {
         loop {
             let key = sc.key()?;
             let slot = NAMES.iter().position(|name| sc.key_is(&key, name));
             let start = sc.pos;
-            sc.value()?;
+            match slot {
+                Some(slot @ (INPUT_IDS | PROMPT)) => ids_of[slot] = token_ids(&mut sc)?,
+                _ => sc.value()?,
+            }
             if let Some(slot) = slot {
                 at[slot] = Some(start);
             }
@@ -63,10 +68,8 @@ fn read(body: &[u8], text_with_ids: bool) -> Scan<Material> {
         }
     }
     sc.finish()?;
-    let mut ids = at[INPUT_IDS].and_then(|p| token_ids(body, p));
-    if ids.is_none() {
-        ids = at[PROMPT].and_then(|p| token_ids(body, p));
-    }
+    let [input_ids, prompt_ids] = ids_of;
+    let ids = input_ids.or(prompt_ids);
     let mut text = Vec::new();
     if text_with_ids || ids.is_none() {
         read_text(body, &at, &mut text)?;
@@ -110,26 +113,71 @@ fn string_at(body: &[u8], pos: usize) -> Option<Cow<'_, [u8]>> {
     })
 }
 
-/// An array of integers in [0, 2**32) at `pos` (possibly empty), else None.
-fn token_ids(body: &[u8], pos: usize) -> Option<Vec<u32>> {
-    let mut sc = at(body, pos);
+/// Validates and skips the value at the cursor; when it is an array of integers in
+/// [0, 2**32) (possibly empty), those are returned.
+fn token_ids(sc: &mut Scanner<'_>) -> Scan<Option<Vec<u32>>> {
     if sc.peek() != Some(b'[') {
-        return None;
+        sc.value()?;
+        return Ok(None);
     }
-    let mut ids = Vec::new();
-    if sc.array_start().ok()? {
-        return Some(ids);
+    let mut ids = Some(Vec::new());
+    if sc.array_start()? {
+        return Ok(ids);
     }
     loop {
         let start = sc.pos;
-        if sc.kind().ok()? != Kind::Number || sc.scalar().ok()? != Some(NumKind::Int) {
-            return None;
+        let id = match plain_int(sc) {
+            Some(id) => id,
+            // scalar, not number: "-Infinity" starts like a number too.
+            None => match sc.peek() {
+                Some(b'-' | b'0'..=b'9') => match sc.scalar()? {
+                    Some(NumKind::Int) => small_int(&sc.s[start..sc.pos]),
+                    _ => None,
+                },
+                _ => {
+                    sc.value()?;
+                    None
+                }
+            },
+        };
+        match (id, ids.as_mut()) {
+            (Some(id), Some(list)) => list.push(id),
+            _ => ids = None,
         }
-        ids.push(small_int(&body[start..sc.pos])?);
-        if !sc.array_next().ok()? {
-            return Some(ids);
+        if !sc.array_next()? {
+            return Ok(ids);
         }
     }
+}
+
+/// The fast path of a token id: unsigned digits not followed by a fraction or an exponent,
+/// read with a local cursor (the scanner's general number path stores its cursor per
+/// digit). `Some(value)` with the cursor moved past the digits (`value` None when it is out
+/// of [0, 2**32)); None, cursor untouched, for anything else (the scanner then decides).
+fn plain_int(sc: &mut Scanner<'_>) -> Option<Option<u32>> {
+    let s = sc.s;
+    let start = sc.pos;
+    let first = *s.get(start)?;
+    if !first.is_ascii_digit() {
+        return None;
+    }
+    let mut end = start + 1;
+    let mut value = u64::from(first - b'0');
+    // A leading zero is a whole number: what follows is the scanner's to reject.
+    if first != b'0' {
+        while let Some(&d) = s.get(end) {
+            if !d.is_ascii_digit() {
+                break;
+            }
+            value = value.saturating_mul(10).saturating_add(u64::from(d - b'0'));
+            end += 1;
+        }
+    }
+    if matches!(s.get(end), Some(b'.' | b'e' | b'E')) || end - start > 20 {
+        return None;
+    }
+    sc.pos = end;
+    Some(u32::try_from(value).ok())
 }
 
 /// A validated integer literal's value when it is in [0, 2**32) ("-0" is 0, as in Python).
@@ -153,9 +201,16 @@ fn small_int(literal: &[u8]) -> Option<u32> {
 /// Appends the code points of a decoded string: UTF-8 with surrogates in their 3-byte forms
 /// (what `unescape` makes of `\uD800`), so each unit is one code point of the Python `str`.
 fn push_code_points(bytes: &[u8], out: &mut Vec<u32>) {
+    out.reserve(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let lead = bytes[i];
+        // ASCII runs (most prompts) widen in one vectorisable pass.
+        let run = bytes[i..].iter().take_while(|b| b.is_ascii()).count();
+        out.extend(bytes[i..i + run].iter().map(|&b| u32::from(b)));
+        i += run;
+        let Some(&lead) = bytes.get(i) else {
+            break;
+        };
         let (len, mut cp) = match lead {
             0x00..=0x7F => {
                 out.push(u32::from(lead));
@@ -318,6 +373,11 @@ mod tests {
             key_material(br#"{"text":"a"} x"#, true),
             Material::default()
         );
+        let m = key_material(
+            br#"{"input_ids":[1,-Infinity],"prompt":[2,NaN],"text":"t"}"#,
+            true,
+        );
+        assert_eq!((m.ids, m.text), (None, units("t")));
         let m = key_material(br#"{"text":"\ud800x"}"#, true);
         assert_eq!(m.text, vec![0xD800, u32::from(b'x')]);
     }

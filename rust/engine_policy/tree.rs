@@ -53,6 +53,10 @@ pub struct PrefixTree {
 
 /// How many leading units of `edge` equal `units`'.
 fn shared(edge: &[u32], units: &[u32]) -> usize {
+    // The common case, a whole edge matched, is one slice comparison (memcmp).
+    if units.len() >= edge.len() && units[..edge.len()] == *edge {
+        return edge.len();
+    }
     edge.iter()
         .zip(units)
         .position(|(a, b)| a != b)
