@@ -120,9 +120,10 @@ class RoutingRequest:
         self.body = body
 
     def header(self, name: str) -> str | None:
-        """The first `name` header (`name` lowercase), None when absent or empty."""
+        """The first `name` header (`name` lowercase), None when absent or empty. Names
+        compare ASCII-case-insensitively, as HTTP header names are ASCII tokens."""
         for key, value in self.headers:
-            if key.lower() == name:
+            if key.isascii() and key.lower() == name:
                 return value or None
         return None
 
