@@ -410,15 +410,16 @@ pub struct PyEnginePolicy {
 }
 
 impl PyEnginePolicy {
-    fn check(&self, index: usize) -> PyResult<usize> {
+    /// `index` as an engine index, IndexError (as the twin's) when there is no such engine.
+    fn check(&self, index: i64) -> PyResult<usize> {
         let n = self.router.engines.len();
-        if index >= n {
-            return Err(PyIndexError::new_err(format!(
+        match usize::try_from(index) {
+            Ok(i) if i < n => Ok(i),
+            _ => Err(PyIndexError::new_err(format!(
                 "engine index {index} out of range (0..{})",
                 n - 1
-            )));
+            ))),
         }
-        Ok(index)
     }
 }
 
@@ -453,21 +454,21 @@ impl PyEnginePolicy {
         self.router.pick(&headers, body)
     }
 
-    fn started(&mut self, index: usize) -> PyResult<()> {
+    fn started(&mut self, index: i64) -> PyResult<()> {
         let index = self.check(index)?;
         self.router.started(index);
         Ok(())
     }
 
     #[pyo3(signature = (index, cached_tokens = None))]
-    fn finished(&mut self, index: usize, cached_tokens: Option<u64>) -> PyResult<()> {
+    fn finished(&mut self, index: i64, cached_tokens: Option<i64>) -> PyResult<()> {
         let _ = cached_tokens; // accepted for the callers' accounting; no policy uses it yet
         let index = self.check(index)?;
         self.router.finished(index);
         Ok(())
     }
 
-    fn set_load(&mut self, index: usize, load: Option<i64>) -> PyResult<()> {
+    fn set_load(&mut self, index: i64, load: Option<i64>) -> PyResult<()> {
         let index = self.check(index)?;
         let load = match load {
             Some(l) => Some(
@@ -480,7 +481,7 @@ impl PyEnginePolicy {
         Ok(())
     }
 
-    fn set_healthy(&mut self, index: usize, healthy: bool) -> PyResult<()> {
+    fn set_healthy(&mut self, index: i64, healthy: bool) -> PyResult<()> {
         let index = self.check(index)?;
         self.router.set_healthy(index, healthy);
         Ok(())

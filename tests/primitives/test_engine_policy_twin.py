@@ -185,5 +185,10 @@ def test_bad_options_are_value_errors(impl: Any) -> None:
     with pytest.raises(ValueError):
         impl("round_robin", [], {})
     policy = impl("round_robin", URLS[:2])
-    with pytest.raises(IndexError):
-        policy.started(2)
+    for index in (2, -1):
+        with pytest.raises(IndexError):
+            policy.started(index)
+        with pytest.raises(IndexError):
+            policy.set_healthy(index, False)
+    with pytest.raises(ValueError):
+        policy.set_load(0, -1)
