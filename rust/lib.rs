@@ -16,6 +16,7 @@ pub mod types;
 // Primitives: one `register` each.
 pub mod build_info;
 pub mod bytes_sink;
+pub mod engine_policy;
 pub mod frame;
 pub mod front;
 pub mod r3;
@@ -34,5 +35,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     stamp::register(m)?;
     bytes_sink::register(m)?;
     front::register(m)?;
+    engine_policy::register(m)?;
     Ok(())
 }

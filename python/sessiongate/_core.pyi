@@ -190,6 +190,36 @@ class BytesSink:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
+# Engine routing (rust/engine_policy/; twin: sessiongate.engine_routing.router)
+
+@final
+class EnginePolicy:
+    """An engine routing policy (``round_robin``, ``random``, ``power_of_two``,
+    ``least_in_flight``, ``cache_aware``, ``cache_aware_gateway``, ``manual``,
+    ``consistent_hashing``) and the states of ``engines`` (their URLs) it decides on: the
+    caller reports requests started and finished, health and reported load, and calls
+    ``evict`` every ``eviction_interval_secs``. ``options``: the tunables of
+    ``EngineRoutingConfig.options()`` (any subset); ValueError for an unknown name or option
+    or a bad value."""
+
+    def __init__(
+        self, name: str, engines: list[str], options: dict[str, object] | None = None
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def in_flight(self) -> list[int]:
+        """Requests in flight per engine, as reported through ``started``/``finished``."""
+    def pick(self, headers: list[tuple[str, str]], body: bytes) -> int:
+        """The engine index for a request with these headers and body."""
+    def started(self, index: int) -> None: ...
+    def finished(self, index: int, cached_tokens: int | None = None) -> None: ...
+    def set_load(self, index: int, load: int | None) -> None:
+        """The engine's reported load (``/get_load``), None when unknown."""
+    def set_healthy(self, index: int, healthy: bool) -> None: ...
+    def evict(self, now: float) -> None:
+        """Trim the policy's state; ``now`` is seconds on a monotonic clock."""
+
 # The compiled front door (rust/front/)
 
 @final
@@ -221,6 +251,8 @@ class CompiledFront:
         threads: int,
         latency_buckets: list[float],
         dispatch: bool = False,
+        engine_policy: str = "round_robin",
+        engine_policy_options: dict[str, object] | None = None,
     ) -> None:
         """``listen_fd`` (a bound, listening TCP socket) and ``notify_fd`` (the write end of a
         non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
@@ -228,7 +260,9 @@ class CompiledFront:
         duplicate). ``upstreams`` are distinct ``http://host:port[/prefix]`` base URLs
         (trailing "/" stripped); timeouts are positive seconds; ``latency_buckets`` strictly
         ascending. ValueError (OSError for the fds) otherwise. Without ``dispatch`` the
-        requests Python answers are handed off with their connection."""
+        requests Python answers are handed off with their connection. ``engine_policy`` and
+        ``engine_policy_options`` choose the engine of each proxied request (as
+        ``EnginePolicy``; the policy's trims run every ``eviction_interval_secs``)."""
     def take_handoffs(self) -> list[tuple[int, bytes]]:
         """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
     def take_requests(self) -> list[DispatchedRequest]:

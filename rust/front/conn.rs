@@ -20,7 +20,7 @@ use super::head;
 use super::reply::{self, Framing};
 use super::route::{decide, has_session_header, target_path, Decision};
 use super::server::{OpenConnection, Shared};
-use super::upstream::{forward_headers, Outgoing};
+use super::upstream::{forward_headers, InFlight, Outgoing};
 
 /// A head this long without its end goes to Python, which has its own cap and 431.
 const MAX_HEAD: usize = 64 << 10;
@@ -258,7 +258,8 @@ impl Conn<'_> {
             };
             let close = request.close || *self.shutdown.borrow();
             let (status, intact) = match result {
-                Ok(reply) => self.relay(reply, close).await,
+                // The engine counts the request in flight until its reply is relayed.
+                Ok((reply, _in_flight)) => self.relay(reply, close).await,
                 Err(message) => (502, self.write_error(502, &message, close).await),
             };
             self.shared.stats.record(status, Some(started.elapsed()));
@@ -363,7 +364,10 @@ impl Conn<'_> {
     /// The upstream exchange up to the reply head, watching the client meanwhile: None when
     /// it hung up (the exchange is dropped, which cancels it). Bytes it sends (a pipelined
     /// request) are kept for later.
-    async fn exchange(&mut self, outgoing: Outgoing) -> Option<Result<Response<Incoming>, String>> {
+    async fn exchange(
+        &mut self,
+        outgoing: Outgoing,
+    ) -> Option<Result<(Response<Incoming>, InFlight), String>> {
         let pool = &self.shared.pool;
         let upstream = pool.send(outgoing);
         tokio::pin!(upstream);

@@ -29,6 +29,8 @@ use server::{Config, Shared};
 use stats::Stats;
 use upstream::{parse_url, Pool};
 
+use crate::engine_policy::{Options as EngineOptions, Router};
+
 /// Durations past this (including infinity) mean "no practical limit"; capped so deadline
 /// arithmetic cannot overflow.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -110,7 +112,8 @@ impl CompiledFront {
     #[pyo3(signature = (
         listen_fd, notify_fd, upstreams, *, max_body_bytes, api_key, session_headers,
         header_timeout, body_timeout, keepalive_timeout, upstream_timeout, connect_timeout,
-        health_interval, health_path, threads, latency_buckets, dispatch = false
+        health_interval, health_path, threads, latency_buckets, dispatch = false,
+        engine_policy = "round_robin", engine_policy_options = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -130,6 +133,8 @@ impl CompiledFront {
         threads: i64,
         latency_buckets: Vec<f64>,
         dispatch: bool,
+        engine_policy: &str,
+        engine_policy_options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // Everything is validated before a thread starts or an fd is taken.
         if upstreams.is_empty() {
@@ -184,11 +189,15 @@ impl CompiledFront {
         };
         let connect_timeout = seconds("connect_timeout", connect_timeout)?;
         let health_interval = seconds("health_interval", health_interval)?;
+        let options = EngineOptions::from_dict(engine_policy_options)?;
+        let urls = targets.iter().map(|t| t.url.clone()).collect();
+        let router = Router::new(engine_policy, urls, options).map_err(PyValueError::new_err)?;
         let pool = Pool::new(
             targets,
             config.upstream_timeout,
             connect_timeout,
             &health_path,
+            router,
         )
         .map_err(PyValueError::new_err)?;
         let threads = usize::try_from(threads).unwrap_or(1);
@@ -231,6 +240,9 @@ impl CompiledFront {
             Arc::clone(&shared),
             stopping.clone(),
         ));
+        if let Some(interval) = pool.eviction_interval() {
+            runtime.spawn(Arc::clone(&pool).evict_forever(interval, stopping.clone()));
+        }
         runtime.spawn(pool.probe_forever(health_interval, stopping));
         Ok(Self {
             shared,

@@ -1,12 +1,13 @@
-//! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, round robin
-//! over the healthy ones, a retry elsewhere after a connect failure, and a health prober.
+//! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, the engine
+//! routing policy choosing among them (`rust/engine_policy/`, round robin by default), a retry
+//! elsewhere after a connect failure, and a health prober.
 //! Mirrors `python/sessiongate/upstream/pool.py` and `client.py` for stateless traffic.
 
 use std::error::Error as StdError;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::hop::{connection_named, forwarded};
+use crate::engine_policy::{Request as RoutingRequest, Router};
 use crate::hash::blake2b64;
 
 pub type Body = Full<Bytes>;
@@ -118,7 +120,11 @@ pub struct UpstreamState {
 
 pub struct Pool {
     upstreams: Vec<Upstream>,
-    round_robin: AtomicUsize,
+    /// The engine routing policy and the engines' states it decides on (in flight, health).
+    router: Mutex<Router>,
+    /// `Router::reads_body`, known up front so the body is scanned outside the lock.
+    reads_body: Option<bool>,
+    created: Instant,
     /// Rendezvous order of the key "" over the URLs: where a failed request retries.
     retry_order: Vec<usize>,
     timeout: Duration,
@@ -139,6 +145,7 @@ impl Pool {
         timeout: Duration,
         connect_timeout: Duration,
         health_path: &str,
+        router: Router,
     ) -> Result<Self, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -174,7 +181,9 @@ impl Pool {
         retry_order.sort_by(|&a, &b| weights[b].cmp(&weights[a]));
         Ok(Self {
             upstreams,
-            round_robin: AtomicUsize::new(0),
+            reads_body: router.reads_body(),
+            router: Mutex::new(router),
+            created: Instant::now(),
             retry_order,
             timeout,
             connect_timeout,
@@ -198,6 +207,7 @@ impl Pool {
         let upstream = &self.upstreams[index];
         let mut last = lock(&upstream.last_error);
         upstream.healthy.store(error.is_none(), Relaxed);
+        lock(&self.router).set_healthy(index, error.is_none());
         *last = error;
     }
 
@@ -208,22 +218,46 @@ impl Pool {
         }
     }
 
-    /// Round robin over the healthy upstreams, or over all when none is.
-    fn pick(&self) -> usize {
-        let n = self.upstreams.len();
-        let turn = self.round_robin.fetch_add(1, Relaxed);
-        let healthy = || {
-            self.upstreams
-                .iter()
-                .enumerate()
-                .filter(|(_, u)| u.healthy.load(Relaxed))
-        };
-        let live = healthy().count();
-        if live == 0 {
-            return turn % n;
+    /// The policy's engine for `request`, counted in flight until the guard drops.
+    fn pick(self: &Arc<Self>, request: &Outgoing) -> InFlight {
+        let view = RoutingRequest::new(&request.headers, &request.body);
+        if let Some(text_with_ids) = self.reads_body {
+            // The scan of a large body must not hold the other front threads up.
+            view.material(text_with_ids);
         }
-        // A concurrent health change can shorten the list between the two walks.
-        healthy().nth(turn % live).map_or(turn % n, |(i, _)| i)
+        let index = lock(&self.router).pick_request(&view);
+        self.in_flight(index)
+    }
+
+    fn in_flight(self: &Arc<Self>, index: usize) -> InFlight {
+        lock(&self.router).started(index);
+        InFlight {
+            pool: Arc::clone(self),
+            index,
+        }
+    }
+
+    /// Seconds between the policy's trims, None when it keeps nothing to trim.
+    pub fn eviction_interval(&self) -> Option<Duration> {
+        lock(&self.router)
+            .eviction_interval()
+            .map(Duration::from_secs)
+    }
+
+    /// Trim the policy's state every `interval`, until shutdown.
+    pub async fn evict_forever(
+        self: Arc<Self>,
+        interval: Duration,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = shutdown.wait_for(|stopping| *stopping) => return,
+            }
+            let now = self.created.elapsed().as_secs_f64();
+            lock(&self.router).evict(now);
+        }
     }
 
     /// Where to retry after `failed` could not be connected to (`pool.py::_failed(None, i)`).
@@ -238,9 +272,13 @@ impl Pool {
             .or_else(|| order.clone().find(|&i| i != failed))
     }
 
-    /// Send `request` and wait for the reply head; Err is the 502 message.
-    pub async fn send(&self, request: Outgoing) -> Result<Response<Incoming>, String> {
-        let first = self.pick();
+    /// Send `request` and wait for the reply head; Err is the 502 message. The reply comes
+    /// with its engine's in-flight guard: keep it until the body is relayed.
+    pub async fn send(
+        self: &Arc<Self>,
+        request: Outgoing,
+    ) -> Result<(Response<Incoming>, InFlight), String> {
+        let first = self.pick(&request);
         // Only kept when a retry is possible at all.
         let spare = (self.upstreams.len() > 1).then(|| request.headers.clone());
         let Outgoing {
@@ -250,20 +288,25 @@ impl Pool {
             body,
         } = request;
         let failure = match self
-            .attempt(first, &method, &path_and_query, headers, body.clone())
+            .attempt(first.index, &method, &path_and_query, headers, body.clone())
             .await
         {
-            Ok(reply) => return Ok(reply),
+            Ok(reply) => return Ok((reply, first)),
             Err(Failure::Other(message)) => return Err(message),
             Err(Failure::Connect(message)) => message,
         };
-        match (self.retry_target(first), spare) {
-            (Some(retry), Some(headers)) => self
-                .attempt(retry, &method, &path_and_query, headers, body)
-                .await
-                .map_err(|f| match f {
-                    Failure::Connect(m) | Failure::Other(m) => m,
-                }),
+        let failed = first.index;
+        drop(first);
+        match (self.retry_target(failed), spare) {
+            (Some(retry), Some(headers)) => {
+                let guard = self.in_flight(retry);
+                self.attempt(retry, &method, &path_and_query, headers, body)
+                    .await
+                    .map(|reply| (reply, guard))
+                    .map_err(|f| match f {
+                        Failure::Connect(m) | Failure::Other(m) => m,
+                    })
+            }
             _ => Err(failure),
         }
     }
@@ -368,6 +411,18 @@ impl Pool {
                 _ = shutdown.wait_for(|stopping| *stopping) => return,
             }
         }
+    }
+}
+
+/// A request counted in flight on engine `index` until dropped.
+pub struct InFlight {
+    pool: Arc<Pool>,
+    index: usize,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        lock(&self.pool.router).finished(self.index);
     }
 }
 
@@ -535,13 +590,21 @@ mod tests {
         let _guard = rt.enter();
         let urls = ["http://a:1", "http://b:2", "http://c:3"];
         let targets = urls.iter().filter_map(|u| parse_url(u).ok()).collect();
+        let router = Router::new(
+            "round_robin",
+            urls.iter().map(|u| u.to_string()).collect(),
+            Default::default(),
+        );
+        let Ok(router) = router else { panic!("router") };
         let pool = Pool::new(
             targets,
             Duration::from_secs(1),
             Duration::from_secs(1),
             "/health",
+            router,
         );
         let Ok(pool) = pool else { panic!("pool") };
+        let pool = Arc::new(pool);
         let mut by_weight: Vec<(u64, usize)> = urls
             .iter()
             .enumerate()
@@ -554,8 +617,17 @@ mod tests {
         assert_eq!(pool.retry_target(order[1]), Some(order[0]));
         pool.mark(order[0], Some("down".into()));
         assert_eq!(pool.retry_target(order[1]), Some(order[2]));
-        // Round robin skips the unhealthy one.
-        let picks: Vec<usize> = (0..4).map(|_| pool.pick()).collect();
-        assert!(!picks.contains(&order[0]));
+        // Round robin skips the unhealthy one, and counts its picks in flight until dropped.
+        let request = Outgoing {
+            method: Method::POST,
+            path_and_query: PathAndQuery::from_static("/v1/completions"),
+            headers: HeaderMap::new(),
+            body: Bytes::new(),
+        };
+        let guards: Vec<InFlight> = (0..4).map(|_| pool.pick(&request)).collect();
+        assert!(!guards.iter().any(|g| g.index == order[0]));
+        assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 4);
+        drop(guards);
+        assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 0);
     }
 }

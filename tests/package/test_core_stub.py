@@ -67,7 +67,7 @@ def _stub_class(name: str) -> ast.ClassDef:
     return node
 
 
-@pytest.mark.parametrize("cls_name", ["FrameDecoder", "HeaderStamper"])
+@pytest.mark.parametrize("cls_name", ["FrameDecoder", "HeaderStamper", "EnginePolicy"])
 def test_class_members_match(cls_name: str) -> None:
     node = _stub_class(cls_name)
     members = _defined(node.body)
@@ -110,8 +110,9 @@ def test_extracted_reply_members_match() -> None:
 FRONT_NAMES = frozenset(
     {"CompiledFront", "DispatchedRequest", "front_route", "front_forwarded_headers"}
 )
-# `build_info` describes the compiled core itself: it has no twin.
-NO_TWIN = FRONT_NAMES | {"build_info"}
+# `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is
+# the specification in `sessiongate.engine_routing` (checked below).
+NO_TWIN = FRONT_NAMES | {"build_info", "EnginePolicy"}
 
 
 def test_python_twins_share_the_signatures() -> None:
@@ -130,3 +131,19 @@ def test_python_twins_share_the_signatures() -> None:
     stamp = _defined(_stub_class("HeaderStamper").body)["stamp"]
     assert isinstance(stamp, ast.FunctionDef)
     assert _params(stamp) == _runtime_params(python.HeaderStamper.stamp)
+
+
+def test_engine_policy_twin_shares_the_signatures() -> None:
+    from sessiongate.engine_routing import PyEnginePolicy
+
+    members = _defined(_stub_class("EnginePolicy").body)
+    assert _public(members) == _public(dir(PyEnginePolicy))
+    for name, member in members.items():
+        if not isinstance(member, ast.FunctionDef) or name.startswith("_"):
+            continue
+        decorators = member.decorator_list
+        if not any(isinstance(d, ast.Name) and d.id == "property" for d in decorators):
+            assert _params(member) == _runtime_params(getattr(PyEnginePolicy, name)), name
+    init = members["__init__"]
+    assert isinstance(init, ast.FunctionDef)
+    assert _params(init) == _runtime_params(PyEnginePolicy)

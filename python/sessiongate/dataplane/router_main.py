@@ -16,6 +16,7 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from sessiongate.engine_routing.options import add_engine_routing_arguments
 from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
 from sessiongate.session.core_options import add_upstream_arguments
@@ -50,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     # The upstreams, for the compiled front's stateless proxy path (the workers have them too).
     add_upstream_arguments(parser, backends="optional")
     add_front_arguments(parser)
+    add_engine_routing_arguments(parser)
     parser.set_defaults(run=run)
 
 

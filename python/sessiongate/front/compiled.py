@@ -24,11 +24,12 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 
+from sessiongate.engine_routing.config import EngineRoutingConfig
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.front.http_server import QuietServer, serve_until_exit
@@ -57,6 +58,8 @@ class FrontOptions:
     # The bounds of the request-duration histogram the front fills (the metrics' buckets).
     latency_buckets: Sequence[float]
     health_path: str = "/health"
+    # How stateless requests choose an engine (`--policy`; round robin by default).
+    engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
 
 
 def default_front_threads() -> int:
@@ -125,7 +128,17 @@ def front_options(
         health_interval=args.health_interval,
         threads=threads,
         latency_buckets=latency_buckets,
+        engine_routing=_engine_routing(args),
     )
+
+
+def _engine_routing(args: argparse.Namespace) -> EngineRoutingConfig:
+    """`--policy` and its tunables when the process declares them, else the default."""
+    if not hasattr(args, "policy"):
+        return EngineRoutingConfig()
+    from sessiongate.engine_routing.options import engine_routing_settings
+
+    return engine_routing_settings(args)
 
 
 class CompiledFrontDoor:
@@ -180,6 +193,8 @@ class CompiledFrontDoor:
             threads=self.options.threads,
             latency_buckets=list(self.options.latency_buckets),
             dispatch=True,
+            engine_policy=self.options.engine_routing.policy,
+            engine_policy_options=self.options.engine_routing.options(),
         )
         loop.add_reader(self._wake_read, self._on_wake)
 

@@ -12,6 +12,9 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from sessiongate.engine_routing.options import (
+    engine_routing_argv,
+)
 from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.front.compiled import (
     add_front_arguments,
@@ -389,6 +392,7 @@ def run_local(args: argparse.Namespace) -> int:
             "each `sessiongate worker` its own --records-dir"
         )
     backends = backend_list(args)  # validate before starting anything
+    engine_routing_argv(args)  # validates --policy and its tunables
     if args.front == "compiled":
         urls = [url for url in backends if url != MOCK_BACKEND]  # the mock is plain http
         problem = front_unsupported(urls) if urls else None
@@ -405,8 +409,9 @@ def run_local(args: argparse.Namespace) -> int:
         worker_args = worker_arguments(args, upstreams)
         router_args = [
             *router_arguments(args, frontend),
-            # The upstreams, for the compiled front's stateless proxy path.
+            # The upstreams, for the compiled front's stateless proxy path, and its policy.
             *upstream_argv(args, upstreams),
+            *engine_routing_argv(args),
         ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)

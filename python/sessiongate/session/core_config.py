@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from sessiongate.engine_routing import EngineRoutingConfig
+from sessiongate.engine_routing.options import (
+    add_engine_routing_arguments,
+    engine_routing_argv,
+    engine_routing_settings,
+)
 from sessiongate.session.core_options import (
     add_core_arguments,
     check_session_routing,
@@ -70,6 +76,8 @@ class CoreConfig:
     session_routing_opts: tuple[str, ...] = ()
     # Durable records (--records-dir), or None: in memory only.
     store: StoreSettings | None = None
+    # Which engine a stateless request goes to (--policy and its tunables).
+    engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) -> None:
@@ -80,6 +88,7 @@ def add_session_arguments(parser: argparse.ArgumentParser, *, embedded_mock: boo
     add_session_mode_option(parser)
     add_limit_arguments(parser)
     add_store_arguments(parser)
+    add_engine_routing_arguments(parser)
 
 
 def core_config(
@@ -112,6 +121,7 @@ def core_config(
         session_routing=args.session_routing,
         session_routing_opts=tuple(args.session_routing_opt),
         store=store_settings(args, role.shard),
+        engine_routing=engine_routing_settings(args),
     )
 
 
@@ -131,4 +141,5 @@ def session_argv(
         *session_mode_argv(args),
         *limit_argv(args, None if placed_elsewhere else local_workers),
         *store_argv(args, local_workers),
+        *engine_routing_argv(args),
     ]

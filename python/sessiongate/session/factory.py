@@ -28,6 +28,7 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             list(config.backends),
             timeout=config.timeout,
             health_interval=config.health_interval,
+            engine_routing=config.engine_routing,
         ),
         config.settings,
         SessionStamper(mode) if mode is not None else None,

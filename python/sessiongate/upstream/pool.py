@@ -7,6 +7,10 @@ families that were on it. Upstreams are probed periodically; a connection failur
 sent) marks the upstream down, re-pins the family to the next upstream in its rendezvous
 order and retries the request once.
 
+Stateless requests (no family) go where the engine routing policy says (`--policy`,
+`sessiongate.engine_routing`; round robin over the healthy upstreams by default), which is
+told each request's start and end and each upstream's health.
+
 The health state is also what `/health` and `/metrics` report, so it is kept with one
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
 the upstream down at once and any reply (below 500) marks it up again.
@@ -17,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
+import time
 from collections.abc import Iterable, Sequence
 
+from sessiongate.engine_routing import EnginePolicy, EngineRoutingConfig
 from sessiongate.upstream.client import (
     UpstreamClient,
     UpstreamReply,
@@ -50,6 +55,7 @@ class UpstreamPool:
         timeout: float = 600.0,
         health_interval: float = 5.0,
         health_path: str = "/health",
+        engine_routing: EngineRoutingConfig | None = None,
     ) -> None:
         if not urls:
             raise ValueError("at least one upstream URL is needed")
@@ -67,8 +73,12 @@ class UpstreamPool:
         self.repins = 0
         self.health_interval = health_interval
         self.health_path = health_path
-        self._round_robin = itertools.count()
+        self.engine_routing = engine_routing or EngineRoutingConfig()
+        self.engine_policy = EnginePolicy(
+            self.engine_routing.policy, self.urls, self.engine_routing.options()
+        )
         self._prober: asyncio.Task[None] | None = None
+        self._evictor: asyncio.Task[None] | None = None
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
         # answered with none (an engine that is not SGLang).
         self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
@@ -82,6 +92,13 @@ class UpstreamPool:
         they steer nothing, but they are what `/health` reports about the engine."""
         if self._prober is None:
             self._prober = asyncio.create_task(self._probe_forever())
+        if self._evictor is None and self.engine_routing.evicts:
+            self._evictor = asyncio.create_task(self._evict_forever())
+
+    async def _evict_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.engine_routing.eviction_interval_secs)
+            self.engine_policy.evict(time.monotonic())
 
     async def _probe_forever(self) -> None:
         while True:
@@ -105,6 +122,7 @@ class UpstreamPool:
                 logger.warning("upstream %s is down: %s", self.urls[index], error)
         self.healthy[index] = up
         self.last_error[index] = error
+        self.engine_policy.set_healthy(index, up)
 
     def _answered(self, index: int, status: int) -> None:
         """A real request got a reply: the upstream is reachable again. A 5xx proves nothing
@@ -132,11 +150,16 @@ class UpstreamPool:
         # Nothing known healthy: the first preference that is not the one that just failed.
         return next((i for i in order if i != avoid), order[0])
 
-    def index_for(self, root_id: str | None) -> int:
-        """The upstream of a session family (pinned on first use); any for stateless traffic."""
+    def index_for(
+        self,
+        root_id: str | None,
+        headers: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> int:
+        """The upstream of a session family (pinned on first use); for stateless traffic, the
+        engine routing policy's pick for a request with these headers and body."""
         if root_id is None:
-            live = [i for i, ok in enumerate(self.healthy) if ok] or list(range(len(self.urls)))
-            return live[next(self._round_robin) % len(live)]
+            return self.engine_policy.pick(list(headers), body)
         pinned = self.pins.get(root_id)
         if pinned is not None and self.healthy[pinned]:
             self.affinity_hits += 1
@@ -175,15 +198,21 @@ class UpstreamPool:
         body: bytes,
         headers: Iterable[tuple[str, str]] = (),
     ) -> UpstreamReply:
-        index = self.index_for(root_id)
         header_list = list(headers)
+        index = self.index_for(root_id, header_list, body)
+        self.engine_policy.started(index)
         try:
             reply = await self._post_json(index, path, body, header_list)
         except UpstreamUnreachable:
             retry = self._failed(root_id, index)
             if retry is None:
                 raise
+            self.engine_policy.finished(index)
+            index = retry
+            self.engine_policy.started(index)
             reply = await self._post_json(retry, path, body, header_list)
+        finally:
+            self.engine_policy.finished(index)
         return reply
 
     async def _post_json(
@@ -208,17 +237,22 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
     ) -> UpstreamStream:
-        index = self.index_for(root_id)
         header_list = list(headers)
+        index = self.index_for(root_id, header_list, body)
 
         async def attempt(index: int) -> UpstreamStream:
+            # In flight from the request until its stream is closed.
+            self.engine_policy.started(index)
             try:
                 stream = await self.clients[index].open_stream(
                     method, path, query=query, headers=header_list, body=body
                 )
-            except UpstreamTransportError as exc:
-                self._transport_failed(index, exc)
+            except BaseException as exc:
+                self.engine_policy.finished(index)
+                if isinstance(exc, UpstreamTransportError):
+                    self._transport_failed(index, exc)
                 raise
+            stream.exchange.callback(self.engine_policy.finished, index)
             self._answered(index, stream.status)
             return stream
 
@@ -276,9 +310,10 @@ class UpstreamPool:
         }
 
     async def aclose(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        for task in (self._prober, self._evictor):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for client in self.clients:
             await client.aclose()

@@ -1,0 +1,74 @@
+"""`EnginePolicy`: a policy and the engine states it decides on, as the callers drive it.
+
+The pure-Python twin of `sessiongate._core.EnginePolicy` (`rust/engine_policy/`): same
+constructor, same methods, same picks for the same calls. The caller reports what the
+policy cannot see: a request sent (`started`) and done (`finished`), an engine's health and
+its reported load, and the time for `evict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from sessiongate.engine_routing.config import EngineRoutingConfig
+from sessiongate.engine_routing.policies import make_policy
+from sessiongate.engine_routing.policies.base import EngineStates, RoutingRequest
+
+
+class EnginePolicy:
+    def __init__(
+        self,
+        name: str,
+        engines: Sequence[str],
+        options: Mapping[str, object] | None = None,
+    ) -> None:
+        if not engines:
+            raise ValueError("at least one engine URL is needed")
+        try:
+            config = EngineRoutingConfig(policy=name, **dict(options or {}))  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise ValueError(f"bad engine routing options: {exc}") from None
+        self.config = config
+        self.engines = EngineStates(engines)
+        self.policy = make_policy(config, len(engines))
+
+    @property
+    def name(self) -> str:
+        return self.config.policy
+
+    @property
+    def in_flight(self) -> list[int]:
+        return list(self.engines.in_flight)
+
+    def _check(self, index: int) -> None:
+        if not 0 <= index < len(self.engines):
+            raise IndexError(f"engine index {index} out of range (0..{len(self.engines) - 1})")
+
+    def pick(self, headers: Sequence[tuple[str, str]], body: bytes) -> int:
+        """The engine for a request with these headers and body."""
+        return self.policy.pick(RoutingRequest(headers, body), self.engines)
+
+    def started(self, index: int) -> None:
+        self._check(index)
+        self.engines.in_flight[index] += 1
+
+    def finished(self, index: int, cached_tokens: int | None = None) -> None:
+        """A request on `index` is done (`cached_tokens`, when the reply said, is accepted
+        for the callers' accounting; no policy decides on it yet)."""
+        self._check(index)
+        self.engines.in_flight[index] = max(0, self.engines.in_flight[index] - 1)
+
+    def set_load(self, index: int, load: int | None) -> None:
+        """The engine's reported load (`/get_load`), None when unknown."""
+        self._check(index)
+        if load is not None and load < 0:
+            raise ValueError(f"load must be >= 0, got {load}")
+        self.engines.load[index] = load
+
+    def set_healthy(self, index: int, healthy: bool) -> None:
+        self._check(index)
+        self.engines.healthy[index] = bool(healthy)
+
+    def evict(self, now: float) -> None:
+        """Trim the policy's state (`now`: seconds on a monotonic clock)."""
+        self.policy.evict(now)

@@ -1,0 +1,160 @@
+//! cache_aware and cache_aware_gateway: follow the engines' prefix caches while the load is
+//! balanced; the twin of `policies/cache_aware.py`, whose docstring says how sessiongate's
+//! variant departs from the SGLang Model Gateway's.
+
+use std::collections::HashMap;
+
+use super::tree::PrefixTree;
+use super::{least, EngineStates, Material, Options, Policy, Request};
+
+/// (token ids?, adapter, extra_key): one tree each.
+type TreeKey = (bool, Option<Vec<u8>>, Option<Vec<u8>>);
+
+pub struct CacheAware {
+    gateway: bool,
+    threshold: f64,
+    balance_abs: u64,
+    balance_rel: f64,
+    max_tree_size: u64,
+    engines: usize,
+    trees: HashMap<TreeKey, PrefixTree>,
+    /// Units held per engine, over all trees.
+    total: Vec<u64>,
+    clock: u64,
+    ids: u64,
+}
+
+/// The Gateway's routing text: the text, else the token ids printed and space-joined.
+fn gateway_units(material: &Material) -> Vec<u32> {
+    match &material.ids {
+        Some(ids) if material.text.is_empty() => {
+            let mut out = Vec::with_capacity(ids.len() * 6);
+            for (n, id) in ids.iter().enumerate() {
+                if n > 0 {
+                    out.push(u32::from(b' '));
+                }
+                out.extend(id.to_string().bytes().map(u32::from));
+            }
+            out
+        }
+        _ => material.text.clone(),
+    }
+}
+
+impl CacheAware {
+    pub fn new(options: &Options, engines: usize, gateway: bool) -> Self {
+        Self {
+            gateway,
+            threshold: options.cache_threshold,
+            balance_abs: options.balance_abs_threshold,
+            balance_rel: options.balance_rel_threshold,
+            max_tree_size: options.max_tree_size,
+            engines,
+            trees: HashMap::new(),
+            total: vec![0; engines],
+            clock: 0,
+            ids: 0,
+        }
+    }
+
+    fn ratio(&self, matched: usize, units: &[u32]) -> bool {
+        matched as f64 / units.len() as f64 > self.threshold
+    }
+
+    fn gateway_choice(&self, tree: &PrefixTree, units: &[u32], candidates: &[usize]) -> usize {
+        if let Some(&(matched, node)) = tree.walk(units).last() {
+            if self.ratio(matched, units) {
+                // The engine sent this prefix last.
+                if let Some(&(engine, _)) = tree.tenants(node).iter().max_by_key(|(_, t)| *t) {
+                    return engine;
+                }
+            }
+        }
+        least(candidates, |i| self.total[i])[0]
+    }
+
+    fn choice(
+        &self,
+        tree: &PrefixTree,
+        units: &[u32],
+        candidates: &[usize],
+        engines: &EngineStates,
+    ) -> usize {
+        for &(matched, node) in tree.walk(units).iter().rev() {
+            let tenants = tree.tenants(node);
+            let holders: Vec<usize> = candidates
+                .iter()
+                .copied()
+                .filter(|&i| tenants.iter().any(|(e, _)| *e == i))
+                .collect();
+            if !holders.is_empty() {
+                if self.ratio(matched, units) {
+                    return least(&holders, |i| engines.in_flight[i])[0];
+                }
+                break;
+            }
+        }
+        let smallest = least(candidates, |i| self.total[i]);
+        least(&smallest, |i| engines.in_flight[i])[0]
+    }
+}
+
+impl Policy for CacheAware {
+    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize {
+        let candidates = engines.candidates();
+        let material = request.material(self.gateway);
+        let (key, owned);
+        let units: &[u32] = if self.gateway {
+            key = (false, None, None);
+            owned = gateway_units(material);
+            &owned
+        } else {
+            let ids = material.ids.as_deref();
+            key = (
+                ids.is_some(),
+                material.adapter.clone(),
+                material.extra_key.clone(),
+            );
+            ids.unwrap_or(&material.text)
+        };
+        let mut ids = self.ids;
+        let engine_count = self.engines;
+        let tree = self
+            .trees
+            .remove(&key)
+            .unwrap_or_else(|| PrefixTree::new(engine_count, &mut ids));
+        let loads = candidates.iter().map(|&i| engines.in_flight[i]);
+        let low = loads.clone().min().unwrap_or(0);
+        let high = loads.max().unwrap_or(0);
+        let imbalanced =
+            high - low > self.balance_abs && high as f64 > low as f64 * self.balance_rel;
+        let chosen = if imbalanced {
+            least(&candidates, |i| engines.in_flight[i])[0]
+        } else if self.gateway {
+            let chosen = self.gateway_choice(&tree, units, &candidates);
+            if !candidates.contains(&chosen) {
+                // The Gateway sends the request to its first healthy engine, unrecorded.
+                self.ids = ids;
+                self.trees.insert(key, tree);
+                return candidates[0];
+            }
+            chosen
+        } else {
+            self.choice(&tree, units, &candidates, engines)
+        };
+        let mut tree = tree;
+        self.clock += 1;
+        self.total[chosen] += tree.insert(units, chosen, self.clock, &mut ids);
+        self.ids = ids;
+        self.trees.insert(key, tree);
+        chosen
+    }
+
+    fn evict(&mut self, _now: f64) {
+        for tree in self.trees.values_mut() {
+            for engine in 0..self.engines {
+                self.total[engine] -= tree.evict(engine, self.max_tree_size);
+            }
+        }
+    }
+}

@@ -1,0 +1,506 @@
+//! Engine routing: which engine a stateless request goes to. One file per policy, this file
+//! the trait, what a policy sees, the factory and the Python class (`_core.EnginePolicy`).
+//! The specification is `python/sessiongate/engine_routing/`; the twin test
+//! (tests/primitives/test_engine_policy_twin.py) holds both to the same picks.
+
+use std::cell::OnceCell;
+
+use hyper::HeaderMap;
+use pyo3::exceptions::{PyIndexError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+
+mod cache_aware;
+mod consistent_hashing;
+mod key;
+mod least_in_flight;
+mod manual;
+mod power_of_two;
+mod random;
+mod round_robin;
+mod tree;
+
+pub use key::{key_material, Material};
+
+pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+pub const TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
+/// Where consistent_hashing finds a key when the request names none (the Gateway's).
+pub const IMPLICIT_KEY_HEADERS: [&str; 3] = ["authorization", "x-forwarded-for", "cookie"];
+pub const POLICIES: [&str; 8] = [
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_in_flight",
+    "cache_aware",
+    "cache_aware_gateway",
+    "manual",
+    "consistent_hashing",
+];
+
+/// Header lookup as a policy needs it.
+pub trait Headers {
+    /// The first header `name` (lowercase), None when absent or empty.
+    fn first(&self, name: &str) -> Option<&[u8]>;
+}
+
+impl Headers for HeaderMap {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.get(name)
+            .map(|v| v.as_bytes())
+            .filter(|v| !v.is_empty())
+    }
+}
+
+impl Headers for Vec<(String, String)> {
+    fn first(&self, name: &str) -> Option<&[u8]> {
+        self.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// One request as a policy sees it; the body is read only by a policy that asks.
+pub struct Request<'a> {
+    pub headers: &'a dyn Headers,
+    pub body: &'a [u8],
+    material: OnceCell<Material>,
+}
+
+impl<'a> Request<'a> {
+    pub fn new(headers: &'a dyn Headers, body: &'a [u8]) -> Self {
+        Self {
+            headers,
+            body,
+            material: OnceCell::new(),
+        }
+    }
+
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.first(name)
+    }
+
+    /// The key material; the text is read too when `text_with_ids` (else only without ids).
+    pub fn material(&self, text_with_ids: bool) -> &Material {
+        self.material
+            .get_or_init(|| key_material(self.body, text_with_ids))
+    }
+}
+
+/// The engines as the policies see them.
+pub struct EngineStates {
+    pub urls: Vec<String>,
+    pub healthy: Vec<bool>,
+    pub in_flight: Vec<u64>,
+    /// What the engine's /get_load last said, None when unknown.
+    pub load: Vec<Option<u64>>,
+}
+
+impl EngineStates {
+    fn new(urls: Vec<String>) -> Self {
+        let n = urls.len();
+        Self {
+            urls,
+            healthy: vec![true; n],
+            in_flight: vec![0; n],
+            load: vec![None; n],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    /// The healthy engines, or every engine when none is.
+    pub fn candidates(&self) -> Vec<usize> {
+        let live: Vec<usize> = (0..self.len()).filter(|&i| self.healthy[i]).collect();
+        if live.is_empty() {
+            (0..self.len()).collect()
+        } else {
+            live
+        }
+    }
+
+    /// The engine's reported load when known, else its requests in flight.
+    pub fn reported_load(&self, index: usize) -> u64 {
+        self.load[index].unwrap_or(self.in_flight[index])
+    }
+}
+
+/// The candidates with the smallest `key(i)`, in candidate order (never empty for a
+/// non-empty `candidates`).
+pub fn least<K: Ord + Copy>(candidates: &[usize], key: impl Fn(usize) -> K) -> Vec<usize> {
+    let Some(best) = candidates.iter().map(|&i| key(i)).min() else {
+        return Vec::new();
+    };
+    candidates
+        .iter()
+        .copied()
+        .filter(|&i| key(i) == best)
+        .collect()
+}
+
+/// splitmix64, the same generator as the Python twin's, so seeded picks match.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in [0, n) (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// One routing policy.
+pub trait Policy: Send + Sync {
+    /// An index of `engines` (one of its candidates).
+    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize;
+    /// Trim state; `now` is seconds on a monotonic clock.
+    fn evict(&mut self, _now: f64) {}
+}
+
+/// The tunables (`EngineRoutingConfig` of the Python side).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub cache_threshold: f64,
+    pub balance_abs_threshold: u64,
+    pub balance_rel_threshold: f64,
+    pub eviction_interval_secs: u64,
+    pub max_tree_size: u64,
+    pub assignment_mode: String,
+    pub max_idle_secs: u64,
+    pub tie_break: String,
+    pub seed: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            eviction_interval_secs: 60,
+            max_tree_size: 1 << 26,
+            assignment_mode: "random".into(),
+            max_idle_secs: 14_400,
+            tie_break: "index".into(),
+            seed: None,
+        }
+    }
+}
+
+fn negative(name: &str) -> PyErr {
+    PyValueError::new_err(format!("{name} must be >= 0"))
+}
+
+impl Options {
+    /// From the Python dict of `EngineRoutingConfig.options()`; a ValueError names the key.
+    pub fn from_dict(dict: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut o = Options::default();
+        let Some(dict) = dict else { return Ok(o) };
+        for (key, value) in dict.iter() {
+            let key = key.downcast::<PyString>()?.to_string_lossy().into_owned();
+            let int = |name: &str| -> PyResult<u64> {
+                let v: i128 = value.extract().map_err(|_| {
+                    PyValueError::new_err(format!("{name} must be an integer, got {value}"))
+                })?;
+                u64::try_from(v).map_err(|_| negative(name))
+            };
+            let float = |name: &str| -> PyResult<f64> {
+                value.extract().map_err(|_| {
+                    PyValueError::new_err(format!("{name} must be a number, got {value}"))
+                })
+            };
+            match key.as_str() {
+                "cache_threshold" => o.cache_threshold = float(&key)?,
+                "balance_abs_threshold" => o.balance_abs_threshold = int(&key)?,
+                "balance_rel_threshold" => o.balance_rel_threshold = float(&key)?,
+                "eviction_interval_secs" => o.eviction_interval_secs = int(&key)?,
+                "max_tree_size" => o.max_tree_size = int(&key)?,
+                "assignment_mode" => o.assignment_mode = value.extract()?,
+                "max_idle_secs" => o.max_idle_secs = int(&key)?,
+                "tie_break" => o.tie_break = value.extract()?,
+                "seed" => {
+                    o.seed = if value.is_none() {
+                        None
+                    } else {
+                        Some(int(&key)?)
+                    }
+                }
+                _ => {
+                    return Err(PyValueError::new_err(format!(
+                        "bad engine routing options: unknown option {key:?}"
+                    )))
+                }
+            }
+        }
+        o.check().map_err(PyValueError::new_err)?;
+        Ok(o)
+    }
+
+    /// What is wrong with these values (the Python side's messages), or Ok.
+    pub fn check(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.cache_threshold) {
+            return Err(format!(
+                "cache_threshold must be in [0, 1], got {}",
+                self.cache_threshold
+            ));
+        }
+        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold >= 0.0) {
+            return Err(format!(
+                "balance_rel_threshold must be a number >= 0, got {}",
+                self.balance_rel_threshold
+            ));
+        }
+        if !["random", "min_load", "min_group"].contains(&self.assignment_mode.as_str()) {
+            return Err(format!(
+                "unknown assignment_mode {:?}; expected one of random, min_load, min_group",
+                self.assignment_mode
+            ));
+        }
+        if !["index", "round_robin"].contains(&self.tie_break.as_str()) {
+            return Err(format!(
+                "unknown tie_break {:?}; expected one of index, round_robin",
+                self.tie_break
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn os_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    // Without OS randomness a fixed seed still spreads load; only unpredictability is lost.
+    let _ = getrandom::fill(&mut bytes);
+    u64::from_be_bytes(bytes)
+}
+
+/// The policy `name` over `engines` engines.
+pub fn make_policy(
+    name: &str,
+    options: &Options,
+    engines: usize,
+) -> Result<Box<dyn Policy>, String> {
+    let seed = options.seed.unwrap_or_else(os_seed);
+    Ok(match name {
+        "round_robin" => Box::new(round_robin::RoundRobin::default()),
+        "random" => Box::new(random::RandomPick::new(seed)),
+        "power_of_two" => Box::new(power_of_two::PowerOfTwo::new(seed)),
+        "least_in_flight" => Box::new(least_in_flight::LeastInFlight::new(&options.tie_break)),
+        "cache_aware" => Box::new(cache_aware::CacheAware::new(options, engines, false)),
+        "cache_aware_gateway" => Box::new(cache_aware::CacheAware::new(options, engines, true)),
+        "manual" => Box::new(manual::Manual::new(options, engines, seed)),
+        "consistent_hashing" => Box::new(consistent_hashing::ConsistentHashing::new(seed)),
+        _ => {
+            return Err(format!(
+                "unknown policy {name:?}; expected one of {}",
+                POLICIES.join(", ")
+            ))
+        }
+    })
+}
+
+/// A policy and the engine states it decides on.
+pub struct Router {
+    name: String,
+    policy: Box<dyn Policy>,
+    pub engines: EngineStates,
+    options: Options,
+}
+
+impl Router {
+    pub fn new(name: &str, urls: Vec<String>, options: Options) -> Result<Self, String> {
+        if urls.is_empty() {
+            return Err("at least one engine URL is needed".into());
+        }
+        options.check()?;
+        let policy = make_policy(name, &options, urls.len())?;
+        Ok(Self {
+            name: name.to_string(),
+            policy,
+            engines: EngineStates::new(urls),
+            options,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Seconds between `evict` calls, None when the policy keeps nothing to trim.
+    pub fn eviction_interval(&self) -> Option<u64> {
+        let trims = matches!(
+            self.name.as_str(),
+            "cache_aware" | "cache_aware_gateway" | "manual"
+        );
+        (trims && self.options.eviction_interval_secs > 0)
+            .then_some(self.options.eviction_interval_secs)
+    }
+
+    pub fn pick(&mut self, headers: &dyn Headers, body: &[u8]) -> usize {
+        self.pick_request(&Request::new(headers, body))
+    }
+
+    /// `pick` for a request whose key material the caller may have read already (outside
+    /// the lock a shared router sits behind: see `reads_body`).
+    pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
+        let index = self.policy.pick(request, &self.engines);
+        // A policy bug must not index out of bounds in the caller.
+        index.min(self.engines.len() - 1)
+    }
+
+    /// Whether the policy reads the body's key material, and if so with the text when the
+    /// body has token ids (`Request::material`'s argument).
+    pub fn reads_body(&self) -> Option<bool> {
+        match self.name.as_str() {
+            "cache_aware" => Some(false),
+            "cache_aware_gateway" => Some(true),
+            _ => None,
+        }
+    }
+
+    pub fn started(&mut self, index: usize) {
+        if let Some(n) = self.engines.in_flight.get_mut(index) {
+            *n += 1;
+        }
+    }
+
+    pub fn finished(&mut self, index: usize) {
+        if let Some(n) = self.engines.in_flight.get_mut(index) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    pub fn set_healthy(&mut self, index: usize, healthy: bool) {
+        if let Some(h) = self.engines.healthy.get_mut(index) {
+            *h = healthy;
+        }
+    }
+
+    pub fn set_load(&mut self, index: usize, load: Option<u64>) {
+        if let Some(l) = self.engines.load.get_mut(index) {
+            *l = load;
+        }
+    }
+
+    pub fn evict(&mut self, now: f64) {
+        self.policy.evict(now);
+    }
+}
+
+/// `_core.EnginePolicy`: see `python/sessiongate/_core.pyi`.
+#[pyclass(name = "EnginePolicy", module = "sessiongate._core")]
+pub struct PyEnginePolicy {
+    router: Router,
+}
+
+impl PyEnginePolicy {
+    /// `index` as an engine index, IndexError (as the twin's) when there is no such engine.
+    fn check(&self, index: i64) -> PyResult<usize> {
+        let n = self.router.engines.len();
+        match usize::try_from(index) {
+            Ok(i) if i < n => Ok(i),
+            _ => Err(PyIndexError::new_err(format!(
+                "engine index {index} out of range (0..{})",
+                n - 1
+            ))),
+        }
+    }
+}
+
+#[pymethods]
+impl PyEnginePolicy {
+    #[new]
+    #[pyo3(signature = (name, engines, options = None))]
+    fn new(
+        name: &str,
+        engines: Vec<String>,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        if engines.is_empty() {
+            return Err(PyValueError::new_err("at least one engine URL is needed"));
+        }
+        let options = Options::from_dict(options)?;
+        let router = Router::new(name, engines, options).map_err(PyValueError::new_err)?;
+        Ok(Self { router })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.router.name()
+    }
+
+    #[getter]
+    fn in_flight(&self) -> Vec<u64> {
+        self.router.engines.in_flight.clone()
+    }
+
+    fn pick(&mut self, headers: Vec<(String, String)>, body: &[u8]) -> usize {
+        self.router.pick(&headers, body)
+    }
+
+    fn started(&mut self, index: i64) -> PyResult<()> {
+        let index = self.check(index)?;
+        self.router.started(index);
+        Ok(())
+    }
+
+    #[pyo3(signature = (index, cached_tokens = None))]
+    fn finished(&mut self, index: i64, cached_tokens: Option<i64>) -> PyResult<()> {
+        let _ = cached_tokens; // accepted for the callers' accounting; no policy uses it yet
+        let index = self.check(index)?;
+        self.router.finished(index);
+        Ok(())
+    }
+
+    fn set_load(&mut self, index: i64, load: Option<i64>) -> PyResult<()> {
+        let index = self.check(index)?;
+        let load = match load {
+            Some(l) => Some(
+                u64::try_from(l)
+                    .map_err(|_| PyValueError::new_err(format!("load must be >= 0, got {l}")))?,
+            ),
+            None => None,
+        };
+        self.router.set_load(index, load);
+        Ok(())
+    }
+
+    fn set_healthy(&mut self, index: i64, healthy: bool) -> PyResult<()> {
+        let index = self.check(index)?;
+        self.router.set_healthy(index, healthy);
+        Ok(())
+    }
+
+    fn evict(&mut self, now: f64) {
+        self.router.evict(now);
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<EnginePolicy {} engines={:?}>",
+            self.router.name(),
+            self.router.engines.urls
+        )
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEnginePolicy>()?;
+    Ok(())
+}

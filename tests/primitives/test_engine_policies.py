@@ -1,0 +1,211 @@
+"""The documented behaviour of each engine routing policy, on both implementations."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from sessiongate.engine_routing import get_engine_policy
+from sessiongate.engine_routing.policies.base import key_material
+
+IMPLS = pytest.mark.parametrize(
+    "impl", [get_engine_policy("rust"), get_engine_policy("python")], ids=["rust", "python"]
+)
+URLS = ["http://e0:1", "http://e1:2", "http://e2:3", "http://e3:4"]
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def send(
+    policy: Any, n: int, payload: bytes, headers: tuple[tuple[str, str], ...] = ()
+) -> list[int]:
+    """`n` concurrent requests: each picked and left in flight."""
+    picks = []
+    for _ in range(n):
+        picks.append(policy.pick(list(headers), payload))
+        policy.started(picks[-1])
+    return picks
+
+
+@IMPLS
+def test_round_robin_skips_unhealthy_engines(impl: Any) -> None:
+    policy = impl("round_robin", URLS[:3])
+    assert [policy.pick([], b"") for _ in range(4)] == [0, 1, 2, 0]
+    policy.set_healthy(1, False)
+    assert {policy.pick([], b"") for _ in range(4)} == {0, 2}
+    for i in range(3):
+        policy.set_healthy(i, False)
+    assert {policy.pick([], b"") for _ in range(3)} == {0, 1, 2}  # none healthy: all
+
+
+@IMPLS
+@pytest.mark.parametrize("name", ["cache_aware", "cache_aware_gateway"])
+def test_a_grpo_group_lands_on_one_engine(impl: Any, name: str) -> None:
+    policy = impl(name, URLS)
+    group = body(input_ids=list(range(500)), sampling_params={"n": 1})
+    assert len(set(send(policy, 16, group))) == 1
+    # The next group (another prompt) goes to an engine with an empty tree.
+    first = policy.pick([], group)
+    other = send(policy, 16, body(input_ids=list(range(1000, 1500))))
+    assert len(set(other)) == 1 and other[0] != first
+
+
+@IMPLS
+def test_multi_turn_agents_follow_their_prefix(impl: Any) -> None:
+    policy = impl("cache_aware", URLS[:2])
+    turn1 = [{"role": "user", "content": "agent A " + "x" * 50}]
+    a = send(policy, 1, body(messages=turn1))[0]
+    b = send(policy, 1, body(messages=[{"role": "user", "content": "agent B " + "y" * 50}]))[0]
+    assert a != b
+    turn2 = [*turn1, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
+    assert policy.pick([], body(messages=turn2)) == a
+
+
+@IMPLS
+@pytest.mark.parametrize("name", ["cache_aware", "cache_aware_gateway"])
+def test_imbalance_falls_back_to_the_least_loaded(impl: Any, name: str) -> None:
+    policy = impl(name, URLS[:2], {"balance_abs_threshold": 4, "balance_rel_threshold": 1.5})
+    prompt = body(input_ids=list(range(100)))
+    assert send(policy, 5, prompt) == [0] * 5  # balanced until 5 - 0 > 4 and 5 > 0 * 1.5
+    assert policy.pick([], prompt) == 1
+
+
+@IMPLS
+def test_adapters_and_extra_keys_do_not_share_trees(impl: Any) -> None:
+    policy = impl("cache_aware", URLS[:2])
+    ids = list(range(300))
+    a = send(policy, 1, body(input_ids=ids, lora_path="a"))[0]
+    assert send(policy, 1, body(input_ids=ids, lora_path="b"))[0] != a
+    policy = impl("cache_aware", URLS[:2])
+    a = send(policy, 1, body(input_ids=ids, extra_key="k1"))[0]
+    assert send(policy, 1, body(input_ids=ids, extra_key="k2"))[0] != a
+    # The Gateway's variant keeps one tree: the same prompt follows its cache.
+    policy = impl("cache_aware_gateway", URLS[:2])
+    a = send(policy, 1, body(input_ids=ids, lora_path="a"))[0]
+    assert send(policy, 1, body(input_ids=ids, lora_path="b"))[0] == a
+
+
+@IMPLS
+def test_equal_matches_spread_by_load(impl: Any) -> None:
+    """Both engines hold a shared system prompt: requests extending it spread over them by
+    requests in flight instead of piling onto one."""
+    system = body(text="You are a careful assistant. " * 4)
+    # Questions that part from each other right after the system prompt.
+    questions = [body(text="You are a careful assistant. " * 4 + f"{i}?") for i in range(6)]
+    policy = impl("cache_aware", URLS[:2])
+    for down in (1, 0):  # the prompt reaches each engine while the other is down
+        policy.set_healthy(down, False)
+        policy.pick([], system)
+        policy.set_healthy(down, True)
+    assert [send(policy, 1, q)[0] for q in questions] == [0, 1, 0, 1, 0, 1]
+    # The Gateway's variant sends a request whose prefix holder is down to its first healthy
+    # engine without recording it, so the prompt stays on one engine, and so does the rest.
+    gateway = impl("cache_aware_gateway", URLS[:2])
+    for down in (1, 0):
+        gateway.set_healthy(down, False)
+        gateway.pick([], system)
+        gateway.set_healthy(down, True)
+    assert {send(gateway, 1, q)[0] for q in questions} == {0}
+
+
+@IMPLS
+def test_token_ids_match_as_ids(impl: Any) -> None:
+    """[12, 3] and [123] share no token; the Gateway's decimal text "12 3"/"123" shares "12"."""
+    for name, same in [("cache_aware", False), ("cache_aware_gateway", True)]:
+        policy = impl(name, URLS[:2], {"cache_threshold": 0.4})
+        a = send(policy, 1, body(input_ids=[123, 4]))[0]
+        assert (send(policy, 1, body(input_ids=[12, 3]))[0] == a) == same, name
+
+
+@IMPLS
+def test_eviction_trims_the_trees(impl: Any) -> None:
+    policy = impl("cache_aware", URLS[:2], {"max_tree_size": 0})
+    a = send(policy, 1, body(input_ids=list(range(50))))[0]
+    policy.finished(a)
+    policy.evict(60.0)
+    # Both trees are empty again: the smallest-tree tie goes to the lowest index.
+    assert policy.pick([], body(input_ids=list(range(50)))) == 0
+
+
+@IMPLS
+def test_least_in_flight_ties(impl: Any) -> None:
+    policy = impl("least_in_flight", URLS[:3])
+    assert send(policy, 4, b"") == [0, 1, 2, 0]
+    policy.finished(1)
+    assert policy.pick([], b"") == 1
+    rotating = impl("least_in_flight", URLS[:3], {"tie_break": "round_robin"})
+    assert [rotating.pick([], b"") for _ in range(3)] == [0, 1, 2]
+
+
+@IMPLS
+def test_power_of_two_prefers_the_lighter_reported_load(impl: Any) -> None:
+    policy = impl("power_of_two", URLS[:2], {"seed": 7})
+    policy.set_load(0, 100)
+    assert {policy.pick([], b"") for _ in range(20)} == {1}
+    policy.set_load(0, None)  # unknown again: in flight (0 each) decides, ties to the first drawn
+    assert {policy.pick([], b"") for _ in range(40)} == {0, 1}
+
+
+@IMPLS
+def test_seeded_random_policies_repeat(impl: Any) -> None:
+    for name in ("random", "power_of_two"):
+        one, two = impl(name, URLS, {"seed": 3}), impl(name, URLS, {"seed": 3})
+        assert [one.pick([], b"") for _ in range(30)] == [two.pick([], b"") for _ in range(30)]
+
+
+@IMPLS
+@pytest.mark.parametrize("mode", ["random", "min_load", "min_group"])
+def test_manual_keys_are_sticky(impl: Any, mode: str) -> None:
+    policy = impl("manual", URLS[:3], {"assignment_mode": mode, "seed": 1})
+    key = [("X-SMG-Routing-Key", "session-1")]
+    first = policy.pick(key, b"")
+    assert {policy.pick(key, b"") for _ in range(10)} == {first}
+    policy.set_healthy(first, False)
+    moved = policy.pick(key, b"")
+    assert moved != first
+    policy.set_healthy(first, True)
+    assert policy.pick(key, b"") == first  # the older engine, healthy again, comes first
+    if mode == "min_group":
+        # The key's latest engine counts it; new keys fill the other two first.
+        others = {policy.pick([("x-smg-routing-key", f"k{i}")], b"") for i in range(2)}
+        assert moved not in others
+
+
+@IMPLS
+def test_manual_forgets_idle_keys(impl: Any) -> None:
+    policy = impl("manual", URLS[:3], {"assignment_mode": "min_load", "max_idle_secs": 10})
+    key = [("x-smg-routing-key", "k")]
+    first = policy.pick(key, b"")
+    policy.started(first)
+    policy.evict(5.0)
+    policy.evict(10.0)  # last used at 0: forgotten; min_load avoids the busy engine now
+    assert policy.pick(key, b"") != first
+
+
+@IMPLS
+def test_consistent_hashing(impl: Any) -> None:
+    policy = impl("consistent_hashing", URLS)
+    picks = {policy.pick([("X-SMG-Routing-Key", f"user-{i}")], b"") for i in range(40)}
+    assert len(picks) > 1
+    key = [("X-SMG-Routing-Key", "user-1")]
+    home = policy.pick(key, b"")
+    assert policy.pick([("Authorization", "user-1")], b"") == home  # the implicit key
+    policy.set_healthy(home, False)
+    assert policy.pick(key, b"") != home
+    assert policy.pick([("x-smg-target-worker", "2")], b"") == 2
+
+
+def test_key_material() -> None:
+    m = key_material(body(input_ids=[1, 2], text="t", lora_path="l", extra_key="k"))
+    assert (m.ids, m.text, m.adapter, m.extra_key) == ([1, 2], "t", "l", "k")
+    assert key_material(body(prompt=[5, 6])).ids == [5, 6]
+    assert key_material(body(prompt=["a", "b"])).text == "a b"
+    chat = body(messages=[{"content": "s"}, {"content": [{"type": "text", "text": "u"}]}])
+    assert key_material(chat).text == "s u"
+    assert key_material(body(model="base:lora")).adapter == "base:lora"
+    assert key_material(body(model="base")).adapter is None
+    assert key_material(b"nope").text == ""

@@ -1,0 +1,194 @@
+"""Engine routing policies: the Rust core (`_core.EnginePolicy`) and the pure-Python
+specification (`sessiongate.engine_routing`) must pick the same engine for every request of
+any sequence of requests, completions, load reports, health changes and trims, for every
+policy and any tunables (random policies seeded alike).
+
+Prompts come from a small alphabet so that they share prefixes, split tree edges and tie;
+bodies vary the field that carries the prompt, escapes, duplicate keys and malformed input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sessiongate.engine_routing import POLICIES, get_engine_policy
+
+RUST = get_engine_policy("rust")
+PY = get_engine_policy("python")
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+URLS = ["http://e0:1", "http://e1:2", "http://e2:3", "http://e3:4", "http://e4:5"]
+
+texts = st.text(alphabet="ab\u00e9\U0001f600", max_size=12)
+id_lists = st.lists(st.integers(0, 4), max_size=14)
+adapters = st.none() | st.sampled_from(["lora-a", "lora-b"])
+
+
+def _dumps(doc: object, ascii_only: bool) -> bytes:
+    try:
+        return json.dumps(doc, ensure_ascii=ascii_only).encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc).encode()
+
+
+@st.composite
+def bodies(draw: st.DrawFn) -> bytes:
+    kind = draw(st.sampled_from(["ids", "prompt_ids", "text", "prompt", "prompts", "chat", "odd"]))
+    if kind == "odd":
+        return draw(
+            st.sampled_from(
+                [
+                    b"",
+                    b"not json",
+                    b"[1, 2]",
+                    b'{"input_ids": [1, -2, 3]}',
+                    b'{"input_ids": [1, 4294967296]}',
+                    b'{"input_ids": [1.0, 2]}',
+                    b'{"input_ids": [true]}',
+                    b'{"input_ids": [-0, 0, 1]}',
+                    b'{"input_ids": [1, -Infinity, NaN], "prompt": [2, Infinity], "text": "ab"}',
+                    b'{"input_ids": [1, 2], "input_ids": "x", "prompt": [3]}',
+                    b'{"input_ids": [1, [2]], "prompt": [1, 2]}',
+                    b'{"text": "ab", "text": "ba"}',
+                    b'{"text": "\\ud800ab"}',
+                    b'{"text": "ab"} trailing',
+                    b'\xef\xbb\xbf{"text": "ab"}',
+                    b'{"prompt": ["a", 1], "messages": [{"content": "ab"}]}',
+                    b'{"messages": [{"content": "a", "content": [{"text": "b"}, 3]}, "x"]}',
+                    b'{"model": "base:lora-a", "text": "ab"}',
+                    b'{"model": "base", "lora_path": 3, "extra_key": 5, "text": "ab"}',
+                ]
+            )
+        )
+    doc: dict[str, Any] = {}
+    if kind == "ids":
+        doc["input_ids"] = draw(id_lists)
+    elif kind == "prompt_ids":
+        doc["prompt"] = draw(id_lists)
+    elif kind == "text":
+        doc["text"] = draw(texts)
+    elif kind == "prompt":
+        doc["prompt"] = draw(texts)
+    elif kind == "prompts":
+        doc["prompt"] = draw(st.lists(texts, max_size=3))
+    else:
+        content = st.one_of(
+            texts, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": texts}))
+        )
+        doc["messages"] = draw(
+            st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": content}))
+        )
+    adapter = draw(adapters)
+    if adapter is not None:
+        if draw(st.booleans()):
+            doc["lora_path"] = adapter
+        else:
+            doc["model"] = "base:" + adapter
+    extra = draw(st.none() | st.sampled_from(["k1", "k2"]))
+    if extra is not None:
+        doc["extra_key"] = extra
+    return _dumps(doc, draw(st.booleans()))
+
+
+headers = st.lists(
+    st.tuples(
+        st.sampled_from(
+            [
+                "X-SMG-Routing-Key",
+                "x-smg-routing-key",
+                "X-SMG-Target-Worker",
+                "Authorization",
+                "Cookie",
+                "X-Other",
+            ]
+        ),
+        st.sampled_from(["", "k1", "k2", "k3", "0", "1", "3", "9", "x"]),
+    ),
+    max_size=3,
+)
+
+ops = st.one_of(
+    st.tuples(st.just("pick"), headers, bodies(), st.booleans()),
+    st.tuples(st.just("finished"), st.integers(0, 4)),
+    st.tuples(st.just("load"), st.integers(0, 4), st.none() | st.integers(0, 20)),
+    st.tuples(st.just("health"), st.integers(0, 4), st.booleans()),
+    st.tuples(st.just("evict"), st.floats(0, 100)),
+)
+
+
+@st.composite
+def options(draw: st.DrawFn) -> dict[str, object]:
+    return {
+        "cache_threshold": draw(st.floats(0.0, 1.0)),
+        "balance_abs_threshold": draw(st.integers(0, 4)),
+        "balance_rel_threshold": draw(st.floats(0.0, 3.0)),
+        "max_tree_size": draw(st.integers(0, 30)),
+        "assignment_mode": draw(st.sampled_from(["random", "min_load", "min_group"])),
+        "max_idle_secs": draw(st.integers(0, 30)),
+        "tie_break": draw(st.sampled_from(["index", "round_robin"])),
+        "seed": draw(st.integers(0, (1 << 64) - 1)),
+    }
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@SETTINGS
+@given(engines=st.integers(1, 5), opts=options(), script=st.lists(ops, max_size=60))
+def test_rust_and_python_pick_alike(
+    name: str, engines: int, opts: dict[str, object], script: list[tuple[Any, ...]]
+) -> None:
+    urls = URLS[:engines]
+    rust, py = RUST(name, urls, opts), PY(name, urls, opts)
+    clock = 0.0
+    for op in script:
+        if op[0] == "pick":
+            _, hdrs, body, start = op
+            picked = rust.pick(hdrs, body)
+            assert picked == py.pick(hdrs, body), (hdrs, body)
+            assert 0 <= picked < engines
+            if start:
+                rust.started(picked)
+                py.started(picked)
+        elif op[1] >= engines:
+            continue
+        elif op[0] == "finished":
+            rust.finished(op[1])
+            py.finished(op[1])
+        elif op[0] == "load":
+            rust.set_load(op[1], op[2])
+            py.set_load(op[1], op[2])
+        elif op[0] == "health":
+            rust.set_healthy(op[1], op[2])
+            py.set_healthy(op[1], op[2])
+        else:
+            clock += op[1]
+            rust.evict(clock)
+            py.evict(clock)
+        assert rust.in_flight == py.in_flight
+
+
+@pytest.mark.parametrize("impl", [RUST, PY], ids=["rust", "python"])
+def test_bad_options_are_value_errors(impl: Any) -> None:
+    for name, opts in [
+        ("nope", {}),
+        ("cache_aware", {"cache_threshold": 1.5}),
+        ("cache_aware", {"unknown": 1}),
+        ("manual", {"assignment_mode": "sideways"}),
+        ("least_in_flight", {"tie_break": "coin"}),
+        ("cache_aware", {"max_tree_size": -1}),
+    ]:
+        with pytest.raises(ValueError):
+            impl(name, URLS[:2], opts)
+    with pytest.raises(ValueError):
+        impl("round_robin", [], {})
+    policy = impl("round_robin", URLS[:2])
+    for index in (2, -1):
+        with pytest.raises(IndexError):
+            policy.started(index)
+        with pytest.raises(IndexError):
+            policy.set_healthy(index, False)
+    with pytest.raises(ValueError):
+        policy.set_load(0, -1)
