@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sessiongate.session.core_options import (
+    NO_BACKEND,
     add_core_arguments,
     check_session_routing,
     core_argv,
@@ -104,7 +105,10 @@ def core_config(
     check_session_routing(args, program)
     return CoreConfig(
         settings=settings,
-        backends=tuple(args.backend if backends is None else backends),
+        # `--backend none` (a worker of a gateway whose engines register at run time).
+        backends=tuple(
+            [u for u in args.backend if u != NO_BACKEND] if backends is None else backends
+        ),
         timeout=args.timeout,
         health_interval=args.health_interval,
         tokenizer=args.tokenizer,

@@ -28,6 +28,8 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             list(config.backends),
             timeout=config.timeout,
             health_interval=config.health_interval,
+            # `--backend none`: engines register at run time (engines/registry.py).
+            allow_empty=True,
         ),
         config.settings,
         SessionStamper(mode) if mode is not None else None,

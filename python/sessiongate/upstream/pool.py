@@ -7,6 +7,11 @@ families that were on it. Upstreams are probed periodically; a connection failur
 sent) marks the upstream down, re-pins the family to the next upstream in its rendezvous
 order and retries the request once.
 
+The engine set may change at run time (`set_urls`, fed by the engine registry): kept engines
+keep their client and health, families pinned to a removed one re-pin on their next turn,
+and a request in flight on a removed engine finishes on the client it holds. The set may be
+empty (engines not registered yet): every request then fails with 503.
+
 The health state is also what `/health` and `/metrics` report, so it is kept with one
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
 the upstream down at once and any reply (below 500) marks it up again.
@@ -22,6 +27,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 
+from sessiongate.errors import Unavailable
 from sessiongate.upstream.client import (
     UpstreamClient,
     UpstreamReply,
@@ -31,6 +37,8 @@ from sessiongate.upstream.client import (
 )
 
 logger = logging.getLogger(__name__)
+
+NO_ENGINE = "no engine registered yet"
 
 
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
@@ -50,9 +58,14 @@ class UpstreamPool:
         timeout: float = 600.0,
         health_interval: float = 5.0,
         health_path: str = "/health",
+        allow_empty: bool = False,
     ) -> None:
-        if not urls:
+        if not urls and not allow_empty:
             raise ValueError("at least one upstream URL is needed")
+        self.timeout = timeout
+        # Clients of engines removed by `set_urls`, closed with the pool: a request in flight
+        # on one still holds it (the drain).
+        self._retired: list[UpstreamClient] = []
         self.urls = [u.rstrip("/") for u in urls]
         if len(set(self.urls)) != len(self.urls):
             raise ValueError(f"upstream URLs must be distinct: {self.urls}")
@@ -85,15 +98,69 @@ class UpstreamPool:
 
     async def _probe_forever(self) -> None:
         while True:
+            clients = list(self.clients)
             results = await asyncio.gather(
-                *(c.check(self.health_path) for c in self.clients), return_exceptions=True
+                *(c.check(self.health_path) for c in clients), return_exceptions=True
             )
-            for index, result in enumerate(results):
+            for client, result in zip(clients, results, strict=True):
+                # The set may have changed during the probe: results go by client.
+                index = self._index_of(client)
+                if index is None:
+                    continue
                 if isinstance(result, BaseException):
                     self._mark(index, f"health probe failed: {type(result).__name__}: {result}")
                 else:
                     self._mark(index, result)
             await asyncio.sleep(self.health_interval)
+
+    def _index_of(self, client: UpstreamClient) -> int | None:
+        """Where `client` is in the current set; None once its engine was removed."""
+        for index, current in enumerate(self.clients):
+            if current is client:
+                return index
+        return None
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Replace the engine set (the engine registry's ready engines). Kept URLs keep their
+        client, health and model info; pins move with their engine, and pins to a removed
+        engine are dropped, so those families re-pin on their next turn. A removed engine's
+        client is not closed here: requests in flight on it hold it and finish."""
+        new_urls = [u.rstrip("/") for u in urls]
+        if len(set(new_urls)) != len(new_urls):
+            raise ValueError(f"upstream URLs must be distinct: {new_urls}")
+        old_index = {url: index for index, url in enumerate(self.urls)}
+        clients: list[UpstreamClient] = []
+        healthy: list[bool] = []
+        last_error: list[str | None] = []
+        model_info: list[dict[str, object] | None] = []
+        for url in new_urls:
+            index = old_index.get(url)
+            if index is None:
+                clients.append(UpstreamClient(url, timeout=self.timeout))
+                healthy.append(True)
+                last_error.append(None)
+                model_info.append(None)
+            else:
+                clients.append(self.clients[index])
+                healthy.append(self.healthy[index])
+                last_error.append(self.last_error[index])
+                model_info.append(self._model_info[index])
+        kept = set(new_urls)
+        self._retired.extend(c for c, u in zip(self.clients, self.urls, strict=True) if u not in kept)
+        new_index = {url: index for index, url in enumerate(new_urls)}
+        pins: dict[str, int] = {}
+        for root_id, index in self.pins.items():
+            moved = new_index.get(self.urls[index])
+            if moved is not None:
+                pins[root_id] = moved
+        self.urls, self.clients, self.healthy = new_urls, clients, healthy
+        self.last_error, self._model_info, self.pins = last_error, model_info, pins
+        logger.warning("upstream set is now %s", ", ".join(new_urls) or "(empty)")
+
+    def _mark_client(self, client: UpstreamClient, error: str | None) -> None:
+        index = self._index_of(client)
+        if index is not None:
+            self._mark(index, error)
 
     def _mark(self, index: int, error: str | None) -> None:
         """Record upstream `index` as up (`error` None) or down because of `error`."""
@@ -118,6 +185,8 @@ class UpstreamPool:
 
     def down_reason(self) -> str:
         """Why no upstream can take a turn, for `/health`."""
+        if not self.urls:
+            return NO_ENGINE
         # Each error names its URL already (probe and transport messages both do).
         errors = (
             error or f"{url} is down" for url, error in zip(self.urls, self.last_error, strict=True)
@@ -134,6 +203,8 @@ class UpstreamPool:
 
     def index_for(self, root_id: str | None) -> int:
         """The upstream of a session family (pinned on first use); any for stateless traffic."""
+        if not self.urls:
+            raise Unavailable(NO_ENGINE)
         if root_id is None:
             live = [i for i, ok in enumerate(self.healthy) if ok] or list(range(len(self.urls)))
             return live[next(self._round_robin) % len(live)]
@@ -147,15 +218,15 @@ class UpstreamPool:
         self.pins[root_id] = index
         return index
 
-    def _transport_failed(self, index: int, exc: UpstreamTransportError) -> None:
+    def _transport_failed(self, client: UpstreamClient, exc: UpstreamTransportError) -> None:
         # A timed-out request says the engine is slow, not that it is gone; the probe (with
         # its own short timeout) decides whether it is answering at all.
         if not exc.timed_out:
-            self._mark(index, str(exc))
+            self._mark_client(client, str(exc))
 
     def _failed(self, root_id: str | None, index: int) -> int | None:
         """Re-pin the family off `index` (already marked down); the upstream to retry on, if any."""
-        if len(self.urls) == 1:
+        if len(self.urls) <= 1 or index >= len(self.urls):
             return None
         retry = self._choose(root_id or "", avoid=index)
         if retry == index:
@@ -190,13 +261,19 @@ class UpstreamPool:
         self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
     ) -> UpstreamReply:
         """One attempt on upstream `index`, recording what it says about the upstream."""
+        client = self.clients[index]
         try:
-            reply = await self.clients[index].post_json(path, body, headers)
+            reply = await client.post_json(path, body, headers)
         except UpstreamTransportError as exc:
-            self._transport_failed(index, exc)
+            self._transport_failed(client, exc)
             raise
-        self._answered(index, reply.status)
+        self._answered_by(client, reply.status)
         return reply
+
+    def _answered_by(self, client: UpstreamClient, status: int) -> None:
+        index = self._index_of(client)
+        if index is not None:
+            self._answered(index, status)
 
     async def open_stream(
         self,
@@ -212,14 +289,15 @@ class UpstreamPool:
         header_list = list(headers)
 
         async def attempt(index: int) -> UpstreamStream:
+            client = self.clients[index]
             try:
-                stream = await self.clients[index].open_stream(
+                stream = await client.open_stream(
                     method, path, query=query, headers=header_list, body=body
                 )
             except UpstreamTransportError as exc:
-                self._transport_failed(index, exc)
+                self._transport_failed(client, exc)
                 raise
-            self._answered(index, stream.status)
+            self._answered_by(client, stream.status)
             return stream
 
         try:
@@ -237,8 +315,9 @@ class UpstreamPool:
         known = self._model_info[index]
         if known is not None:
             return known or None
+        client = self.clients[index]
         try:
-            stream = await self.clients[index].open_stream("GET", "/model_info")
+            stream = await client.open_stream("GET", "/model_info")
         except UpstreamTransportError:
             return None  # the turn itself will meet (and report) the same failure
         try:
@@ -249,10 +328,13 @@ class UpstreamPool:
             info = json.loads(body) if body else None
         except ValueError:
             info = None
+        current = self._index_of(client)  # the set may have changed meanwhile
         if not isinstance(info, dict):
-            self._model_info[index] = {}  # asked once: every turn would ask again
+            if current is not None:
+                self._model_info[current] = {}  # asked once: every turn would ask again
             return None
-        self._model_info[index] = info
+        if current is not None:
+            self._model_info[current] = info
         return info
 
     def upstream_states(self) -> list[dict[str, object]]:
@@ -280,5 +362,5 @@ class UpstreamPool:
             self._prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prober
-        for client in self.clients:
+        for client in [*self.clients, *self._retired]:
             await client.aclose()
