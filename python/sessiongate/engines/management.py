@@ -140,7 +140,9 @@ class EngineManagement:
     @staticmethod
     def _allow(method: str, path: str, *methods: str) -> None:
         if method not in methods:
-            raise MethodNotAllowed(f"{method} is not allowed on {path} (use {' or '.join(methods)})")
+            raise MethodNotAllowed(
+                f"{method} is not allowed on {path} (use {' or '.join(methods)})"
+            )
 
     def _serving(self) -> list[Engine]:
         """The engines the old listing shows: registered ones and the static ones, but not
@@ -156,7 +158,7 @@ class EngineManagement:
             url = _url_field(document, "url", "worker_url")
             _check_regular(document)
         if url is None:
-            raise BadRequest("the engine URL is required (use ?url=... or a JSON body {\"url\"})")
+            raise BadRequest('the engine URL is required (use ?url=... or a JSON body {"url"})')
         engine, _ = await self.registry.add(url)
         return json_reply(
             200,
@@ -174,21 +176,27 @@ class EngineManagement:
         if url is None:
             url = _url_field(_body(request), "url", "worker_url")
         if url is None:
-            raise BadRequest("the engine URL is required (use ?url=... or a JSON body {\"url\"})")
+            raise BadRequest('the engine URL is required (use ?url=... or a JSON body {"url"})')
         engine = await self.registry.remove(url)
         if engine is None:
             raise EngineNotFound(f"no engine {url!r} is registered")
         return json_reply(
             200,
-            {"status": "success", "worker_id": engine.id, "url": engine.url,
-             "worker_urls": [e.url for e in self._serving()]},
+            {
+                "status": "success",
+                "worker_id": engine.id,
+                "url": engine.url,
+                "worker_urls": [e.url for e in self._serving()],
+            },
         )
 
     async def _add_new(self, request: CoreRequest) -> CoreReply:
         document = _body(request)
         url = _url_field(document, "url")
         if url is None:
-            raise BadRequest('the body must be {"url": "http://host:port", "worker_type": "regular"}')
+            raise BadRequest(
+                'the body must be {"url": "http://host:port", "worker_type": "regular"}'
+            )
         _check_regular(document)
         engine, created = await self.registry.add(url)
         return json_reply(

@@ -207,7 +207,9 @@ class EngineRegistry:
                 await self._propagate()
         else:
             if engine.state != f"unreachable: {result.error}":
-                logger.warning("engine %s (%s) is unreachable: %s", engine.id, engine.url, result.error)
+                logger.warning(
+                    "engine %s (%s) is unreachable: %s", engine.id, engine.url, result.error
+                )
             engine.state = f"unreachable: {result.error}"
 
     async def _propagate(self) -> None:

@@ -146,7 +146,9 @@ class UpstreamPool:
                 last_error.append(self.last_error[index])
                 model_info.append(self._model_info[index])
         kept = set(new_urls)
-        self._retired.extend(c for c, u in zip(self.clients, self.urls, strict=True) if u not in kept)
+        self._retired.extend(
+            c for c, u in zip(self.clients, self.urls, strict=True) if u not in kept
+        )
         new_index = {url: index for index, url in enumerate(new_urls)}
         pins: dict[str, int] = {}
         for root_id, index in self.pins.items():

@@ -152,6 +152,7 @@ class Router:
             logger.warning(
                 "worker %d refused the engine set (%d): %r", channel.index, reply.status, reply.body
             )
+
     @property
     def worker_count(self) -> int:
         return len(self.channels)
