@@ -62,12 +62,12 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
     from sessiongate.engines.options import engine_settings
     from sessiongate.engines.registry import EngineRegistry
-    from sessiongate.session.core_options import backend_list
     from sessiongate.front.asgi import FrontendSettings, GatewayApp
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
     from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
+    from sessiongate.session.core_options import backend_list
 
     if not die_with_parent():
         return 0
