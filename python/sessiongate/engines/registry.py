@@ -163,16 +163,17 @@ class EngineRegistry:
         known = self.engines.get(engine_id(url))
         if known is not None and not (known.static and self.placeholder):
             return known, False
-        if self.placeholder:
+        placeholder, self.placeholder = self.placeholder, False
+        if placeholder:
             # The first registration ends the mock's stand-in role, before the new engine
             # is even probed: no turn meant for it may reach the mock meanwhile.
             for engine in [e for e in self.engines.values() if e.static]:
                 del self.engines[engine.id]
-            self.placeholder = False
             logger.warning("the embedded mock engine leaves the engine set (an engine registered)")
         engine = Engine(engine_id(url), url, static=False)
         self.engines[engine.id] = engine
-        await self._propagate()
+        if placeholder:
+            await self._propagate()
         await self._probe(engine)
         return engine, True
 
