@@ -269,6 +269,9 @@ class CompiledFront:
         """Drain the dispatched requests, oldest first."""
     def take_writable(self) -> list[int]:
         """Drain the ids of dispatched requests that may ``send`` again after a 1 (full)."""
+    def set_relay(self, relay: bool) -> None:
+        """Relay stateless proxy requests to the start-up ``upstreams`` (True, the default)
+        or dispatch them to Python (False), once the engine set changes at run time."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned

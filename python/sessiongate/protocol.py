@@ -51,6 +51,13 @@ class Op(StrEnum):
     TRAJECTORY = "trajectory"
     SAMPLES = "samples"
     DOCS = "docs"
+    # The engine management routes (both dialects of the rollout framework's router client,
+    # engines/management.py): answered by the process that owns the engine registry (the
+    # in-process gateway, or the router), never by a session worker.
+    ENGINES = "engines"
+    # The router's message to a session core: its upstream pool's new engine URLs (body
+    # `{"urls": [...]}`); never classified from a client's request.
+    SET_ENGINES = "set_engines"
 
 
 @dataclass

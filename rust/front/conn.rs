@@ -302,7 +302,11 @@ impl Conn<'_> {
         let headers = &*head.headers;
         let wire = || headers.iter().map(|h| (h.name.as_bytes(), h.value));
         let has_session = || has_session_header(wire(), &config.session_names);
-        let decision = decide(method.as_bytes(), target.as_bytes(), has_session);
+        let mut decision = decide(method.as_bytes(), target.as_bytes(), has_session);
+        if decision == Decision::Proxy && !shared.relays() {
+            // The engine set is Python's now (engine registry): its core proxies the request.
+            decision = Decision::Dispatch;
+        }
         if decision == Decision::Handoff || (decision == Decision::Dispatch && !config.dispatch) {
             return Parsed::Handoff;
         }

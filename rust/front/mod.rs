@@ -279,6 +279,12 @@ impl CompiledFront {
         self.shared.take_writable()
     }
 
+    /// Relay stateless proxy requests to the engines given at start (true, the default) or
+    /// dispatch them to Python (false), once the engine set is managed at run time.
+    fn set_relay(&self, relay: bool) {
+        self.shared.set_relay(relay);
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let snap = self.shared.stats.snapshot();
         let requests = PyDict::new(py);

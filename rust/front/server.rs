@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,6 +37,11 @@ pub struct Shared {
     pub config: Config,
     pub stats: Stats,
     pub pool: Arc<Pool>,
+    /// Whether stateless proxy requests are relayed by this front to `pool` (true) or
+    /// dispatched to Python, whose session core proxies them through its own upstream pool
+    /// (false). Python turns it off once the engine set can change at run time (engine
+    /// registrations): `pool` was fixed at start and would relay to a stale engine list.
+    relay: AtomicBool,
     handoffs: Mutex<Handoffs>,
     next_request: AtomicU64,
 }
@@ -72,6 +77,7 @@ impl Shared {
             config,
             stats,
             pool,
+            relay: AtomicBool::new(true),
             handoffs: Mutex::new(Handoffs {
                 queue: Vec::new(),
                 requests: Vec::new(),
@@ -80,6 +86,14 @@ impl Shared {
             }),
             next_request: AtomicU64::new(1),
         }
+    }
+
+    pub fn relays(&self) -> bool {
+        self.relay.load(Relaxed)
+    }
+
+    pub fn set_relay(&self, relay: bool) {
+        self.relay.store(relay, Relaxed);
     }
 
     pub fn request_id(&self) -> u64 {

@@ -56,6 +56,15 @@ CASES = [
     ("GET", "/openapi.json?x", [], "handoff"),
     ("GET", '/sessions/a"b', [], "handoff"),
     ("GET", "/sessions/\u00e9", [], "handoff"),
+    # The engine management routes (both dialects of the framework's router client): Python's.
+    ("POST", "/add_worker?url=http://127.0.0.1:30001", [], "dispatch"),
+    ("POST", "/remove_worker?url=http://127.0.0.1:30001", [], "dispatch"),
+    ("GET", "/list_workers", [], "dispatch"),
+    ("POST", "/workers", [], "dispatch"),
+    ("GET", "/workers", [], "dispatch"),
+    ("DELETE", "/workers/engine-0123456789ab", [], "dispatch"),
+    ("DELETE", "/workers/http%3A%2F%2F127.0.0.1%3A30001", [], "dispatch"),
+    ("PUT", "/workers", [], "handoff"),
     ("GET", "*", [], "handoff"),
     ("GET", "http://h/health", [], "handoff"),
 ]
@@ -80,12 +89,16 @@ METHODS = st.sampled_from(["GET", "POST", "HEAD", "PUT", "DELETE", "get", "Post"
 SEGMENTS = st.sampled_from(
     [
         *("v1", "chat", "completions", "models", "sessions", "health", "metrics", "", "V1"),
-        *("%2F", "generate", "Generate"),
+        *("%2F", "generate", "Generate", "workers", "add_worker", "list_workers"),
+        *("remove_worker", "engine-0123456789ab"),
     ]
 )
 PATHS = st.one_of(
     st.sampled_from(
-        ["/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1", "/generate"]
+        [
+            *("/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1", "/generate"),
+            *("/workers", "/workers/engine-0123456789ab", "/add_worker", "/list_workers"),
+        ]
     ),
     st.lists(SEGMENTS, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts)),
     st.text(alphabet="/v1chatompletinsd?=&%", max_size=30),

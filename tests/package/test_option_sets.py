@@ -72,6 +72,8 @@ EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
         "--header-timeout": (10.0, False),
         "--body-timeout": (30.0, False),
         "--api-key": (None, False),
+        # The engine management routes' key (engines/options.py).
+        "--admin-key": (None, False),
         "--session-header": (None, False),
         "--mock-args": ("", False),
         "--workers": (None, False),
@@ -126,6 +128,7 @@ def option_set(parser: argparse.ArgumentParser) -> dict[str, tuple[object, bool]
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_option_set_is_unchanged(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SESSIONGATE_API_KEY", raising=False)  # serve's --api-key default
+    monkeypatch.delenv("SESSIONGATE_ADMIN_KEY", raising=False)  # and --admin-key's
     parser = subcommand(name)
     assert option_set(parser) == EXPECTED[name]
     shown = parser.format_help()

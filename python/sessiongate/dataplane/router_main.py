@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from sessiongate.engine_routing.options import add_engine_routing_arguments
+from sessiongate.engines.options import add_engine_arguments
 from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
 from sessiongate.session.core_options import add_upstream_arguments
@@ -50,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--log-level", default="warning")
     # The upstreams, for the compiled front's stateless proxy path (the workers have them too).
     add_upstream_arguments(parser, backends="optional")
+    add_engine_arguments(parser, router=True)
     add_front_arguments(parser)
     add_engine_routing_arguments(parser)
     parser.set_defaults(run=run)
@@ -60,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
 
     from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
     from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
+    from sessiongate.engines.options import engine_settings
+    from sessiongate.engines.registry import EngineRegistry
     from sessiongate.front.asgi import FrontendSettings, GatewayApp
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
     from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
+    from sessiongate.session.core_options import backend_list
 
     if not die_with_parent():
         return 0
@@ -74,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
     router = Router(len(fds) or len(endpoints))
     # The key travels by environment, not argv, so it does not show in `ps`.
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    engines = engine_settings(args, router=True)
+    backends = backend_list(args, embedded_mock=False)  # `--backend none`: []
     settings = FrontendSettings(
         max_body_bytes=args.max_body_bytes,
         api_key=api_key or None,
+        admin_key=engines.admin_key,
         session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
     )
     # Unset flags keep FrontendSettings' defaults (`serve` always forwards its values).
@@ -86,9 +94,10 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
     app = GatewayApp(router.handle, settings)
     protocol = gateway_protocol(settings.header_timeout)
-    door = open_front_door(args, settings, args.backend, LATENCY_BUCKETS, who="router")
+    door = open_front_door(args, settings, backends, LATENCY_BUCKETS, who="router")
     if door is not None:
         router.front_stats = door.stats
+        router.on_engines_changed = door.stop_relaying
     port = door.port if door is not None else args.port
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)
@@ -105,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         write_modules_report()
 
     async def main() -> int:
+        # The static engines are the workers' --backend (the same argv); with remote workers
+        # the router knows none, and sends a set only once one registers.
+        registry = EngineRegistry(
+            backends, placeholder=engines.placeholder, interval=args.health_interval
+        )
+        router.use_engines(registry)
+        registry.start()
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
         if remote_settings is not None:

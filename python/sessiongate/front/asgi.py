@@ -44,6 +44,9 @@ class FrontendSettings:
     # by the HTTP protocol (front/http_protocol.py), the body one here, where bodies are read.
     header_timeout: float = DEFAULT_HEADER_TIMEOUT_S
     body_timeout: float = DEFAULT_BODY_TIMEOUT_S
+    # The key of the engine management routes (`--admin-key`); None: they take `api_key`
+    # like every other route (docs/api.md, "Engine management").
+    admin_key: str | None = None
 
 
 class BodyTimeout(GatewayError):
@@ -107,16 +110,26 @@ class GatewayApp:
         self._api_key = (
             self.settings.api_key.encode() if self.settings.api_key is not None else None
         )
+        self._admin_key = (
+            self.settings.admin_key.encode() if self.settings.admin_key is not None else None
+        )
         # The FastAPI app of /openapi.json and /docs, built on their first request.
         self._docs_app: Callable[[Scope, Receive, Send], Awaitable[None]] | None = None
 
-    def _check_auth(self, headers: list[tuple[str, str]]) -> None:
-        if self._api_key is None:
+    def _check_auth(self, headers: list[tuple[str, str]], op: Op) -> None:
+        # Changing the engine set redirects every prompt: with an admin key, only it may
+        # (the API key of clients does not); without one, the API key guards it as the rest.
+        key, what = (
+            (self._admin_key, "admin key")
+            if op is Op.ENGINES and self._admin_key is not None
+            else (self._api_key, "API key")
+        )
+        if key is None:
             return
         supplied = next((v for k, v in headers if k == "authorization"), "")
         scheme, _, token = supplied.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), self._api_key):
-            raise Unauthorized("missing or invalid API key (send 'Authorization: Bearer <key>')")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key):
+            raise Unauthorized(f"missing or invalid {what} (send 'Authorization: Bearer <key>')")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -166,9 +179,9 @@ class GatewayApp:
                 # Only the HTTP server can serve these (FastAPI, above).
                 raise SessionNotFound(f"{path} is served by the HTTP server only")
             if route.op is not Op.HEALTH:
-                self._check_auth(headers)
+                self._check_auth(headers, route.op)
             body = await read_body()
-            if self._api_key is not None:
+            if self._api_key is not None or self._admin_key is not None:
                 # The gateway's key is not the upstream's.
                 headers = [(k, v) for k, v in headers if k != "authorization"]
             request = CoreRequest(

@@ -158,6 +158,7 @@ class CompiledFrontDoor:
         self._wake_write = -1
         self._adopting: set[asyncio.Task[Any]] = set()
         self._requests: DispatchedRequests | None = None
+        self.relaying = True
 
     @property
     def port(self) -> int:
@@ -196,7 +197,18 @@ class CompiledFrontDoor:
             engine_policy=self.options.engine_routing.policy,
             engine_policy_options=self.options.engine_routing.options(),
         )
+        if not self.relaying:
+            self._front.set_relay(False)
         loop.add_reader(self._wake_read, self._on_wake)
+
+    def stop_relaying(self) -> None:
+        """From now on dispatch stateless requests to Python, whose session core proxies
+        them through its pool: the engine set changed at run time (a registration or a
+        removal), and the engines this front was started with are stale. Costs the Python
+        hop on stateless traffic (docs/performance.md, "Registered engines")."""
+        self.relaying = False
+        if self._front is not None:
+            self._front.set_relay(False)
 
     def _on_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):

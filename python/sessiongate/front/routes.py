@@ -28,6 +28,11 @@ CHAT_PATH = "/v1/chat/completions"
 GENERATE_PATH = "/generate"
 # The documented surface (front/openapi.py), answered by the front end itself.
 DOCS_PATHS = ("/openapi.json", "/docs")
+# The engine management routes of the rollout framework's router client, both dialects
+# (engines/management.py): the old `/add_worker`, `/remove_worker`, `/list_workers` and the
+# new `/workers`, `/workers/{id}`. Compared after every hot route, like the docs paths.
+ENGINE_PATHS = ("/add_worker", "/remove_worker", "/list_workers", "/workers")
+ENGINE_PREFIX = "/workers/"
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -143,6 +148,9 @@ def classify(
         if method not in ("GET", "HEAD"):
             raise MethodNotAllowed(f"{method} is not allowed on {path} (use GET)")
         return Route(Op.DOCS)
+    if path in ENGINE_PATHS or path.startswith(ENGINE_PREFIX):
+        # The method is checked by the handler, which names the ones each path takes.
+        return Route(Op.ENGINES)
     raise SessionNotFound(f"no route for {method} {path}")
 
 

@@ -20,6 +20,8 @@ from typing import Any
 
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
+from sessiongate.engines.management import EngineManagement
+from sessiongate.engines.registry import EngineRegistry
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.compiled import open_front_door, serve_with_front
 from sessiongate.front.http_protocol import gateway_protocol
@@ -36,8 +38,19 @@ WATCH_INTERVAL_S = 0.2
 class InProcessGateway:
     """The front end's handler: the session core, plus `/metrics` and request timing."""
 
-    def __init__(self, core: SessionCore) -> None:
+    def __init__(self, core: SessionCore, *, placeholder: bool = False) -> None:
         self.core = core
+        # The engine set is this process's: registrations go straight to the core's pool.
+        self.engines = EngineRegistry(
+            core.upstream.urls,
+            placeholder=placeholder,
+            on_change=self._engines_changed,
+            interval=core.upstream.health_interval,
+        )
+        self.management = EngineManagement(self.engines)
+        # Called once the engine set first changes (the compiled front stops relaying to
+        # the engines it was started with).
+        self.on_engines_changed: Callable[[], None] | None = None
         self.metrics = RouterMetrics()
         # The compiled front's counters, when it serves the port (its proxy requests never
         # reach this handler).
@@ -49,10 +62,20 @@ class InProcessGateway:
             front = self.front_stats() if self.front_stats is not None else None
             body = self.metrics.render([self.gauge()], front)
             reply = CoreReply(200, list(METRICS_HEADERS), body)
+        elif request.op is Op.ENGINES:
+            reply = await self.management.handle(request)
+        elif request.op is Op.SET_ENGINES:
+            # Only the registry sets the engines; a client cannot name this op.
+            reply = CoreReply(404, [], b"")
         else:
             reply = await self.core.handle(request)
         self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
         return reply
+
+    async def _engines_changed(self, urls: list[str]) -> None:
+        if self.on_engines_changed is not None:
+            self.on_engines_changed()
+        self.core.upstream.set_urls(urls)
 
     def gauge(self) -> WorkerGauge:
         """The core as the one always-up worker 0 of the metrics."""
@@ -93,9 +116,11 @@ def run_in_process(
     door = open_front_door(args, frontend, config.backends, LATENCY_BUCKETS, who="sessiongate")
     port = door.port if door is not None else args.port
     core = build_core(config)
-    gateway = InProcessGateway(core)
+    # With the embedded mock (`watched`), the first registered engine replaces it.
+    gateway = InProcessGateway(core, placeholder=bool(watched))
     if door is not None:
         gateway.front_stats = door.stats
+        gateway.on_engines_changed = door.stop_relaying
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
@@ -124,6 +149,7 @@ def run_in_process(
         # Probe the upstreams from the start, not from the first request: /health must say
         # the engine is down even before any traffic.
         core.start()
+        gateway.engines.start()
         watcher = asyncio.create_task(watch()) if watched else None
         try:
             code = await serve_with_front(server, door, on_started=ready, default_port=args.port)
@@ -135,6 +161,7 @@ def run_in_process(
         finally:
             if watcher is not None:
                 watcher.cancel()
+            await gateway.engines.aclose()
             await core.aclose()
         return 1 if lost else code
 

@@ -15,6 +15,12 @@ from contextlib import contextmanager
 from sessiongate.engine_routing.options import (
     engine_routing_argv,
 )
+from sessiongate.engines.options import (
+    add_engine_arguments,
+    engine_argv,
+    engine_env,
+    engine_settings,
+)
 from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.front.compiled import (
     add_front_arguments,
@@ -112,6 +118,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart a worker that exits and keep serving the other shards (default), or "
         "stop everything and exit non-zero (fail-fast)",
     )
+    add_engine_arguments(parser)
     add_remote_arguments(parser)
     add_front_arguments(parser)
 
@@ -208,6 +215,7 @@ def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
         session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        admin_key=engine_settings(args).admin_key,
     )
 
 
@@ -399,7 +407,7 @@ def run_local(args: argparse.Namespace) -> int:
         if problem is not None:
             raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
     with backend_urls(args) as (upstreams, mock):
-        upstream = ", ".join(upstreams)
+        upstream = ", ".join(upstreams) or "none yet (engines register at run time)"
         watched = [mock.proc] if mock is not None and mock.proc is not None else []
         if args.workers == 0:
             from sessiongate.server.inprocess import run_in_process
@@ -412,6 +420,8 @@ def run_local(args: argparse.Namespace) -> int:
             # The upstreams, for the compiled front's stateless proxy path, and its policy.
             *upstream_argv(args, upstreams),
             *engine_routing_argv(args),
+            # The router owns the engine registry; the embedded mock is its placeholder.
+            *engine_argv(placeholder=mock is not None),
         ]
         if args.ray:
             return _run_ray(args, worker_args, router_args, frontend, watched, upstream)
@@ -425,6 +435,7 @@ def run_local(args: argparse.Namespace) -> int:
                 on_worker_exit=args.on_worker_exit,
                 api_key=frontend.api_key,
                 watched=watched,
+                router_env=engine_env(args),
             )
         )
         return supervisor.run(
@@ -470,7 +481,7 @@ def _run_ray(
                 on_worker_exit=args.on_worker_exit,
                 api_key=frontend.api_key,
                 watched=watched,
-                router_env={SECRET_ENV: placement.secret},
+                router_env={SECRET_ENV: placement.secret, **engine_env(args)},
                 endpoint_source=placement,
             )
         )

@@ -14,7 +14,14 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from sessiongate.errors import BadRequest, GatewayError, LimitReached, UpstreamError
-from sessiongate.protocol import CoreReply, CoreRequest, Op, error_reply, json_reply
+from sessiongate.protocol import (
+    CoreReply,
+    CoreRequest,
+    Op,
+    error_reply,
+    json_reply,
+    parse_json_object,
+)
 from sessiongate.session.reads import SessionReads
 from sessiongate.session.turn import SessionTurns
 
@@ -35,6 +42,7 @@ class SessionCore(SessionTurns, SessionReads):
             Op.PROXY: self._proxy,
             Op.TRAJECTORY: self._trajectory,
             Op.SAMPLES: self._samples,
+            Op.SET_ENGINES: self._set_engines,
         }
 
     async def handle(self, request: CoreRequest) -> CoreReply:
@@ -70,6 +78,20 @@ class SessionCore(SessionTurns, SessionReads):
         await self.upstream.aclose()
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
+
+    async def _set_engines(self, request: CoreRequest) -> CoreReply:
+        """The router's engine set (its registry's ready engines) for this core's pool. Sent
+        on every change and again whenever this worker (re)connects, so a restarted worker
+        process, which starts from its --backend argv, converges on the live set."""
+        document = parse_json_object(request.body, "the engine set")
+        urls = document.get("urls")
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise BadRequest('the engine set must be {"urls": [string, ...]}')
+        try:
+            self.upstream.set_urls(urls)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
+        return json_reply(200, {"urls": self.upstream.urls})
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:
         root_id = None

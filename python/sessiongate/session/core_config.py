@@ -21,6 +21,7 @@ from sessiongate.engine_routing.options import (
     engine_routing_settings,
 )
 from sessiongate.session.core_options import (
+    NO_BACKEND,
     add_core_arguments,
     check_session_routing,
     core_argv,
@@ -113,7 +114,10 @@ def core_config(
     check_session_routing(args, program)
     return CoreConfig(
         settings=settings,
-        backends=tuple(args.backend if backends is None else backends),
+        # `--backend none` (a worker of a gateway whose engines register at run time).
+        backends=tuple(
+            [u for u in args.backend if u != NO_BACKEND] if backends is None else backends
+        ),
         timeout=args.timeout,
         health_interval=args.health_interval,
         tokenizer=args.tokenizer,

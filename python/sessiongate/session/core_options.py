@@ -15,6 +15,9 @@ from sessiongate.session.turn_options import apply_tito_model
 
 # `serve --backend mock` (its default): the embedded mock engine, started by serve itself.
 MOCK_BACKEND = "mock"
+# `--backend none`: no engine at start; engines register at run time (engines/, docs/api.md
+# "Engine management"), turns answer 503 until one is ready.
+NO_BACKEND = "none"
 # Who declares --backend (add_upstream_arguments).
 BackendFlag = Literal["mock", "required", "optional"]
 
@@ -30,7 +33,8 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, backends: Backend
             default=None,
             help="upstream base URL (an SGLang-style engine or router); repeat for several "
             "upstreams (each session tree is pinned to one by rendezvous hashing of its root "
-            "id). 'mock' (the default) starts the built-in mock engine",
+            "id). 'mock' (the default) starts the built-in mock engine; 'none' starts with no "
+            "engine and waits for engines to register (POST /workers or /add_worker)",
         )
     else:
         parser.add_argument(
@@ -38,7 +42,8 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, backends: Backend
             action="append",
             required=backends == "required",
             default=None if backends == "required" else [],
-            help="upstream base URL (an SGLang-style engine or router); repeat for several",
+            help="upstream base URL (an SGLang-style engine or router); repeat for several; "
+            "'none': no engine until the router sends the registered ones",
         )
     parser.add_argument(
         "--health-interval",
@@ -54,7 +59,7 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, backends: Backend
 def upstream_argv(args: argparse.Namespace, backends: Sequence[str]) -> list[str]:
     """The upstream options as argv, for a worker or the router; `backends`: the URLs."""
     return [
-        *[arg for url in backends for arg in ("--backend", url)],
+        *[arg for url in backends or [NO_BACKEND] for arg in ("--backend", url)],
         "--health-interval",
         str(args.health_interval),
         "--timeout",
@@ -110,11 +115,19 @@ def add_core_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) 
 def backend_list(args: argparse.Namespace, *, embedded_mock: bool) -> list[str]:
     """The --backend URLs, validated (SystemExit); serve's default is `[MOCK_BACKEND]`."""
     if not embedded_mock:
+        if NO_BACKEND in args.backend:
+            if len(args.backend) > 1:
+                raise SystemExit("--backend none cannot be combined with other --backend URLs")
+            return []
         for url in args.backend:
             if not url.startswith(("http://", "https://")):
                 raise SystemExit(f"--backend {url!r} must be an http:// or https:// URL")
         return list(args.backend)
     backends: list[str] = args.backend or [MOCK_BACKEND]
+    if NO_BACKEND in backends:
+        if len(backends) > 1:
+            raise SystemExit("--backend none cannot be combined with other --backend URLs")
+        return []
     if MOCK_BACKEND in backends and len(backends) > 1:
         raise SystemExit("--backend mock cannot be combined with other --backend URLs")
     for url in backends:

@@ -29,6 +29,8 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             timeout=config.timeout,
             health_interval=config.health_interval,
             engine_routing=config.engine_routing,
+            # `--backend none`: engines register at run time (engines/registry.py).
+            allow_empty=True,
         ),
         config.settings,
         SessionStamper(mode) if mode is not None else None,

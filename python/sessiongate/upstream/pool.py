@@ -11,6 +11,11 @@ Stateless requests (no family) go where the engine routing policy says (`--polic
 `sessiongate.engine_routing`; round robin over the healthy upstreams by default), which is
 told each request's start and end and each upstream's health.
 
+The engine set may change at run time (`set_urls`, fed by the engine registry): kept engines
+keep their client and health, families pinned to a removed one re-pin on their next turn,
+and a request in flight on a removed engine finishes on the client it holds. The set may be
+empty (engines not registered yet): every request then fails with 503.
+
 The health state is also what `/health` and `/metrics` report, so it is kept with one
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
 the upstream down at once and any reply (below 500) marks it up again.
@@ -27,6 +32,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from sessiongate.engine_routing import EnginePolicy, EngineRoutingConfig
+from sessiongate.errors import Unavailable
 from sessiongate.upstream.client import (
     UpstreamClient,
     UpstreamReply,
@@ -36,6 +42,8 @@ from sessiongate.upstream.client import (
 )
 
 logger = logging.getLogger(__name__)
+
+NO_ENGINE = "no engine registered yet"
 
 
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
@@ -47,6 +55,26 @@ def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
     return sorted(range(len(urls)), key=weight, reverse=True)
 
 
+class NoEngine:
+    """The engine policy of an empty engine set (`--backend none` before a registration):
+    nothing to pick, nothing to count (the Rust policy needs at least one engine)."""
+
+    def pick(self, headers: list[tuple[str, str]], body: bytes) -> int:
+        raise Unavailable(NO_ENGINE)
+
+    def started(self, index: int) -> None:
+        pass
+
+    def finished(self, index: int, cached_tokens: int | None = None) -> None:
+        pass
+
+    def set_healthy(self, index: int, healthy: bool) -> None:
+        pass
+
+    def evict(self, now: float) -> None:
+        pass
+
+
 class UpstreamPool:
     def __init__(
         self,
@@ -56,9 +84,14 @@ class UpstreamPool:
         health_interval: float = 5.0,
         health_path: str = "/health",
         engine_routing: EngineRoutingConfig | None = None,
+        allow_empty: bool = False,
     ) -> None:
-        if not urls:
+        if not urls and not allow_empty:
             raise ValueError("at least one upstream URL is needed")
+        self.timeout = timeout
+        # Clients of engines removed by `set_urls`, closed with the pool: a request in flight
+        # on one still holds it (the drain).
+        self._retired: list[UpstreamClient] = []
         self.urls = [u.rstrip("/") for u in urls]
         if len(set(self.urls)) != len(self.urls):
             raise ValueError(f"upstream URLs must be distinct: {self.urls}")
@@ -74,14 +107,17 @@ class UpstreamPool:
         self.health_interval = health_interval
         self.health_path = health_path
         self.engine_routing = engine_routing or EngineRoutingConfig()
-        self.engine_policy = EnginePolicy(
-            self.engine_routing.policy, self.urls, self.engine_routing.options()
-        )
+        self.engine_policy = self._policy_for(self.urls)
         self._prober: asyncio.Task[None] | None = None
         self._evictor: asyncio.Task[None] | None = None
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
         # answered with none (an engine that is not SGLang).
         self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
+
+    def _policy_for(self, urls: Sequence[str]) -> EnginePolicy | NoEngine:
+        if not urls:
+            return NoEngine()
+        return EnginePolicy(self.engine_routing.policy, list(urls), self.engine_routing.options())
 
     @property
     def base_url(self) -> str:
@@ -102,15 +138,76 @@ class UpstreamPool:
 
     async def _probe_forever(self) -> None:
         while True:
+            clients = list(self.clients)
             results = await asyncio.gather(
-                *(c.check(self.health_path) for c in self.clients), return_exceptions=True
+                *(c.check(self.health_path) for c in clients), return_exceptions=True
             )
-            for index, result in enumerate(results):
+            for client, result in zip(clients, results, strict=True):
+                # The set may have changed during the probe: results go by client.
+                index = self._index_of(client)
+                if index is None:
+                    continue
                 if isinstance(result, BaseException):
                     self._mark(index, f"health probe failed: {type(result).__name__}: {result}")
                 else:
                     self._mark(index, result)
             await asyncio.sleep(self.health_interval)
+
+    def _index_of(self, client: UpstreamClient) -> int | None:
+        """Where `client` is in the current set; None once its engine was removed."""
+        for index, current in enumerate(self.clients):
+            if current is client:
+                return index
+        return None
+
+    def set_urls(self, urls: Sequence[str]) -> None:
+        """Replace the engine set (the engine registry's ready engines). Kept URLs keep their
+        client, health and model info; pins move with their engine, and pins to a removed
+        engine are dropped, so those families re-pin on their next turn. A removed engine's
+        client is not closed here: requests in flight on it hold it and finish."""
+        new_urls = [u.rstrip("/") for u in urls]
+        if len(set(new_urls)) != len(new_urls):
+            raise ValueError(f"upstream URLs must be distinct: {new_urls}")
+        old_index = {url: index for index, url in enumerate(self.urls)}
+        clients: list[UpstreamClient] = []
+        healthy: list[bool] = []
+        last_error: list[str | None] = []
+        model_info: list[dict[str, object] | None] = []
+        for url in new_urls:
+            index = old_index.get(url)
+            if index is None:
+                clients.append(UpstreamClient(url, timeout=self.timeout))
+                healthy.append(True)
+                last_error.append(None)
+                model_info.append(None)
+            else:
+                clients.append(self.clients[index])
+                healthy.append(self.healthy[index])
+                last_error.append(self.last_error[index])
+                model_info.append(self._model_info[index])
+        kept = set(new_urls)
+        self._retired.extend(
+            c for c, u in zip(self.clients, self.urls, strict=True) if u not in kept
+        )
+        new_index = {url: index for index, url in enumerate(new_urls)}
+        pins: dict[str, int] = {}
+        for root_id, index in self.pins.items():
+            moved = new_index.get(self.urls[index])
+            if moved is not None:
+                pins[root_id] = moved
+        self.urls, self.clients, self.healthy = new_urls, clients, healthy
+        self.last_error, self._model_info, self.pins = last_error, model_info, pins
+        # The policy's state is by index: a new set gets a new policy (its prefix trees start
+        # empty), told the health the kept engines have.
+        self.engine_policy = self._policy_for(self.urls)
+        for index, up in enumerate(healthy):
+            self.engine_policy.set_healthy(index, up)
+        logger.warning("upstream set is now %s", ", ".join(new_urls) or "(empty)")
+
+    def _mark_client(self, client: UpstreamClient, error: str | None) -> None:
+        index = self._index_of(client)
+        if index is not None:
+            self._mark(index, error)
 
     def _mark(self, index: int, error: str | None) -> None:
         """Record upstream `index` as up (`error` None) or down because of `error`."""
@@ -136,6 +233,8 @@ class UpstreamPool:
 
     def down_reason(self) -> str:
         """Why no upstream can take a turn, for `/health`."""
+        if not self.urls:
+            return NO_ENGINE
         # Each error names its URL already (probe and transport messages both do).
         errors = (
             error or f"{url} is down" for url, error in zip(self.urls, self.last_error, strict=True)
@@ -158,6 +257,8 @@ class UpstreamPool:
     ) -> int:
         """The upstream of a session family (pinned on first use); for stateless traffic, the
         engine routing policy's pick for a request with these headers and body."""
+        if not self.urls:
+            raise Unavailable(NO_ENGINE)
         if root_id is None:
             return self.engine_policy.pick(list(headers), body)
         pinned = self.pins.get(root_id)
@@ -170,15 +271,15 @@ class UpstreamPool:
         self.pins[root_id] = index
         return index
 
-    def _transport_failed(self, index: int, exc: UpstreamTransportError) -> None:
+    def _transport_failed(self, client: UpstreamClient, exc: UpstreamTransportError) -> None:
         # A timed-out request says the engine is slow, not that it is gone; the probe (with
         # its own short timeout) decides whether it is answering at all.
         if not exc.timed_out:
-            self._mark(index, str(exc))
+            self._mark_client(client, str(exc))
 
     def _failed(self, root_id: str | None, index: int) -> int | None:
         """Re-pin the family off `index` (already marked down); the upstream to retry on, if any."""
-        if len(self.urls) == 1:
+        if len(self.urls) <= 1 or index >= len(self.urls):
             return None
         retry = self._choose(root_id or "", avoid=index)
         if retry == index:
@@ -200,32 +301,39 @@ class UpstreamPool:
     ) -> UpstreamReply:
         header_list = list(headers)
         index = self.index_for(root_id, header_list, body)
-        self.engine_policy.started(index)
+        policy = self.engine_policy  # of this moment (a new engine set builds a new one)
+        policy.started(index)
         try:
             reply = await self._post_json(index, path, body, header_list)
         except UpstreamUnreachable:
             retry = self._failed(root_id, index)
             if retry is None:
                 raise
-            self.engine_policy.finished(index)
+            policy.finished(index)
             index = retry
-            self.engine_policy.started(index)
+            policy.started(index)
             reply = await self._post_json(retry, path, body, header_list)
         finally:
-            self.engine_policy.finished(index)
+            policy.finished(index)
         return reply
 
     async def _post_json(
         self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
     ) -> UpstreamReply:
         """One attempt on upstream `index`, recording what it says about the upstream."""
+        client = self.clients[index]
         try:
-            reply = await self.clients[index].post_json(path, body, headers)
+            reply = await client.post_json(path, body, headers)
         except UpstreamTransportError as exc:
-            self._transport_failed(index, exc)
+            self._transport_failed(client, exc)
             raise
-        self._answered(index, reply.status)
+        self._answered_by(client, reply.status)
         return reply
+
+    def _answered_by(self, client: UpstreamClient, status: int) -> None:
+        index = self._index_of(client)
+        if index is not None:
+            self._answered(index, status)
 
     async def open_stream(
         self,
@@ -241,19 +349,22 @@ class UpstreamPool:
         index = self.index_for(root_id, header_list, body)
 
         async def attempt(index: int) -> UpstreamStream:
-            # In flight from the request until its stream is closed.
-            self.engine_policy.started(index)
+            client = self.clients[index]
+            # In flight from the request until its stream is closed; on the policy of this
+            # moment (a change of the engine set builds a new one).
+            policy = self.engine_policy
+            policy.started(index)
             try:
-                stream = await self.clients[index].open_stream(
+                stream = await client.open_stream(
                     method, path, query=query, headers=header_list, body=body
                 )
             except BaseException as exc:
-                self.engine_policy.finished(index)
+                policy.finished(index)
                 if isinstance(exc, UpstreamTransportError):
-                    self._transport_failed(index, exc)
+                    self._transport_failed(client, exc)
                 raise
-            stream.exchange.callback(self.engine_policy.finished, index)
-            self._answered(index, stream.status)
+            stream.exchange.callback(policy.finished, index)
+            self._answered_by(client, stream.status)
             return stream
 
         try:
@@ -271,8 +382,9 @@ class UpstreamPool:
         known = self._model_info[index]
         if known is not None:
             return known or None
+        client = self.clients[index]
         try:
-            stream = await self.clients[index].open_stream("GET", "/model_info")
+            stream = await client.open_stream("GET", "/model_info")
         except UpstreamTransportError:
             return None  # the turn itself will meet (and report) the same failure
         try:
@@ -283,10 +395,13 @@ class UpstreamPool:
             info = json.loads(body) if body else None
         except ValueError:
             info = None
+        current = self._index_of(client)  # the set may have changed meanwhile
         if not isinstance(info, dict):
-            self._model_info[index] = {}  # asked once: every turn would ask again
+            if current is not None:
+                self._model_info[current] = {}  # asked once: every turn would ask again
             return None
-        self._model_info[index] = info
+        if current is not None:
+            self._model_info[current] = info
         return info
 
     def upstream_states(self) -> list[dict[str, object]]:
@@ -315,5 +430,5 @@ class UpstreamPool:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        for client in self.clients:
+        for client in [*self.clients, *self._retired]:
             await client.aclose()

@@ -20,10 +20,13 @@ from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
+from sessiongate.engines.management import EngineManagement
+from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import (
     BadRequest,
     GatewayError,
     PayloadTooLarge,
+    SessionNotFound,
     Unavailable,
     UpstreamError,
 )
@@ -109,6 +112,46 @@ class Router:
         self.instance = os.environ.get(INSTANCE_ENV) or None
         # The compiled front's counters (front/compiled.py), when it serves the port.
         self.front_stats: Callable[[], dict[str, Any]] | None = None
+        # The engine registry lives here, not in the workers: registrations survive a
+        # worker's restart, and every worker's pool gets the same set (`use_engines`).
+        self.engines: EngineRegistry | None = None
+        self.management: EngineManagement | None = None
+        # Called once the engine set first changes (the compiled front stops relaying).
+        self.on_engines_changed: Callable[[], None] | None = None
+        self._engine_pushes: set[asyncio.Task[None]] = set()
+
+    def use_engines(self, registry: EngineRegistry) -> None:
+        """Own `registry`: answer the management routes from it and send its set to every
+        worker on each change and whenever a worker (re)connects."""
+        self.engines = registry
+        self.management = EngineManagement(registry)
+        registry.on_change = self._engines_changed
+
+    async def _engines_changed(self, urls: list[str]) -> None:
+        if self.on_engines_changed is not None:
+            self.on_engines_changed()
+        channels = [c for c in self.channels if c is not None and c.up]
+        await asyncio.gather(*(self._send_engines(c, urls) for c in channels))
+
+    async def _send_engines(self, channel: WorkerChannel, urls: list[str]) -> None:
+        meta: dict[str, Any] = {
+            "op": Op.SET_ENGINES,
+            "session_id": None,
+            "path": "",
+            "method": "POST",
+            "query": "",
+            "headers": [],
+        }
+        try:
+            reply = await channel.request(meta, json.dumps({"urls": urls}).encode())
+        except (WorkerLost, WorkerFailed) as exc:
+            # It gets the set again when it is back (attach).
+            logger.warning("could not send the engine set to worker %d: %s", channel.index, exc)
+            return
+        if reply.status != 200:
+            logger.warning(
+                "worker %d refused the engine set (%d): %r", channel.index, reply.status, reply.body
+            )
 
     @property
     def worker_count(self) -> int:
@@ -125,6 +168,14 @@ class Router:
             asyncio.get_running_loop().create_task(old.aclose())
         self.channels[channel.index] = channel
         channel.start()
+        if self.engines is not None and self.engines.changed:
+            # A restarted (or reconnected) worker starts from its --backend argv: give it the
+            # live set. Sent at once, it races only the worker's first requests.
+            task = asyncio.get_running_loop().create_task(
+                self._send_engines(channel, self.engines.urls())
+            )
+            self._engine_pushes.add(task)
+            task.add_done_callback(self._engine_pushes.discard)
 
     # -- handle -----------------------------------------------------------------------
 
@@ -143,6 +194,12 @@ class Router:
         if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
             return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges(), front))
+        if request.op is Op.ENGINES:
+            if self.management is None:
+                raise SessionNotFound(f"no route for {request.method} {request.path}")
+            return await self.management.handle(request)
+        if request.op is Op.SET_ENGINES:
+            raise SessionNotFound("the engine set is the router's to send")
         if request.op is Op.CREATE:
             request.session_id = self._mint_session_id(request.body)
         index = self._owner(request.session_id)
@@ -396,6 +453,8 @@ class Router:
         return gauges
 
     async def aclose(self) -> None:
+        if self.engines is not None:
+            await self.engines.aclose()
         for remote in self.remotes or []:
             await remote.aclose()
         for channel in self.channels:

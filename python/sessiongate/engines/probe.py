@@ -1,0 +1,70 @@
+"""Is an engine ready to take traffic? A registered engine is admitted only once it answers
+like an SGLang engine: `GET /health` with a 2xx, then its model (`/model_info`, or the older
+`/get_model_info`) as a JSON object. Its `/server_info` (or `/get_server_info`) is read
+when it has one and shown in the listing; it is not required, so a lean engine (the mock)
+still qualifies. A wrong URL (nothing listening, another service) fails one of these and
+is reported as `unreachable: <why>`, without touching the other engines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+from sessiongate.upstream.client import UpstreamClient, UpstreamTransportError
+
+# Each probe request's bound: an engine that takes longer than this to say it is healthy is
+# not ready yet (it is probed again on the health interval).
+PROBE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    error: str | None  # None: ready
+    model_info: dict[str, object] | None = None
+    server_info: dict[str, object] | None = None
+
+
+async def _get_json(
+    client: UpstreamClient, paths: tuple[str, ...]
+) -> tuple[dict[str, object] | None, str]:
+    """The first of `paths` answering a JSON object, or None and what the last one said."""
+    why = ""
+    for path in paths:
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                stream = await client.open_stream("GET", path)
+                try:
+                    body = await stream.read_all()
+                finally:
+                    await stream.aclose()
+        except (UpstreamTransportError, TimeoutError) as exc:
+            return None, f"GET {path} failed: {exc or type(exc).__name__}"
+        if not 200 <= stream.status < 300:
+            why = f"GET {path} answered {stream.status}"
+            continue
+        try:
+            document = json.loads(body)
+        except ValueError:
+            why = f"GET {path} did not answer JSON"
+            continue
+        if isinstance(document, dict):
+            return document, ""
+        why = f"GET {path} did not answer a JSON object"
+    return None, why
+
+
+async def probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """One probe of the engine at `url` (a fresh client: nothing shared with the pools)."""
+    client = UpstreamClient(url, timeout=timeout, connect_timeout=timeout)
+    try:
+        problem = await client.check("/health", timeout=timeout)
+        if problem is not None:
+            return ProbeResult(problem)
+        server_info, _ = await _get_json(client, ("/server_info", "/get_server_info"))
+        model_info, why = await _get_json(client, ("/model_info", "/get_model_info"))
+        if model_info is None:
+            return ProbeResult(f"{url}: no model info ({why})", server_info=server_info)
+        return ProbeResult(None, model_info, server_info)
+    finally:
+        await client.aclose()
