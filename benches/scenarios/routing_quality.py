@@ -212,6 +212,8 @@ async def run_arm(
         outcomes: list[Outcome] = []
         sent: list[Request] = []
         makespans = []
+        busy: list[float] = []  # per step: the busiest engine's modelled time
+        before = await engine_stats(client, target.engines)
         steps: Iterator[list[Request]]
         steps = (
             multiturn_steps(workload, outcomes, seed)
@@ -225,13 +227,18 @@ async def run_arm(
             t0 = time.perf_counter()
             outcomes += await asyncio.gather(*(send(client, target, r) for r in batch))
             makespans.append(time.perf_counter() - t0)
+            now = await engine_stats(client, target.engines)
+            busy.append(
+                max(n["busy_us"] - b["busy_us"] for n, b in zip(now, before, strict=True)) / 1e6
+            )
+            before = now
             served = await engine_of_rids(client, target.engines)
             for outcome in outcomes:
                 if outcome.engine < 0:
                     outcome.engine = served.get(outcome.rid, -1)
         after = await engine_stats(client, target.engines)
         added = await added_p50(client, target)
-    return summarise(target, sent, outcomes, makespans, after, added)
+    return summarise(target, sent, outcomes, makespans, busy, after, added)
 
 
 def multiturn_steps(
@@ -277,6 +284,7 @@ def summarise(
     sent: list[Request],
     outcomes: list[Outcome],
     makespans: list[float],
+    busy: list[float],
     after: list[dict[str, Any]],
     added_ms: float,
 ) -> dict[str, float | str]:
@@ -305,6 +313,7 @@ def summarise(
         if statistics.mean(in_flight)
         else 0.0,
         "makespan_s": statistics.mean(makespans),
+        "busy_makespan_s": statistics.mean(busy),
         "added_p50_ms": added_ms,
         "unattributed": float(sum(o.engine < 0 for o in outcomes)),
     }
@@ -393,6 +402,7 @@ def table(rows: list[dict[str, float | str]]) -> str:
         ("work_imbalance", "{:.2f}"),
         ("inflight_imbalance", "{:.2f}"),
         ("makespan_s", "{:.2f}"),
+        ("busy_makespan_s", "{:.2f}"),
         ("added_p50_ms", "{:.2f}"),
     ]
     lines = ["| " + " | ".join(name for name, _ in columns) + " |"]

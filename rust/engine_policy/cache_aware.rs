@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use super::tree::PrefixTree;
 use super::{least, EngineStates, Material, Options, Policy, Request};
 
+/// What a unit to prefill costs against a unit of work in flight (`cache_aware.py` says why).
+const PREFILL_WEIGHT: u64 = 4;
+
 /// (token ids?, adapter, extra_key): one tree each.
 type TreeKey = (bool, Option<Vec<u8>>, Option<Vec<u8>>);
 
@@ -73,34 +76,28 @@ impl CacheAware {
         least(candidates, |i| self.total[i])[0]
     }
 
-    fn choice(
-        &self,
-        tree: &PrefixTree,
-        units: &[u32],
-        candidates: &[usize],
-        engines: &EngineStates,
-    ) -> usize {
+    /// The units each candidate would prefill: the prompt less the deepest prefix the
+    /// engine was sent, when that is over `cache_threshold` of the prompt.
+    fn uncached(&self, tree: &PrefixTree, units: &[u32], candidates: &[usize]) -> Vec<u64> {
+        let mut uncached = vec![units.len() as u64; self.engines];
+        let mut seen = vec![false; self.engines];
         for &(matched, node) in tree.walk(units).iter().rev() {
             let tenants = tree.tenants(node);
-            let holders: Vec<usize> = candidates
-                .iter()
-                .copied()
-                .filter(|&i| tenants.iter().any(|(e, _)| *e == i))
-                .collect();
-            if !holders.is_empty() {
-                if self.ratio(matched, units) {
-                    return least(&holders, |i| engines.in_flight[i])[0];
+            for &i in candidates {
+                if !seen[i] && tenants.iter().any(|(e, _)| *e == i) {
+                    seen[i] = true;
+                    if self.ratio(matched, units) {
+                        uncached[i] = (units.len() - matched) as u64;
+                    }
                 }
-                break;
             }
         }
-        let smallest = least(candidates, |i| self.total[i]);
-        least(&smallest, |i| engines.in_flight[i])[0]
+        uncached
     }
 }
 
 impl Policy for CacheAware {
-    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
         let material = request.material(self.gateway);
         let (key, owned);
@@ -128,10 +125,12 @@ impl Policy for CacheAware {
         let high = loads.max().unwrap_or(0);
         let imbalanced =
             high - low > self.balance_abs && high as f64 > low as f64 * self.balance_rel;
-        let chosen = if imbalanced {
-            least(&candidates, |i| engines.in_flight[i])[0]
-        } else if self.gateway {
-            let chosen = self.gateway_choice(&tree, units, &candidates);
+        let chosen = if self.gateway {
+            let chosen = if imbalanced {
+                least(&candidates, |i| engines.in_flight[i])[0]
+            } else {
+                self.gateway_choice(&tree, units, &candidates)
+            };
             if !candidates.contains(&chosen) {
                 // The Gateway sends the request to its first healthy engine, unrecorded.
                 self.ids = ids;
@@ -140,7 +139,27 @@ impl Policy for CacheAware {
             }
             chosen
         } else {
-            self.choice(&tree, units, &candidates, engines)
+            let uncached = self.uncached(&tree, units, &candidates);
+            let chosen = if imbalanced {
+                least(&candidates, |i| engines.in_flight[i])[0]
+            } else {
+                let cost = |i: usize| {
+                    (
+                        engines.work[i] + PREFILL_WEIGHT * uncached[i],
+                        engines.in_flight[i],
+                        self.total[i],
+                        i,
+                    )
+                };
+                candidates
+                    .iter()
+                    .copied()
+                    .min_by_key(|&i| cost(i))
+                    .unwrap_or(0)
+            };
+            // Counted from the pick: the caller reports the request's start right after.
+            engines.work[chosen] += uncached[chosen] + 1;
+            chosen
         };
         let mut tree = tree;
         self.clock += 1;

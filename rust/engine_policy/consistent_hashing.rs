@@ -43,7 +43,7 @@ fn target(value: &[u8]) -> Option<usize> {
 }
 
 impl Policy for ConsistentHashing {
-    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize {
         if let Some(index) = request.header(TARGET_WORKER_HEADER).and_then(target) {
             if index < engines.len() && engines.healthy[index] {
                 return index;

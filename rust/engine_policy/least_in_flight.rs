@@ -18,7 +18,7 @@ impl LeastInFlight {
 }
 
 impl Policy for LeastInFlight {
-    fn pick(&mut self, _request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, _request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let tied = least(&engines.candidates(), |i| engines.in_flight[i]);
         if !self.rotate {
             return tied[0];

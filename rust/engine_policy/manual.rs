@@ -62,7 +62,7 @@ impl Manual {
 }
 
 impl Policy for Manual {
-    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
         let Some(key) = request.header(ROUTING_KEY_HEADER) else {
             return candidates[self.rng.below(candidates.len())];

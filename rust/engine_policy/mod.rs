@@ -94,6 +94,8 @@ pub struct EngineStates {
     pub in_flight: Vec<u64>,
     /// What the engine's /get_load last said, None when unknown.
     pub load: Vec<Option<u64>>,
+    /// Work in flight as cache_aware estimates it (`policies/base.py`, `EngineStates.work`).
+    pub work: Vec<u64>,
 }
 
 impl EngineStates {
@@ -104,6 +106,7 @@ impl EngineStates {
             healthy: vec![true; n],
             in_flight: vec![0; n],
             load: vec![None; n],
+            work: vec![0; n],
         }
     }
 
@@ -169,7 +172,7 @@ impl Rng {
 /// One routing policy.
 pub trait Policy: Send + Sync {
     /// An index of `engines` (one of its candidates).
-    fn pick(&mut self, request: &Request<'_>, engines: &EngineStates) -> usize;
+    fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize;
     /// Trim state; `now` is seconds on a monotonic clock.
     fn evict(&mut self, _now: f64) {}
 }
@@ -359,7 +362,7 @@ impl Router {
     /// `pick` for a request whose key material the caller may have read already (outside
     /// the lock a shared router sits behind: see `reads_body`).
     pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
-        let index = self.policy.pick(request, &self.engines);
+        let index = self.policy.pick(request, &mut self.engines);
         // A policy bug must not index out of bounds in the caller.
         index.min(self.engines.len() - 1)
     }
@@ -381,7 +384,14 @@ impl Router {
     }
 
     pub fn finished(&mut self, index: usize) {
-        if let Some(n) = self.engines.in_flight.get_mut(index) {
+        let engines = &mut self.engines;
+        if let (Some(n), Some(work)) = (
+            engines.in_flight.get_mut(index),
+            engines.work.get_mut(index),
+        ) {
+            // Which request ended is not known: take off the engine's mean work per
+            // request, and nothing is left once nothing is in flight.
+            *work = if *n > 1 { *work - *work / *n } else { 0 };
             *n = n.saturating_sub(1);
         }
     }

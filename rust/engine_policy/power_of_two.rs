@@ -16,7 +16,7 @@ impl PowerOfTwo {
 }
 
 impl Policy for PowerOfTwo {
-    fn pick(&mut self, _request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, _request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
         let n = candidates.len();
         if n == 1 {

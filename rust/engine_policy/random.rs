@@ -15,7 +15,7 @@ impl RandomPick {
 }
 
 impl Policy for RandomPick {
-    fn pick(&mut self, _request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, _request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
         candidates[self.rng.below(candidates.len())]
     }

@@ -8,7 +8,7 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
-    fn pick(&mut self, _request: &Request<'_>, engines: &EngineStates) -> usize {
+    fn pick(&mut self, _request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
         let turn = self.turn;
         self.turn = self.turn.wrapping_add(1);

@@ -61,17 +61,23 @@ def test_cache_aware_keeps_a_group_on_one_engine(
     assert sorted(per_group) == [[0, GROUP], [GROUP, 0]]
 
 
-def test_round_robin_stays_the_default(engines: list[ServerProcess]) -> None:
-    port = free_port()
-    argv = ["serve", "--port", str(port), "--workers", "0", "--front", "compiled"]
-    argv += [arg for engine in engines for arg in ("--backend", engine.url)]
-    with ServerProcess(argv, port, timeout=60) as gw:
-        before = received(engines)
-        for _ in range(GROUP):
-            reply = httpx.post(gw.url + "/v1/chat/completions", json=chat("same"), timeout=30)
-            assert reply.status_code == 200
-        after = received(engines)
-    assert [a - b for a, b in zip(after, before, strict=True)] == [GROUP // 2, GROUP // 2]
+def test_cache_aware_is_the_default(engines: list[ServerProcess]) -> None:
+    """Without --policy a group stays on one engine; --policy round_robin splits it."""
+    for policy, expected in [
+        ([], [[0, GROUP], [GROUP, 0]]),
+        (["--policy", "round_robin"], [[2, 2]]),
+    ]:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", "0", "--front", "compiled", *policy]
+        argv += [arg for engine in engines for arg in ("--backend", engine.url)]
+        with ServerProcess(argv, port, timeout=60) as gw:
+            before = received(engines)
+            for _ in range(GROUP):
+                reply = httpx.post(gw.url + "/v1/chat/completions", json=chat("same"), timeout=30)
+                assert reply.status_code == 200
+            after = received(engines)
+        split = [a - b for a, b in zip(after, before, strict=True)]
+        assert split in expected, (policy, split)
 
 
 def test_a_bad_tunable_is_refused_at_start() -> None:

@@ -48,7 +48,7 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
 # Engine routing (--policy and the SGLang Model Gateway's tunables), added after the session
 # options got one home: every process that runs a core (its stateless proxy path) takes them.
 ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
-    "--policy": ("round_robin", False),
+    "--policy": ("cache_aware", False),
     "--cache-threshold": (0.3, False),
     "--balance-abs-threshold": (64, False),
     "--balance-rel-threshold": (1.5, False),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -110,6 +111,52 @@ def test_equal_matches_spread_by_load(impl: Any) -> None:
         gateway.pick([], system)
         gateway.set_healthy(down, True)
     assert {send(gateway, 1, q)[0] for q in questions} == {0}
+
+
+@IMPLS
+def test_a_shared_system_prompt_does_not_pull_every_group_to_one_engine(impl: Any) -> None:
+    """GRPO: sixteen groups whose prompts share a system prompt, their samples interleaved
+    and all in flight. cache_aware keeps each group on one engine and spreads the groups
+    over every engine (an engine's cost counts the work it already has); the Gateway's rule
+    follows the shared system prompt while in-flight counts differ by 64 or less, so eight
+    groups (64 requests) pile up on one."""
+    system = list(range(600))
+    groups = [body(input_ids=system + list(range(1000 * g, 1000 * g + 700))) for g in range(1, 17)]
+    for name, count in [("cache_aware", 16), ("cache_aware_gateway", 8)]:
+        policy = impl(name, URLS)
+        picks: dict[int, set[int]] = {g: set() for g in range(count)}
+        for _ in range(8):
+            for g, prompt in enumerate(groups[:count]):
+                picks[g] |= set(send(policy, 1, prompt))
+        assert all(len(p) == 1 for p in picks.values()), (name, picks)
+        per_engine = Counter(next(iter(p)) for p in picks.values())
+        if name == "cache_aware":
+            assert len(per_engine) == 4 and max(per_engine.values()) <= 6, per_engine
+        else:
+            assert len(per_engine) == 1, per_engine
+
+
+@IMPLS
+def test_a_backlog_outweighs_a_cached_prefix_until_it_drains(impl: Any) -> None:
+    """The engine holding a prompt is left while the work it has in flight exceeds what the
+    prompt costs to prefill four times elsewhere, and is chosen again once that work has ended."""
+    policy = impl("cache_aware", URLS[:2])
+    prompt = body(input_ids=list(range(100)))
+    home = send(policy, 1, prompt)[0]
+    other = 1 - home
+    policy.finished(home)
+    policy.set_healthy(other, False)  # a backlog of 2 x 1,000 units lands on `home`
+    send(policy, 2, body(input_ids=list(range(10_000, 11_000))))
+    send(policy, 1, body(input_ids=list(range(20_000, 20_150))))
+    policy.set_healthy(other, True)
+    # home: 2 x 1,001 + 151 units in flight; other: 4 x 100 to prefill the prompt again.
+    assert policy.pick([], prompt) == other
+    policy.finished(home)
+    policy.finished(home)  # one request left on `home`, counted at the mean: 718 units
+    assert policy.pick([], prompt) == other
+    policy.finished(home)
+    assert policy.in_flight == [0, 0]
+    assert policy.pick([], prompt) == home  # nothing in flight: the cache decides
 
 
 @IMPLS

@@ -21,7 +21,7 @@ POLICIES = (
     "manual",
     "consistent_hashing",
 )
-DEFAULT_POLICY = "round_robin"
+DEFAULT_POLICY = "cache_aware"
 ASSIGNMENT_MODES = ("random", "min_load", "min_group")
 TIE_BREAKS = ("index", "round_robin")
 # The policies that keep state a periodic `evict` trims.

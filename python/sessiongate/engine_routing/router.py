@@ -56,7 +56,14 @@ class EnginePolicy:
         """A request on `index` is done (`cached_tokens`, when the reply said, is accepted
         for the callers' accounting; no policy decides on it yet)."""
         self._check(index)
-        self.engines.in_flight[index] = max(0, self.engines.in_flight[index] - 1)
+        engines = self.engines
+        running = engines.in_flight[index]
+        # Which request ended is not known: take off the engine's mean work per request,
+        # and nothing is left once nothing is in flight (estimates never pile up).
+        engines.work[index] = (
+            engines.work[index] - engines.work[index] // running if running > 1 else 0
+        )
+        engines.in_flight[index] = max(0, running - 1)
 
     def set_load(self, index: int, load: int | None) -> None:
         """The engine's reported load (`/get_load`), None when unknown."""

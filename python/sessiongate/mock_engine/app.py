@@ -329,6 +329,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
                 "adapter_requests": dict(state.adapter_requests),
                 "in_flight_avg": round(state.in_flight_avg(), 6),
                 "scheduler_steps": scheduler.steps if scheduler is not None else 0,
+                "busy_us": scheduler.total_busy_us if scheduler is not None else 0,
             }
         )
 

@@ -72,6 +72,9 @@ class StepScheduler:
         # Counters SGLang's /v1/loads reports (LoadSnapshot).
         self.total_prefill_uncached_tokens = 0
         self.total_prefill_busy_us = 0
+        # Every step's modelled time, prefill and decode: the engine's busy time, which
+        # a routing bench compares without the host's own CPU time in it.
+        self.total_busy_us = 0
         self.steps = 0
 
     def submit(self, job: Job) -> None:
@@ -165,6 +168,7 @@ class StepScheduler:
                 busy_us = uncached * cfg.prefill_us_per_token / cfg.speed
                 self.total_prefill_uncached_tokens += uncached
                 self.total_prefill_busy_us += int(busy_us)
+                self.total_busy_us += int(busy_us)
                 await self._sleep(busy_us / 1e6)
                 for job in admitted:
                     # The prefill is done: its prompt is in the cache, its first token out.
@@ -175,7 +179,9 @@ class StepScheduler:
                     if job.done >= job.total:
                         self._finish(job)
                 continue
-            await self._sleep(cfg.decode_step_ms / cfg.speed / 1000)
+            decode_us = cfg.decode_step_ms / cfg.speed * 1000
+            self.total_busy_us += int(decode_us)
+            await self._sleep(decode_us / 1e6)
             for job in list(self.running):
                 if job.abort.is_set():
                     self._finish(job)

@@ -8,7 +8,7 @@ sent) marks the upstream down, re-pins the family to the next upstream in its re
 order and retries the request once.
 
 Stateless requests (no family) go where the engine routing policy says (`--policy`,
-`sessiongate.engine_routing`; round robin over the healthy upstreams by default), which is
+`sessiongate.engine_routing`; `cache_aware` over the healthy upstreams by default), which is
 told each request's start and end and each upstream's health.
 
 The engine set may change at run time (`set_urls`, fed by the engine registry): kept engines

@@ -143,6 +143,9 @@ class EngineStates:
         self.in_flight = [0] * len(urls)
         # What the engine's /get_load last said, None when unknown.
         self.load: list[int | None] = [None] * len(urls)
+        # Work in flight per engine as cache_aware estimates it: at each pick, the units the
+        # request will prefill there, plus one; a request's end takes off the engine's mean.
+        self.work = [0] * len(urls)
 
     def __len__(self) -> int:
         return len(self.urls)

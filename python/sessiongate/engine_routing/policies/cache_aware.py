@@ -18,12 +18,26 @@ Where `cache_aware` departs from the Gateway:
   printing, so "12 3" and "123" share a prefix and a match ratio counts digits);
 - one tree per (ids or text, adapter, extra_key): an engine caches each LoRA adapter and
   each `extra_key` apart, so a prefix sent with another adapter is no cache hit;
-- engines with an equal best match are told apart by requests in flight (then index), and
-  so are engines with equally small trees; the Gateway sends such ties to whichever engine
-  touched the prefix last (or the first smallest), which piles a shared system prompt's
-  traffic onto one engine;
-- only healthy engines' prefixes count: the match falls back to the deepest prefix a
-  healthy engine holds, where the Gateway sends the request to its first healthy engine.
+- below the Gateway's imbalance override, the engine is not "the holder of the longest
+  match" but the candidate of least cost, where an engine's cost is the work it has in
+  flight (`EngineStates.work`: the uncached units of its requests in flight, as estimated
+  when each was picked) plus PREFILL_WEIGHT times the units this request would prefill
+  there (its length minus what the engine holds of it; a match at or below
+  `cache_threshold` of the prompt counts as none). Ties go to fewer requests in flight,
+  then the smaller tree, then the lower index. So a GRPO group stays on the engine that
+  holds its prompt while that engine's backlog exceeds another's by less than four times
+  the prompt's prefill there, and a shared system prompt no longer pulls every request onto
+  one engine: the Gateway's rule (follow any match over the threshold while in-flight counts
+  differ by under 64) sent every multi-turn agent of the routing-quality bench to one engine;
+- only healthy engines' prefixes count.
+
+Why PREFILL_WEIGHT is 4: with 1 the cost is this request's own finish time, and a second
+sample of a group arriving while the first still prefills ties with an idle engine that must
+prefill the whole prompt again, a copy that takes capacity every later request waits for.
+On the routing-quality bench (docs/performance.md) weights 2, 4 and 8 traded hit rate for
+balance within that bench's run-to-run noise (GRPO hit rate 0.76-0.81, work imbalance
+1.2-1.5; multi-turn 0.79-0.82 and 1.1-1.3); 4 kept every multi-turn agent on its engine
+with the best balance seen.
 """
 
 from __future__ import annotations
@@ -41,6 +55,9 @@ from sessiongate.engine_routing.policies.base import (
 from sessiongate.engine_routing.policies.tree import PrefixTree
 
 TreeKey = tuple[bool, str | None, str | None]
+
+# What a unit to prefill costs against a unit of work in flight (the docstring says why 4).
+PREFILL_WEIGHT = 4
 
 
 def gateway_units(material: KeyMaterial) -> str:
@@ -84,15 +101,22 @@ class CacheAware:
         loads = [engines.in_flight[i] for i in candidates]
         low, high = min(loads), max(loads)
         imbalanced = high - low > self.balance_abs and high > low * self.balance_rel
-        if imbalanced:
-            chosen = least(candidates, engines.in_flight)[0]
-        elif self.gateway:
-            chosen = self._gateway_choice(tree, units, candidates)
-            if chosen not in candidates:
-                # The Gateway sends the request to its first healthy engine, unrecorded.
-                return candidates[0]
+        if self.gateway:
+            if imbalanced:
+                chosen = least(candidates, engines.in_flight)[0]
+            else:
+                chosen = self._gateway_choice(tree, units, candidates)
+                if chosen not in candidates:
+                    # The Gateway sends the request to its first healthy engine, unrecorded.
+                    return candidates[0]
         else:
-            chosen = self._choice(tree, units, candidates, engines)
+            uncached = self._uncached(tree, units, candidates)
+            if imbalanced:
+                chosen = least(candidates, engines.in_flight)[0]
+            else:
+                chosen = min(candidates, key=lambda i: self._cost(i, uncached[i], engines))
+            # Counted from the pick: the caller reports the request's start right after.
+            engines.work[chosen] += uncached[chosen] + 1
         self.clock += 1
         self.total[chosen] += tree.insert(units, chosen, self.clock)
         return chosen
@@ -104,17 +128,26 @@ class CacheAware:
             return max(tenants, key=tenants.__getitem__)  # the last engine sent this prefix
         return least(candidates, self.total)[0]
 
-    def _choice(
-        self, tree: PrefixTree, units: Units, candidates: list[int], engines: EngineStates
-    ) -> int:
+    def _uncached(self, tree: PrefixTree, units: Units, candidates: list[int]) -> dict[int, int]:
+        """The units each candidate would prefill: the prompt less the deepest prefix the
+        engine was sent, when that is over `cache_threshold` of the prompt."""
+        uncached = dict.fromkeys(candidates, len(units))
+        seen: set[int] = set()
         for matched, node in reversed(tree.match(units)):
-            holders = [i for i in candidates if i in node.tenants]
-            if holders:
-                if matched / len(units) > self.threshold:
-                    return least(holders, engines.in_flight)[0]
-                break
-        smallest = least(candidates, self.total)
-        return least(smallest, engines.in_flight)[0]
+            for i in candidates:
+                if i not in seen and i in node.tenants:
+                    seen.add(i)
+                    if matched / len(units) > self.threshold:
+                        uncached[i] = len(units) - matched
+        return uncached
+
+    def _cost(self, i: int, uncached: int, engines: EngineStates) -> tuple[int, int, int, int]:
+        return (
+            engines.work[i] + PREFILL_WEIGHT * uncached,
+            engines.in_flight[i],
+            self.total[i],
+            i,
+        )
 
     def evict(self, now: float) -> None:
         for tree in self.trees.values():
