@@ -59,6 +59,33 @@ def test_requests_admitted_together_do_not_share_their_prefill() -> None:
     assert asyncio.run(main()) == [0, 0]
 
 
+def test_a_prefill_step_admits_within_max_prefill_tokens() -> None:
+    # managers/schedule_policy.py `PrefillAdder`: each admitted request's uncached tokens
+    # are charged to `rem_input_tokens` (--max-prefill-tokens, 16384 by default in
+    # arg_groups/fields/schedule.py) and the step admits no more once it would run out; the
+    # first request of a step goes in whatever its size. The requests left for the next
+    # step are matched then, so a copy of a prompt admitted earlier hits the cache.
+    async def main(budget: int) -> list[int]:
+        sch = StepScheduler(
+            _config(max_prefill_tokens=budget), PrefixCache(1 << 16), asyncio.Event()
+        )
+        prompt = list(range(10, 110))  # 100 tokens
+        jobs = [_job(prompt), _job(prompt), _job(list(range(500, 530)))]
+        for j in jobs:
+            sch.submit(j)
+        for j in jobs:
+            await sch.wait(j, j.total)
+        return [j.cached for j in jobs]
+
+    assert asyncio.run(main(16384)) == [0, 0, 0]  # one step: nobody sees another's prompt
+    # (a hit leaves the last token to compute, as SGLang: 99 of 100)
+    assert asyncio.run(main(150)) == [0, 99, 0]  # the copy waits a step and hits
+    assert asyncio.run(main(50)) == [0, 99, 0]  # the first of a step goes in whatever its size
+    assert MockEngineConfig().max_prefill_tokens == 16384
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        MockEngineConfig(max_prefill_tokens=0)
+
+
 def test_namespaces_do_not_share_prefixes() -> None:
     async def main() -> int:
         sch = StepScheduler(_config(), PrefixCache(1 << 16), asyncio.Event())

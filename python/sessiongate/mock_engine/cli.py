@@ -142,6 +142,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="step scheduler: running batch size; more requests wait (default %(default)s)",
     )
     p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=d.max_prefill_tokens,
+        help="step scheduler: uncached prompt tokens one prefill step admits, as SGLang's "
+        "flag (the first request of a step always; default %(default)s)",
+    )
+    p.add_argument(
         "--log-level",
         default=d.log_level,
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -183,6 +190,7 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         decode_step_ms=args.decode_step_ms,
         speed=args.speed,
         max_running_requests=args.max_running_requests,
+        max_prefill_tokens=args.max_prefill_tokens,
     )
 
 

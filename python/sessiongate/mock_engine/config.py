@@ -61,6 +61,9 @@ class MockEngineConfig:
     speed: float = 1.0
     # SGLang's --max-running-requests: more wait in the queue (num_waiting_reqs).
     max_running_requests: int = 64
+    # SGLang's --max-prefill-tokens: the uncached prompt tokens one prefill step admits (the
+    # first request of a step is admitted whatever its size; SGLang would chunk it).
+    max_prefill_tokens: int = 16384
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -94,6 +97,8 @@ class MockEngineConfig:
             problems.append("prefill_us_per_token and decode_step_ms must be >= 0")
         if not self.speed > 0:
             problems.append("speed must be > 0")
+        if self.max_prefill_tokens < 1:
+            problems.append("max_prefill_tokens must be >= 1")
         if self.max_running_requests < 1:
             problems.append("max_running_requests must be >= 1")
         if not self.weight_version:

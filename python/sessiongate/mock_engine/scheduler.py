@@ -7,10 +7,11 @@ matters is that a busy engine answers later and that a prefix-cache hit saves pr
 With `--step-scheduler` the engine runs one loop, like SGLang's scheduler
 (managers/scheduler.py `event_loop_normal`): requests wait in a FIFO queue; a step first
 admits waiting requests while the running batch has room (`--max-running-requests`),
-matches each prompt against the prefix cache at that moment (`cached_tokens`), and runs
-one prefill step costing `--prefill-us-per-token` per uncached prompt token; the prefill
-gives each admitted request its first token and inserts its prompt into the cache (the
-radix cache is filled when a prefill completes). With nobody to admit, a decode step of
+matches each prompt against the prefix cache at that moment (`cached_tokens`), within a
+budget of `--max-prefill-tokens` uncached tokens per step (SGLang's PrefillAdder; the first
+request always goes in), and runs one prefill step costing `--prefill-us-per-token` per
+uncached prompt token; the prefill gives each admitted request its first token and inserts
+its prompt into the cache (the radix cache is filled when a prefill completes). With nobody to admit, a decode step of
 `--decode-step-ms` gives every running request one more token. A finished request leaves
 its prompt and output (all but the last token) in the cache. `--speed` divides every
 step's time, so `--speed 0.5` is an engine twice as slow.
@@ -150,14 +151,24 @@ class StepScheduler:
                 )
                 continue
             admitted: list[Job] = []
+            budget = cfg.max_prefill_tokens
             while self.waiting and len(self.running) + len(admitted) < cfg.max_running_requests:
-                job = self.waiting.popleft()
+                job = self.waiting[0]
                 if job.abort.is_set():
+                    self.waiting.popleft()
                     job.finished = True
                     job.changed.set()
                     continue
-                # Matched at schedule time, against what earlier prefills left.
-                job.cached = self.cache.match(job.prompt, job.namespace, job.limit)
+                # Matched at schedule time, against what earlier prefills left: requests
+                # admitted in one step do not see each other's prompts (SGLang's default
+                # fcfs schedule does no in-batch prefix matching).
+                cached = self.cache.match(job.prompt, job.namespace, job.limit)
+                uncached = len(job.prompt) - cached
+                if admitted and uncached > budget:
+                    break  # the next step takes it, maybe with a hit by then
+                budget -= uncached
+                self.waiting.popleft()
+                job.cached = cached
                 job.admitted = True
                 if self.on_admit is not None:
                     self.on_admit(job)
