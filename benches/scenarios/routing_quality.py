@@ -206,7 +206,10 @@ async def flush(client: httpx.AsyncClient, engines: list[str]) -> None:
 async def run_arm(
     target: Target, workload: Workload, variant: str, seed: int
 ) -> dict[str, float | str]:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    # Idle connections are dropped before the engines' own keep-alive (uvicorn: 5 s) can
+    # close them under a request sent on one: that race was a client ReadError, not a
+    # router's fault.
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512, keepalive_expiry=1.0)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         await flush(client, target.engines)
         outcomes: list[Outcome] = []
@@ -334,13 +337,23 @@ def sessiongate_policies() -> list[str]:
     return match.group(1).split(",") if match else []
 
 
+@dataclass(frozen=True)
+class EngineCost:
+    """What the mock engines' steps cost (their step scheduler's flags)."""
+
+    prefill_us_per_token: float
+    decode_step_ms: float
+
+
 @contextlib.contextmanager
-def engines(variant: str) -> Iterator[list[str]]:
+def engines(variant: str, cost: EngineCost) -> Iterator[list[str]]:
     with contextlib.ExitStack() as stack:
         urls = []
         for index in range(ENGINES):
             port = free_port()
             argv = ["mock-engine", "--port", str(port), "--step-scheduler", "--seed", str(index)]
+            argv += ["--prefill-us-per-token", str(cost.prefill_us_per_token)]
+            argv += ["--decode-step-ms", str(cost.decode_step_ms)]
             argv += ["--lora-adapters", ",".join(ADAPTERS), "--prefix-cache-tokens", "200000"]
             if variant == "slow" and index == ENGINES - 1:
                 argv += ["--speed", "0.5"]
@@ -422,11 +435,18 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="2 steps x 6 prompts x 4 samples")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    # The engines' modelled time must outweigh the host's own CPU time (four Python engines,
+    # a router and this client on a few cores), or the makespan measures the host: 100 us
+    # per uncached token (10,000 prefill tokens/s) and 20 ms per decode step are of the
+    # order of a large model on one GPU.
+    parser.add_argument("--prefill-us-per-token", type=float, default=100.0)
+    parser.add_argument("--decode-step-ms", type=float, default=20.0)
     args = parser.parse_args()
     if args.quick:
         args.steps, args.prompts, args.samples = 2, 6, 4
     arms = [a for a in args.arms.split(",") if a] or default_arms()
     results: dict[str, list[dict[str, float | str]]] = {}
+    cost = EngineCost(args.prefill_us_per_token, args.decode_step_ms)
     for variant in [v for v in args.variants.split(",") if v]:
         print(f"== {variant}")
         workload = workload_for(variant, args)
@@ -434,7 +454,7 @@ def main() -> int:
         for arm in arms:
             # Fresh engines per arm: their counters (time-averaged in flight) and caches
             # start from zero, and no arm inherits another's warm state.
-            with engines(variant) as urls, arm_target(arm, urls) as target:
+            with engines(variant, cost) as urls, arm_target(arm, urls) as target:
                 if target is None:
                     continue
                 row = asyncio.run(run_arm(target, workload, variant, args.seed))
