@@ -119,6 +119,9 @@ class Router:
         # Called once the engine set first changes (the compiled front stops relaying).
         self.on_engines_changed: Callable[[], None] | None = None
         self._engine_pushes: set[asyncio.Task[None]] = set()
+        # Per worker slot, the engine set being sent to a (re)attached worker: its requests
+        # wait for it, so none reaches the worker before the live set does.
+        self._engine_sync: dict[int, asyncio.Task[None]] = {}
 
     def use_engines(self, registry: EngineRegistry) -> None:
         """Own `registry`: answer the management routes from it and send its set to every
@@ -170,12 +173,13 @@ class Router:
         channel.start()
         if self.engines is not None and self.engines.changed:
             # A restarted (or reconnected) worker starts from its --backend argv: give it the
-            # live set. Sent at once, it races only the worker's first requests.
+            # live set before anything else (`_handle` waits for this task).
             task = asyncio.get_running_loop().create_task(
                 self._send_engines(channel, self.engines.urls())
             )
             self._engine_pushes.add(task)
             task.add_done_callback(self._engine_pushes.discard)
+            self._engine_sync[channel.index] = task
 
     # -- handle -----------------------------------------------------------------------
 
@@ -219,6 +223,13 @@ class Router:
         }
         if request.auto_create:
             meta["auto_create"] = True
+        sync = self._engine_sync.get(index)
+        if sync is not None:
+            if not sync.done():
+                # Shielded: a client giving up must not cancel the worker's engine set.
+                await asyncio.shield(sync)
+            if self._engine_sync.get(index) is sync:
+                del self._engine_sync[index]
         try:
             return await channel.request(meta, request.body)
         except WorkerLost as exc:
