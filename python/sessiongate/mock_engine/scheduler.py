@@ -11,10 +11,10 @@ matches each prompt against the prefix cache at that moment (`cached_tokens`), w
 budget of `--max-prefill-tokens` uncached tokens per step (SGLang's PrefillAdder; the first
 request always goes in), and runs one prefill step costing `--prefill-us-per-token` per
 uncached prompt token; the prefill gives each admitted request its first token and inserts
-its prompt into the cache (the radix cache is filled when a prefill completes). With nobody to admit, a decode step of
-`--decode-step-ms` gives every running request one more token. A finished request leaves
-its prompt and output (all but the last token) in the cache. `--speed` divides every
-step's time, so `--speed 0.5` is an engine twice as slow.
+its prompt into the cache (the radix cache is filled when a prefill completes). With
+nobody to admit, a decode step of `--decode-step-ms` gives every running request one more
+token. A finished request leaves its prompt and output (all but the last token) in the
+cache. `--speed` divides every step's time, so `--speed 0.5` is an engine twice as slow.
 """
 
 from __future__ import annotations
