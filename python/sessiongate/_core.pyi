@@ -258,7 +258,8 @@ class CompiledFront:
         non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
         listening socket is switched to non-blocking mode (a flag it shares with the
         duplicate). ``upstreams`` are distinct ``http://host:port[/prefix]`` base URLs
-        (trailing "/" stripped); timeouts are positive seconds; ``latency_buckets`` strictly
+        (trailing "/" stripped; none: stateless requests go to Python until
+        ``set_engines``); timeouts are positive seconds; ``latency_buckets`` strictly
         ascending. ValueError (OSError for the fds) otherwise. Without ``dispatch`` the
         requests Python answers are handed off with their connection. ``engine_policy`` and
         ``engine_policy_options`` choose the engine of each proxied request (as
@@ -270,8 +271,13 @@ class CompiledFront:
     def take_writable(self) -> list[int]:
         """Drain the ids of dispatched requests that may ``send`` again after a 1 (full)."""
     def set_relay(self, relay: bool) -> None:
-        """Relay stateless proxy requests to the start-up ``upstreams`` (True, the default)
-        or dispatch them to Python (False), once the engine set changes at run time."""
+        """Relay stateless proxy requests to the front's engines (True, the default) or
+        dispatch them to Python (False: no engine, or one the front cannot reach)."""
+    def set_engines(self, urls: list[str]) -> None:
+        """Relay stateless requests to ``urls`` from now on: a new pool, the engine policy
+        afresh over them, engines in both sets keeping their connections and health;
+        requests in flight finish on the pool they started on. ValueError for an empty list,
+        a URL the front cannot relay to (not plain ``http://``) or a stopped front."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned

@@ -327,10 +327,9 @@ pub struct Router {
 }
 
 impl Router {
+    /// An empty `urls` makes the router of a pool that relays nothing yet (the compiled
+    /// front before engines register): never `pick` on it.
     pub fn new(name: &str, urls: Vec<String>, options: Options) -> Result<Self, String> {
-        if urls.is_empty() {
-            return Err("at least one engine URL is needed".into());
-        }
         options.check()?;
         let policy = make_policy(name, &options, urls.len())?;
         Ok(Self {
@@ -343,6 +342,11 @@ impl Router {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The same policy and tunables over another engine set, its state afresh.
+    pub fn with_urls(&self, urls: Vec<String>) -> Result<Self, String> {
+        Self::new(&self.name, urls, self.options.clone())
     }
 
     /// Seconds between `evict` calls, None when the policy keeps nothing to trim.
@@ -364,7 +368,7 @@ impl Router {
     pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
         let index = self.policy.pick(request, &mut self.engines);
         // A policy bug must not index out of bounds in the caller.
-        index.min(self.engines.len() - 1)
+        index.min(self.engines.len().saturating_sub(1))
     }
 
     /// Whether the policy reads the body's key material, and if so with the text when the

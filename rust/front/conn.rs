@@ -372,7 +372,7 @@ impl Conn<'_> {
         &mut self,
         outgoing: Outgoing,
     ) -> Option<Result<(Response<Incoming>, InFlight), String>> {
-        let pool = &self.shared.pool;
+        let pool = self.shared.pool();
         let upstream = pool.send(outgoing);
         tokio::pin!(upstream);
         let mut watching = self.buf.len() <= WATCH_LIMIT;

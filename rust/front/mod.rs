@@ -50,6 +50,25 @@ struct Running {
 pub struct CompiledFront {
     shared: Arc<Shared>,
     running: Mutex<Option<Running>>,
+    health_interval: Duration,
+}
+
+/// The engines' base URLs, parsed and distinct.
+fn targets_of(urls: &[String]) -> PyResult<Vec<upstream::Target>> {
+    let targets = urls
+        .iter()
+        .map(|u| parse_url(u))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(PyValueError::new_err)?;
+    for (i, target) in targets.iter().enumerate() {
+        if targets[..i].iter().any(|t| t.url == target.url) {
+            return Err(PyValueError::new_err(format!(
+                "upstream URLs must be distinct: '{}' is given twice",
+                target.url
+            )));
+        }
+    }
+    Ok(targets)
 }
 
 fn seconds(name: &str, value: f64) -> PyResult<Duration> {
@@ -137,22 +156,7 @@ impl CompiledFront {
         engine_policy_options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // Everything is validated before a thread starts or an fd is taken.
-        if upstreams.is_empty() {
-            return Err(PyValueError::new_err("at least one upstream URL is needed"));
-        }
-        let targets = upstreams
-            .iter()
-            .map(|u| parse_url(u))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(PyValueError::new_err)?;
-        for (i, target) in targets.iter().enumerate() {
-            if targets[..i].iter().any(|t| t.url == target.url) {
-                return Err(PyValueError::new_err(format!(
-                    "upstream URLs must be distinct: '{}' is given twice",
-                    target.url
-                )));
-            }
-        }
+        let targets = targets_of(&upstreams)?;
         let max_body = u64::try_from(max_body_bytes).map_err(|_| {
             PyValueError::new_err(format!("max_body_bytes must be >= 0, got {max_body_bytes}"))
         })?;
@@ -234,6 +238,9 @@ impl CompiledFront {
             Arc::clone(&pool),
             notify,
         ));
+        // No engine yet (they register at run time): Python answers stateless requests
+        // until `set_engines`.
+        shared.set_relay(!upstreams.is_empty());
         let (shutdown, stopping) = watch::channel(false);
         runtime.spawn(server::accept_loop(
             listener,
@@ -247,6 +254,7 @@ impl CompiledFront {
         Ok(Self {
             shared,
             running: Mutex::new(Some(Running { runtime, shutdown })),
+            health_interval,
         })
     }
 
@@ -285,6 +293,40 @@ impl CompiledFront {
         self.shared.set_relay(relay);
     }
 
+    /// Relay stateless requests to `urls` from now on (the engine registry's set): the
+    /// policy starts afresh over them, engines kept from the old set keep their
+    /// connections and health, and requests in flight finish on the engines they had.
+    fn set_engines(&self, urls: Vec<String>) -> PyResult<()> {
+        if urls.is_empty() {
+            return Err(PyValueError::new_err(
+                "the compiled front needs at least one engine (set_relay(False) to hand \
+                 stateless requests to Python instead)",
+            ));
+        }
+        let targets = targets_of(&urls)?;
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(running) = running.as_ref() else {
+            return Err(PyValueError::new_err("the compiled front is stopped"));
+        };
+        let pool = {
+            let _context = running.runtime.enter();
+            self.shared.pool().successor(targets)
+        }
+        .map_err(PyValueError::new_err)?;
+        let pool = Arc::new(pool);
+        let stopping = running.shutdown.subscribe();
+        if let Some(interval) = pool.eviction_interval() {
+            running
+                .runtime
+                .spawn(Arc::clone(&pool).evict_forever(interval, stopping.clone()));
+        }
+        running
+            .runtime
+            .spawn(Arc::clone(&pool).probe_forever(self.health_interval, stopping));
+        self.shared.set_pool(pool).retire();
+        Ok(())
+    }
+
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let snap = self.shared.stats.snapshot();
         let requests = PyDict::new(py);
@@ -296,7 +338,7 @@ impl CompiledFront {
         latency.set_item("count", snap.count)?;
         latency.set_item("sum", snap.sum_seconds)?;
         let upstreams = PyList::empty(py);
-        for state in self.shared.pool.states() {
+        for state in self.shared.pool().states() {
             let entry = PyDict::new(py);
             entry.set_item("url", state.url)?;
             entry.set_item("healthy", state.healthy)?;
@@ -337,7 +379,7 @@ impl CompiledFront {
     fn __repr__(&self) -> String {
         let urls: Vec<String> = self
             .shared
-            .pool
+            .pool()
             .states()
             .into_iter()
             .map(|s| s.url)

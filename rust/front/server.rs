@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,11 +36,13 @@ pub struct Config {
 pub struct Shared {
     pub config: Config,
     pub stats: Stats,
-    pub pool: Arc<Pool>,
+    /// The engines stateless requests are relayed to; replaced whole when the engine set
+    /// changes (`set_pool`): a request keeps the pool it started on until it is done.
+    pool: RwLock<Arc<Pool>>,
     /// Whether stateless proxy requests are relayed by this front to `pool` (true) or
     /// dispatched to Python, whose session core proxies them through its own upstream pool
-    /// (false). Python turns it off once the engine set can change at run time (engine
-    /// registrations): `pool` was fixed at start and would relay to a stale engine list.
+    /// (false): Python turns it off while the engine set is empty or one engine cannot be
+    /// relayed to by this front (not plain http).
     relay: AtomicBool,
     handoffs: Mutex<Handoffs>,
     next_request: AtomicU64,
@@ -76,7 +78,7 @@ impl Shared {
         Self {
             config,
             stats,
-            pool,
+            pool: RwLock::new(pool),
             relay: AtomicBool::new(true),
             handoffs: Mutex::new(Handoffs {
                 queue: Vec::new(),
@@ -86,6 +88,17 @@ impl Shared {
             }),
             next_request: AtomicU64::new(1),
         }
+    }
+
+    /// The current pool (a clone of its handle: hold it for the whole request).
+    pub fn pool(&self) -> Arc<Pool> {
+        Arc::clone(&self.pool.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Install `pool` for new requests; the old one is returned (to retire it).
+    pub fn set_pool(&self, pool: Arc<Pool>) -> Arc<Pool> {
+        let mut current = self.pool.write().unwrap_or_else(|p| p.into_inner());
+        std::mem::replace(&mut *current, pool)
     }
 
     pub fn relays(&self) -> bool {

@@ -1,5 +1,5 @@
 //! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, the engine
-//! routing policy choosing among them (`rust/engine_policy/`, round robin by default), a retry
+//! routing policy choosing among them (`rust/engine_policy/`, cache_aware by default), a retry
 //! elsewhere after a connect failure, and a health prober.
 //! Mirrors `python/sessiongate/upstream/pool.py` and `client.py` for stateless traffic.
 
@@ -130,6 +130,9 @@ pub struct Pool {
     timeout: Duration,
     connect_timeout: Duration,
     health_path: String,
+    /// Replaced by a new engine set: its probe and trim loops end at their next wake-up;
+    /// requests still on it finish.
+    retired: AtomicBool,
 }
 
 enum Failure {
@@ -147,11 +150,44 @@ impl Pool {
         health_path: &str,
         router: Router,
     ) -> Result<Self, String> {
+        Self::build(targets, timeout, connect_timeout, health_path, router, None)
+    }
+
+    /// The pool of a new engine set, with this one's settings and policy (its state starts
+    /// afresh, as `pool.py::set_urls` does); engines in both sets keep their connections and
+    /// health. Needs a tokio runtime context.
+    pub fn successor(&self, targets: Vec<Target>) -> Result<Self, String> {
+        let urls = targets.iter().map(|t| t.url.clone()).collect();
+        let router = lock(&self.router).with_urls(urls)?;
+        Self::build(
+            targets,
+            self.timeout,
+            self.connect_timeout,
+            &self.health_path,
+            router,
+            Some(self),
+        )
+    }
+
+    pub fn retire(&self) {
+        self.retired.store(true, Relaxed);
+    }
+
+    fn build(
+        targets: Vec<Target>,
+        timeout: Duration,
+        connect_timeout: Duration,
+        health_path: &str,
+        mut router: Router,
+        previous: Option<&Pool>,
+    ) -> Result<Self, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
         let mut upstreams = Vec::with_capacity(targets.len());
         for target in targets {
+            let kept =
+                previous.and_then(|p| p.upstreams.iter().find(|u| u.target.url == target.url));
             let probe = format!("http://{}{}{health_path}", target.authority, target.prefix);
             let probe_uri = probe.parse::<Uri>().map_err(|e| {
                 format!(
@@ -159,17 +195,29 @@ impl Pool {
                     target.url
                 )
             })?;
-            let client = Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(POOL_IDLE)
-                .pool_timer(TokioTimer::new())
-                .build(connector.clone());
+            let (client, healthy, last_error) = match kept {
+                Some(up) => (
+                    up.client.clone(),
+                    up.healthy.load(Relaxed),
+                    lock(&up.last_error).clone(),
+                ),
+                None => (
+                    Client::builder(TokioExecutor::new())
+                        .pool_idle_timeout(POOL_IDLE)
+                        .pool_timer(TokioTimer::new())
+                        .build(connector.clone()),
+                    // Assumed up until a probe or a request says otherwise (as pool.py).
+                    true,
+                    None,
+                ),
+            };
+            router.set_healthy(upstreams.len(), healthy);
             upstreams.push(Upstream {
                 target,
                 client,
                 probe_uri,
-                // Assumed up until a probe or a request says otherwise (as pool.py).
-                healthy: AtomicBool::new(true),
-                last_error: Mutex::new(None),
+                healthy: AtomicBool::new(healthy),
+                last_error: Mutex::new(last_error),
             });
         }
         let weights: Vec<u64> = upstreams
@@ -188,6 +236,7 @@ impl Pool {
             timeout,
             connect_timeout,
             health_path: health_path.to_string(),
+            retired: AtomicBool::new(false),
         })
     }
 
@@ -255,6 +304,9 @@ impl Pool {
                 _ = tokio::time::sleep(interval) => {}
                 _ = shutdown.wait_for(|stopping| *stopping) => return,
             }
+            if self.retired.load(Relaxed) {
+                return;
+            }
             let now = self.created.elapsed().as_secs_f64();
             lock(&self.router).evict(now);
         }
@@ -278,6 +330,10 @@ impl Pool {
         self: &Arc<Self>,
         request: Outgoing,
     ) -> Result<(Response<Incoming>, InFlight), String> {
+        if self.upstreams.is_empty() {
+            // Python keeps relaying off while the set is empty; this is the backstop.
+            return Err("no engine registered yet".into());
+        }
         let first = self.pick(&request);
         // Only kept when a retry is possible at all.
         let spare = (self.upstreams.len() > 1).then(|| request.headers.clone());
@@ -397,6 +453,9 @@ impl Pool {
         mut shutdown: watch::Receiver<bool>,
     ) {
         loop {
+            if self.retired.load(Relaxed) {
+                return;
+            }
             let mut probes = JoinSet::new();
             for index in 0..self.upstreams.len() {
                 let pool = Arc::clone(&self);

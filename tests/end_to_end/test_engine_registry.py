@@ -200,19 +200,38 @@ def test_restarted_worker_keeps_the_registered_set() -> None:
         raise_for_status(client.post(f"/sessions/{session}/v1/chat/completions", json=CHAT))
 
 
+def front_engines(client: httpx.Client) -> dict[str, str]:
+    """The compiled front's own engines and their state, from /metrics."""
+    found = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("sessiongate_front_upstream_up{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('url="', 1)[1].rstrip('"}')] = value
+    return found
+
+
 @pytest.mark.parametrize("workers", LAYOUTS)
-def test_compiled_front_stops_relaying_to_its_start_up_engines(workers: str) -> None:
+def test_compiled_front_relays_to_the_registered_set(workers: str) -> None:
+    """The front swaps its pool on each change of the engine set (its own engine list, in
+    /metrics, follows the registry): the registered engine serves stateless requests, the
+    removed one gets none, and an empty set goes to Python (a clear 503)."""
     with mock_engine() as static, mock_engine() as registered:
         with gateway(workers, "--backend", static.url, "--front", "compiled") as gw:
             client = httpx.Client(base_url=gw.url, timeout=30.0)
             raise_for_status(client.post("/generate", json=GENERATE))
             assert requests_of(static) == 1  # static --backend works as before
+            assert front_engines(client) == {static.url: "1"}
             raise_for_status(client.post(f"/add_worker?url={registered.url}"))
             raise_for_status(client.post(f"/remove_worker?url={static.url}"))
+            assert front_engines(client) == {registered.url: "1"}
             for _ in range(3):
                 raise_for_status(client.post("/generate", json=GENERATE))
                 raise_for_status(client.post("/v1/chat/completions", json=CHAT))
             assert requests_of(static) == 1 and requests_of(registered) == 6
+            raise_for_status(client.post(f"/remove_worker?url={registered.url}"))
+            reply = client.post("/generate", json=GENERATE)
+            assert reply.status_code == 503, reply.text
+            assert "no engine" in reply.text
 
 
 def test_admin_key_guards_management_only() -> None:

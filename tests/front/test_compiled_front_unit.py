@@ -433,10 +433,34 @@ def test_stop_closes_untaken_handoffs(upstream: Upstream, make_front: Any) -> No
     assert Reader(client).at_eof()
 
 
+def test_an_engine_set_given_at_run_time_replaces_the_start_up_one(
+    upstream: Upstream, make_front: Any
+) -> None:
+    """Started without engines (they register later), the front hands stateless requests
+    to Python; `set_engines` gives it a pool to relay to, and a bad set changes nothing."""
+    front = make_front([])
+    client = front.connect()
+    client.sendall(post(CHAT, b"{}", "Content-Type: application/json"))
+    front.wait_until(lambda s: s["handoffs"] == 1)
+    assert front.stats()["upstreams"] == []
+    for bad, fragment in [([], "at least one engine"), (["https://e:443"], "https://e:443")]:
+        with pytest.raises(ValueError, match=fragment):
+            front.core.set_engines(bad)
+    assert front.stats()["upstreams"] == []
+    front.core.set_engines([upstream.url])
+    front.core.set_relay(True)
+    client = front.connect()
+    client.sendall(post(CHAT, b'{"n": 1}', "Content-Type: application/json"))
+    status, _, _ = Reader(client).head()
+    assert status == 200
+    assert [seen["body"] for seen in upstream.seen] == [b'{"n": 1}']
+    assert front.stats()["upstreams"] == [{"url": upstream.url, "healthy": True}]
+    assert front.stats()["handoffs"] == 1
+
+
 @pytest.mark.parametrize(
     ("upstreams", "fragment"),
     [
-        ([], "at least one upstream"),
         (["https://engine:443"], "'https://engine:443'"),
         (["engine:8000"], "'engine:8000'"),
         (["http://a:1", "http://a:1/"], "'http://a:1'"),

@@ -94,10 +94,14 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
     app = GatewayApp(router.handle, settings)
     protocol = gateway_protocol(settings.header_timeout)
-    door = open_front_door(args, settings, backends, LATENCY_BUCKETS, who="router")
+    # `--backend none` (not --worker-endpoints, whose engines only the workers know).
+    registered = not backends and not args.worker_endpoints
+    door = open_front_door(
+        args, settings, backends, LATENCY_BUCKETS, who="router", registered=registered
+    )
     if door is not None:
         router.front_stats = door.stats
-        router.on_engines_changed = door.stop_relaying
+        router.on_engines_changed = door.use_engines
     port = door.port if door is not None else args.port
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)

@@ -68,9 +68,10 @@ def default_front_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def front_unsupported(upstreams: Sequence[str]) -> str | None:
-    """Why the compiled front cannot serve this configuration, or None."""
-    if not upstreams:
+def front_unsupported(upstreams: Sequence[str], *, registered: bool = False) -> str | None:
+    """Why the compiled front cannot serve this configuration, or None. `registered`: the
+    engines register at run time (`--backend none`), so none known yet is fine."""
+    if not upstreams and not registered:
         return "the router does not know the upstreams (its workers do)"
     https = [url for url in upstreams if not url.startswith("http://")]
     if https:
@@ -109,12 +110,14 @@ def front_options(
     args: argparse.Namespace,
     upstreams: Sequence[str],
     latency_buckets: Sequence[float],
+    *,
+    registered: bool = False,
 ) -> FrontOptions | None:
     """The compiled front's options, or None for the Python front; SystemExit when
     `--front compiled` was asked for a configuration it cannot serve."""
     if args.front == "python":
         return None
-    problem = front_unsupported(upstreams)
+    problem = front_unsupported(upstreams, registered=registered)
     if problem is not None:
         if args.front == "compiled":
             raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
@@ -158,7 +161,8 @@ class CompiledFrontDoor:
         self._wake_write = -1
         self._adopting: set[asyncio.Task[Any]] = set()
         self._requests: DispatchedRequests | None = None
-        self.relaying = True
+        # The engine set given at run time (`use_engines`), None while it is the start-up one.
+        self.engines: list[str] | None = None
 
     @property
     def port(self) -> int:
@@ -197,18 +201,30 @@ class CompiledFrontDoor:
             engine_policy=self.options.engine_routing.policy,
             engine_policy_options=self.options.engine_routing.options(),
         )
-        if not self.relaying:
-            self._front.set_relay(False)
+        self._apply_engines()
         loop.add_reader(self._wake_read, self._on_wake)
 
-    def stop_relaying(self) -> None:
-        """From now on dispatch stateless requests to Python, whose session core proxies
-        them through its pool: the engine set changed at run time (a registration or a
-        removal), and the engines this front was started with are stale. Costs the Python
-        hop on stateless traffic (docs/performance.md, "Registered engines")."""
-        self.relaying = False
-        if self._front is not None:
-            self._front.set_relay(False)
+    def use_engines(self, urls: Sequence[str]) -> None:
+        """Relay stateless requests to `urls` from now on: the engine set changed at run
+        time (a registration or a removal). The front swaps its pool (kept engines keep
+        their connections and health; requests in flight finish where they are). An empty
+        set, or one with an engine the front cannot reach (not plain http://), is handed to
+        Python instead, whose session core proxies (or refuses) through its own pool."""
+        self.engines = list(urls)
+        self._apply_engines()
+
+    def _apply_engines(self) -> None:
+        if self._front is None or self.engines is None:
+            return  # start() applies it
+        if self.engines:
+            try:
+                self._front.set_engines(self.engines)
+            except ValueError as exc:
+                logger.warning("stateless requests go through Python: %s", exc)
+            else:
+                self._front.set_relay(True)
+                return
+        self._front.set_relay(False)
 
     def _on_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
@@ -292,10 +308,12 @@ def open_front_door(
     latency_buckets: Sequence[float],
     *,
     who: str,
+    registered: bool = False,
 ) -> CompiledFrontDoor | None:
     """The front door `args` ask for, its public socket bound (`args.host`, `args.port`);
-    None for the Python front. SystemExit naming `who` when the address cannot be bound."""
-    options = front_options(args, upstreams, latency_buckets)
+    None for the Python front. SystemExit naming `who` when the address cannot be bound.
+    `registered`: the engines register at run time (`use_engines`)."""
+    options = front_options(args, upstreams, latency_buckets, registered=registered)
     if options is None:
         return None
     try:

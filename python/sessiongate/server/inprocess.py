@@ -48,9 +48,8 @@ class InProcessGateway:
             interval=core.upstream.health_interval,
         )
         self.management = EngineManagement(self.engines)
-        # Called once the engine set first changes (the compiled front stops relaying to
-        # the engines it was started with).
-        self.on_engines_changed: Callable[[], None] | None = None
+        # Called with the new set on each change (the compiled front relays to it).
+        self.on_engines_changed: Callable[[list[str]], None] | None = None
         self.metrics = RouterMetrics()
         # The compiled front's counters, when it serves the port (its proxy requests never
         # reach this handler).
@@ -74,7 +73,7 @@ class InProcessGateway:
 
     async def _engines_changed(self, urls: list[str]) -> None:
         if self.on_engines_changed is not None:
-            self.on_engines_changed()
+            self.on_engines_changed(urls)
         self.core.upstream.set_urls(urls)
 
     def gauge(self) -> WorkerGauge:
@@ -113,14 +112,21 @@ def run_in_process(
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
-    door = open_front_door(args, frontend, config.backends, LATENCY_BUCKETS, who="sessiongate")
+    door = open_front_door(
+        args,
+        frontend,
+        config.backends,
+        LATENCY_BUCKETS,
+        who="sessiongate",
+        registered=not config.backends,  # `--backend none`
+    )
     port = door.port if door is not None else args.port
     core = build_core(config)
     # With the embedded mock (`watched`), the first registered engine replaces it.
     gateway = InProcessGateway(core, placeholder=bool(watched))
     if door is not None:
         gateway.front_stats = door.stats
-        gateway.on_engines_changed = door.stop_relaying
+        gateway.on_engines_changed = door.use_engines
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))

@@ -116,8 +116,8 @@ class Router:
         # worker's restart, and every worker's pool gets the same set (`use_engines`).
         self.engines: EngineRegistry | None = None
         self.management: EngineManagement | None = None
-        # Called once the engine set first changes (the compiled front stops relaying).
-        self.on_engines_changed: Callable[[], None] | None = None
+        # Called with the new set on each change (the compiled front relays to it).
+        self.on_engines_changed: Callable[[list[str]], None] | None = None
         self._engine_pushes: set[asyncio.Task[None]] = set()
         # Per worker slot, the engine set being sent to a (re)attached worker: its requests
         # wait for it, so none reaches the worker before the live set does.
@@ -132,7 +132,7 @@ class Router:
 
     async def _engines_changed(self, urls: list[str]) -> None:
         if self.on_engines_changed is not None:
-            self.on_engines_changed()
+            self.on_engines_changed(urls)
         channels = [c for c in self.channels if c is not None and c.up]
         await asyncio.gather(*(self._send_engines(c, urls) for c in channels))
 
