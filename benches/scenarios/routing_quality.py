@@ -27,8 +27,15 @@ engine with the fewest requests in flight).
 Figures per arm: prefix-cache hit rate (sum of `cached_tokens` over sum of prompt tokens,
 from the replies), re-prefilled tokens, the share of GRPO groups kept on one engine, load
 imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
-time-averaged in-flight from the engines' counters), mean step makespan, and the router's
-added p50 on small idle requests. docs/performance.md, "Routing quality", has the figures.
+time-averaged in-flight from the engines' counters), mean step makespan (wall), the busy
+makespan (per step, the busiest engine's modelled step time, which leaves the host's own
+CPU time out), and the router's added p50 on small idle requests. docs/performance.md,
+"Routing quality", has the figures.
+
+The engines' steps cost 100 us per uncached prompt token and 20 ms per decode step by
+default (`--prefill-us-per-token`, `--decode-step-ms`): of the order of a large model on one
+GPU, and enough for the engines' modelled time to outweigh the host's CPU time (four Python
+engines, a router and this client on a few cores), which otherwise decides the makespan.
 """
 
 from __future__ import annotations
