@@ -20,6 +20,7 @@ from typing import Any
 
 from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
+from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
@@ -64,6 +65,8 @@ class InProcessGateway:
             reply = CoreReply(200, list(METRICS_HEADERS), body)
         elif request.op is Op.ENGINES:
             reply = await self.management.handle(request)
+        elif request.op is Op.FANOUT:
+            reply = await handle_fanout(request, self.engines.urls())
         elif request.op is Op.SET_ENGINES:
             # Only the registry sets the engines; a client cannot name this op.
             reply = CoreReply(404, [], b"")

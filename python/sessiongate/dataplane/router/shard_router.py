@@ -20,6 +20,7 @@ from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
+from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import (
@@ -198,6 +199,10 @@ class Router:
             if self.management is None:
                 raise SessionNotFound(f"no route for {request.method} {request.path}")
             return await self.management.handle(request)
+        if request.op is Op.FANOUT:
+            if self.engines is None:
+                raise SessionNotFound(f"no route for {request.method} {request.path}")
+            return await handle_fanout(request, self.engines.urls())
         if request.op is Op.SET_ENGINES:
             raise SessionNotFound("the engine set is the router's to send")
         if request.op is Op.CREATE:
