@@ -18,7 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import (
+    LATENCY_BUCKETS,
+    RouterMetrics,
+    WorkerGauge,
+    engine_gauges,
+)
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
 from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
@@ -61,7 +66,12 @@ class InProcessGateway:
         started = time.perf_counter()
         if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
-            body = self.metrics.render([self.gauge()], front)
+            engines = engine_gauges(
+                [(e.url, e.healthy) for e in self.engines.listing() if e.admitted],
+                [self.core.upstream.engine_counts()],
+                front,
+            )
+            body = self.metrics.render([self.gauge()], front, engines)
             reply = CoreReply(200, list(METRICS_HEADERS), body)
         elif request.op is Op.ENGINES:
             reply = await self.management.handle(request)
