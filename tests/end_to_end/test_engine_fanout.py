@@ -220,3 +220,43 @@ def test_a_dead_engine_is_named_and_left_out(setup: Setup) -> None:
     # The registry's probe notices it within a few health intervals.
     wait_for(lambda: samples(metrics(setup), "sessiongate_engine_healthy")[dead.url] == 0.0)
     assert samples(metrics(setup), "sessiongate_engine_healthy")[setup.urls[0]] == 1.0
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_registered_engine_fans_out_and_counts(workers: str) -> None:
+    """An engine registered at run time beside the static one: from then on the compiled
+    front hands stateless requests to Python (its start-up set is stale), whose pools count
+    them; with two workers both report, and the router sums them with the front's counts."""
+    with ExitStack() as stack:
+        static, registered = (stack.enter_context(mock_engine()) for _ in range(2))
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", workers, "--front", "compiled"]
+        argv += ["--backend", static.url, "--health-interval", "0.5"]
+        gateway = stack.enter_context(ServerProcess(argv, port, timeout=60))
+        client = httpx.Client(base_url=gateway.url, timeout=30)
+        setup = Setup(gateway, [static, registered])
+        for _ in range(2):  # relayed by the compiled front itself
+            assert client.post("/generate", json=SHORT).status_code == 200
+        reply = client.post("/workers", json={"url": registered.url, "worker_type": "regular"})
+        assert reply.status_code == 202, reply.text
+        wait_for(
+            lambda: set(samples(metrics(setup), "sessiongate_engine_healthy")) == set(setup.urls)
+        )
+        for _ in range(4):  # relayed by Python: a worker's pool, or the in-process core's
+            assert client.post("/generate", json=SHORT).status_code == 200
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        for index in range(4):  # turns of four sessions, spread over the workers
+            headers = {"X-Session-ID": f"registered-{index}"}
+            reply = client.post("/v1/chat/completions", json=chat, headers=headers)
+            assert reply.status_code == 200, reply.text
+
+        def counted() -> bool:
+            sent = samples(metrics(setup), "sessiongate_engine_requests_total")
+            return sent.get(registered.url, 0) > 0 and sum(sent.values()) >= 10
+
+        wait_for(counted)
+        reply = client.post("/flush_cache")
+        assert reply.status_code == 200, reply.text
+        assert [e["url"] for e in reply.json()["engines"]] == setup.urls
+        text = client.get("/engine_metrics").text
+        assert set(samples(text, "sglang_num_running_reqs")) == set(setup.urls)

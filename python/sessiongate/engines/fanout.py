@@ -177,7 +177,7 @@ _BOUND_LABELS = ("le", "quantile")
 
 
 @dataclass
-class _Family:
+class Family:
     help: str | None = None
     kind: str | None = None
     samples: list[str] = field(default_factory=list)
@@ -218,7 +218,7 @@ def _with_engine(labels: str | None, url: str) -> str:
     return "{" + ",".join([*rest, f'{ENGINE_LABEL}="{_escape(url)}"', *bounds]) + "}"
 
 
-def _family_of(name: str, families: dict[str, _Family]) -> str:
+def _family_of(name: str, families: dict[str, Family]) -> str:
     """The declared family a sample belongs to (`x_bucket` -> `x` for a histogram)."""
     if name in families:
         return name
@@ -228,9 +228,9 @@ def _family_of(name: str, families: dict[str, _Family]) -> str:
     return name
 
 
-def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, _Family]:
+def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, Family]:
     """Families by normalised name, in first-seen order, from `(engine url, text)` pairs."""
-    families: dict[str, _Family] = {}
+    families: dict[str, Family] = {}
     for url, text in texts:
         for raw in text.splitlines():
             line = raw.strip()
@@ -239,7 +239,7 @@ def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, _Family]:
             if line.startswith("#"):
                 words = line.split(None, 3)
                 if len(words) >= 3 and words[1] in ("HELP", "TYPE"):
-                    family = families.setdefault(words[2].replace(":", "_"), _Family())
+                    family = families.setdefault(words[2].replace(":", "_"), Family())
                     rest = words[3] if len(words) > 3 else ""
                     if words[1] == "HELP" and family.help is None:
                         family.help = rest
@@ -251,7 +251,7 @@ def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, _Family]:
                 continue  # not a sample line: dropped rather than breaking the whole text
             name, labels, value = match.groups()
             name = name.replace(":", "_")
-            family = families.setdefault(_family_of(name, families), _Family())
+            family = families.setdefault(_family_of(name, families), Family())
             family.samples.append(f"{name}{_with_engine(labels, url)} {value}")
     return families
 
