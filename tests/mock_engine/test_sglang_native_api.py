@@ -1,5 +1,5 @@
 """The mock engine against SGLang 0.5.23's native API: `/generate`, `/flush_cache`,
-`/v1/loads`, and the 404 of a path it does not serve, over real HTTP.
+`/v1/loads`, `/metrics`, and the 404 of a path it does not serve, over real HTTP.
 
 Every test names the SGLang source the fact was read from; paths are under `sglang/srt/`
 in the sglang-0.5.23 wheel (the contract gate is `sglang/api/v1/api_types.py`).

@@ -468,10 +468,12 @@ class Router:
         front's, summed; health as the registry's probes say."""
         if self.engines is None:
             return []
+        # A worker that is down has no request in flight any more; its sent count comes back
+        # from zero with its replacement (a counter reset, as Prometheus reads one).
         counts = [
             [e for e in channel.heartbeat.get("engines", []) if isinstance(e, dict)]
             for channel in self.channels
-            if channel is not None
+            if channel is not None and channel.up
         ]
         listed = [(e.url, e.healthy) for e in self.engines.listing() if e.admitted]
         return engine_gauges(listed, counts, front)
