@@ -1,9 +1,9 @@
 """The SGLang Model Gateway's fan-out routes and the per-engine gauges, in every layout:
 real gateways (`sessiongate serve`) in front of three real mock engines on loopback.
 
-- `/flush_cache` (the rollout framework's weight updates and prefill scoring post it to the
-  router): every engine flushed is a 200; a busy engine (SGLang answers 400) or a dead one
-  is the Gateway's 206 `partial_success`, naming it.
+- `/flush_cache` (the rollout framework's prefill scoring posts it to the router): every
+  engine flushed is a 200; a busy engine (SGLang answers 400) or a dead one is the
+  Gateway's 206 `partial_success`, naming it.
 - `GET /engine_metrics` (the framework's dashboard scrapes it): every engine's `/metrics`
   merged, each sample labelled `worker_addr`; a dead engine is left out, the route still 200.
 - `/metrics`: `sessiongate_engine_requests_in_flight`, `_requests_total` and `_healthy` per
