@@ -281,7 +281,9 @@ class CompiledFront:
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned
-        connections, "upstreams": [{"url", "healthy", "last_error"?}]}``."""
+        connections, "upstreams": [{"url", "healthy", "last_error"?, "in_flight", "sent"}]}``
+        (``in_flight``: requests relayed to it now; ``sent``: relayed in all, retries
+        included)."""
     def stop(self, grace: float) -> None:
         """Stop accepting (the caller's listening socket stays open), close idle
         connections, let in-flight requests finish for up to ``grace`` s, then shut the

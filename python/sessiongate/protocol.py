@@ -55,6 +55,10 @@ class Op(StrEnum):
     # engines/management.py): answered by the process that owns the engine registry (the
     # in-process gateway, or the router), never by a session worker.
     ENGINES = "engines"
+    # The routes that fan out to every engine of the set as the SGLang Model Gateway serves
+    # them (`/flush_cache`, `/engine_metrics`; engines/fanout.py): answered by the same
+    # process, but guarded by the API key, not the admin key (they change no routing).
+    FANOUT = "fanout"
     # The router's message to a session core: its upstream pool's new engine URLs (body
     # `{"urls": [...]}`); never classified from a client's request.
     SET_ENGINES = "set_engines"

@@ -342,6 +342,8 @@ impl CompiledFront {
             let entry = PyDict::new(py);
             entry.set_item("url", state.url)?;
             entry.set_item("healthy", state.healthy)?;
+            entry.set_item("in_flight", state.in_flight)?;
+            entry.set_item("sent", state.sent)?;
             if let Some(error) = state.last_error {
                 entry.set_item("last_error", error)?;
             }

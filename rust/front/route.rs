@@ -3,6 +3,10 @@
 //! serves itself; the other requests of the gateway's API go to Python as requests
 //! ("dispatch"); the rest (other methods, the documentation pages, odd targets) take the
 //! whole connection to the Python server ("handoff").
+//!
+//! The engine routes (`/workers`, `/add_worker`, ...) and the Gateway's fan-out routes
+//! (`/flush_cache`, `/engine_metrics`) are dispatched like every other API route: they are
+//! answered by the process that owns the engine registry, never relayed to one engine.
 
 /// The one chat path whose session headers make it a session turn.
 pub const CHAT_PATH: &[u8] = b"/v1/chat/completions";
@@ -156,6 +160,10 @@ mod tests {
             ("POST", "/Generate"),
             // Not decoded: "%2F" is not a slash.
             ("GET", "/v1%2Fmodels"),
+            // The Gateway's fan-out routes: Python sends them to every engine.
+            ("POST", "/flush_cache"),
+            ("GET", "/flush_cache?timeout=5"),
+            ("GET", "/engine_metrics"),
         ] {
             assert_eq!(
                 route(method, target, &[]),
@@ -171,6 +179,7 @@ mod tests {
             ("get", "/v1/models"),
             ("HEAD", "/v1/models"),
             ("HEAD", "/health"),
+            ("HEAD", "/engine_metrics"),
             ("PUT", "/v1/models"),
             ("OPTIONS", "/sessions"),
             ("GET", "?/v1/models"),

@@ -5,7 +5,7 @@
 
 use std::error::Error as StdError;
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -100,6 +100,8 @@ struct Upstream {
     healthy: AtomicBool,
     /// Why it was last marked down (kept until it is up again).
     last_error: Mutex<Option<String>>,
+    /// Requests sent to it (every attempt, retries included): `/metrics`' per-engine counter.
+    sent: AtomicU64,
 }
 
 /// One request to relay upstream.
@@ -116,6 +118,9 @@ pub struct UpstreamState {
     pub url: String,
     pub healthy: bool,
     pub last_error: Option<String>,
+    /// Requests in flight on it, as the engine policy counts them (pick to relayed reply).
+    pub in_flight: u64,
+    pub sent: u64,
 }
 
 pub struct Pool {
@@ -195,11 +200,13 @@ impl Pool {
                     target.url
                 )
             })?;
-            let (client, healthy, last_error) = match kept {
+            // A kept engine's counter carries on (a Prometheus counter never goes back).
+            let (client, healthy, last_error, sent) = match kept {
                 Some(up) => (
                     up.client.clone(),
                     up.healthy.load(Relaxed),
                     lock(&up.last_error).clone(),
+                    up.sent.load(Relaxed),
                 ),
                 None => (
                     Client::builder(TokioExecutor::new())
@@ -209,6 +216,7 @@ impl Pool {
                     // Assumed up until a probe or a request says otherwise (as pool.py).
                     true,
                     None,
+                    0,
                 ),
             };
             router.set_healthy(upstreams.len(), healthy);
@@ -218,6 +226,7 @@ impl Pool {
                 probe_uri,
                 healthy: AtomicBool::new(healthy),
                 last_error: Mutex::new(last_error),
+                sent: AtomicU64::new(sent),
             });
         }
         let weights: Vec<u64> = upstreams
@@ -241,12 +250,16 @@ impl Pool {
     }
 
     pub fn states(&self) -> Vec<UpstreamState> {
+        let in_flight = lock(&self.router).engines.in_flight.clone();
         self.upstreams
             .iter()
-            .map(|u| UpstreamState {
+            .enumerate()
+            .map(|(index, u)| UpstreamState {
                 url: u.target.url.clone(),
                 healthy: u.healthy.load(Relaxed),
                 last_error: lock(&u.last_error).clone(),
+                in_flight: in_flight.get(index).copied().unwrap_or(0),
+                sent: u.sent.load(Relaxed),
             })
             .collect()
     }
@@ -280,6 +293,7 @@ impl Pool {
 
     fn in_flight(self: &Arc<Self>, index: usize) -> InFlight {
         lock(&self.router).started(index);
+        self.upstreams[index].sent.fetch_add(1, Relaxed);
         InFlight {
             pool: Arc::clone(self),
             index,
@@ -686,7 +700,15 @@ mod tests {
         let guards: Vec<InFlight> = (0..4).map(|_| pool.pick(&request)).collect();
         assert!(!guards.iter().any(|g| g.index == order[0]));
         assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 4);
+        // The states /metrics reads: per engine in flight now, and sent in all.
+        let states = pool.states();
+        assert_eq!(states.iter().map(|s| s.in_flight).sum::<u64>(), 4);
+        assert_eq!(states.iter().map(|s| s.sent).sum::<u64>(), 4);
+        assert_eq!(states[order[0]].sent, 0);
         drop(guards);
         assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 0);
+        let states = pool.states();
+        assert_eq!(states.iter().map(|s| s.in_flight).sum::<u64>(), 0);
+        assert_eq!(states.iter().map(|s| s.sent).sum::<u64>(), 4);
     }
 }

@@ -417,7 +417,9 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         return CoreReply(200, [("x-op", request.op)], request.body)
 
     def fake_core() -> Any:
-        upstream = SimpleNamespace(affinity_hits=0, repins=0, all_down=False, upstream_states=list)
+        upstream = SimpleNamespace(
+            affinity_hits=0, repins=0, all_down=False, upstream_states=list, engine_counts=list
+        )
         return SimpleNamespace(
             handle=echo,
             sessions={},

@@ -65,6 +65,12 @@ CASES = [
     ("DELETE", "/workers/engine-0123456789ab", [], "dispatch"),
     ("DELETE", "/workers/http%3A%2F%2F127.0.0.1%3A30001", [], "dispatch"),
     ("PUT", "/workers", [], "handoff"),
+    # The Gateway's fan-out routes: Python answers them from every engine of the set.
+    ("POST", "/flush_cache", [], "dispatch"),
+    ("GET", "/flush_cache?timeout=5", [], "dispatch"),
+    ("GET", "/engine_metrics", [], "dispatch"),
+    ("HEAD", "/engine_metrics", [], "handoff"),
+    ("PUT", "/flush_cache", [], "handoff"),
     ("GET", "*", [], "handoff"),
     ("GET", "http://h/health", [], "handoff"),
 ]
@@ -90,7 +96,7 @@ SEGMENTS = st.sampled_from(
     [
         *("v1", "chat", "completions", "models", "sessions", "health", "metrics", "", "V1"),
         *("%2F", "generate", "Generate", "workers", "add_worker", "list_workers"),
-        *("remove_worker", "engine-0123456789ab"),
+        *("remove_worker", "engine-0123456789ab", "flush_cache", "engine_metrics"),
     ]
 )
 PATHS = st.one_of(
@@ -98,6 +104,7 @@ PATHS = st.one_of(
         [
             *("/v1/chat/completions", "/v1/models", "/health", "/sessions", "/v1", "/generate"),
             *("/workers", "/workers/engine-0123456789ab", "/add_worker", "/list_workers"),
+            *("/flush_cache", "/engine_metrics"),
         ]
     ),
     st.lists(SEGMENTS, min_size=0, max_size=4).map(lambda parts: "/" + "/".join(parts)),

@@ -1,5 +1,5 @@
 """The mock engine against SGLang 0.5.23's native API: `/generate`, `/flush_cache`,
-`/v1/loads`, and the 404 of a path it does not serve, over real HTTP.
+`/v1/loads`, `/metrics`, and the 404 of a path it does not serve, over real HTTP.
 
 Every test names the SGLang source the fact was read from; paths are under `sglang/srt/`
 in the sglang-0.5.23 wheel (the contract gate is `sglang/api/v1/api_types.py`).
@@ -371,3 +371,39 @@ def test_get_load_is_not_served(engine: ServerProcess) -> None:
     # 0.5.23's http_server.py does not register: FastAPI's 404 {"detail": "Not Found"}.
     r = httpx.get(engine.url + "/get_load", timeout=10)
     assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})
+
+
+def test_metrics_is_prometheus_text(engine: ServerProcess) -> None:
+    # utils/common.py `add_prometheus_middleware` (with --enable-metrics): prometheus_client's
+    # `make_asgi_app` mounted at /metrics, so its text format and CONTENT_TYPE_LATEST.
+    # observability/metrics_collector.py: the families' names and help texts; the
+    # scheduler's labels (`SchedulerMetricsCollector`: model_name, engine_type, tp_rank,
+    # pp_rank, moe_ep_rank) with disaggregation/utils.py `to_engine_type` "unified" when it
+    # is off; the tokenizer's (`tokenizer_metric_labels` plus "is_streaming") on the token
+    # counters.
+    gen(engine, {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}})
+    r = httpx.get(engine.url + "/metrics", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    lines = r.text.splitlines()
+    scheduler = (
+        'model_name="sessiongate-mock",engine_type="unified",tp_rank="0",pp_rank="0",'
+        'moe_ep_rank="0"'
+    )
+    for name, kind, text in (
+        ("sglang:num_running_reqs", "gauge", "The number of running requests."),
+        ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue."),
+        ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate."),
+    ):
+        at = lines.index(f"# HELP {name} {text}")
+        assert lines[at + 1] == f"# TYPE {name} {kind}"
+        assert lines[at + 2].startswith(f"{name}{{{scheduler}}} ")
+    assert f"sglang:num_running_reqs{{{scheduler}}} 0.0" in lines
+    at = lines.index("# HELP sglang:prompt_tokens_total Number of prefill tokens processed.")
+    assert lines[at + 1] == "# TYPE sglang:prompt_tokens_total counter"
+    sample = lines[at + 2]
+    prefix = (
+        'sglang:prompt_tokens_total{model_name="sessiongate-mock",engine_type="unified",'
+        'is_streaming="false"} '
+    )
+    assert sample.startswith(prefix) and float(sample[len(prefix) :]) >= 3.0

@@ -33,6 +33,9 @@ DOCS_PATHS = ("/openapi.json", "/docs")
 # new `/workers`, `/workers/{id}`. Compared after every hot route, like the docs paths.
 ENGINE_PATHS = ("/add_worker", "/remove_worker", "/list_workers", "/workers")
 ENGINE_PREFIX = "/workers/"
+# The Gateway's fan-out routes (engines/fanout.py): every engine's cache flushed, every
+# engine's `/metrics` merged. Compared last, like the engine routes.
+FANOUT_PATHS = ("/flush_cache", "/engine_metrics")
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -151,6 +154,9 @@ def classify(
     if path in ENGINE_PATHS or path.startswith(ENGINE_PREFIX):
         # The method is checked by the handler, which names the ones each path takes.
         return Route(Op.ENGINES)
+    if path in FANOUT_PATHS:
+        # The method is checked by the handler, as for the engine routes.
+        return Route(Op.FANOUT)
     raise SessionNotFound(f"no route for {method} {path}")
 
 

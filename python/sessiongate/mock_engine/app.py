@@ -346,6 +346,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/v1/loads", native.loads, methods=["GET"]),
+        Route("/metrics", native.metrics, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/model_info", model_info, methods=["GET"]),

@@ -44,6 +44,15 @@ FLUSH_OK = (
 )
 FLUSH_FAILED = "Flush cache failed.\n"
 FLUSH_TIMEOUT = "Timed out waiting for idle state."
+# observability/metrics_collector.py: the help texts of the families the mock's /metrics has.
+METRIC_HELP = (
+    "The number of running requests.",
+    "The number of requests in the waiting queue.",
+    "The prefix cache hit rate.",
+    "Number of prefill tokens processed.",
+)
+# prometheus_client's CONTENT_TYPE_LATEST (its text format 0.0.4).
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # sglang/version.py of the wheel the mock follows.
 SGLANG_VERSION = "0.5.23"
 
@@ -405,6 +414,36 @@ class NativeRoutes:
         self.state.prefix_cache.flush()
         return Response(FLUSH_OK, 200)
 
+    async def metrics(self, request: Request) -> Response:
+        """`/metrics` as an engine started with `--enable-metrics` serves it
+        (utils/common.py `add_prometheus_middleware`: prometheus_client's text format and
+        content type), a few families of observability/metrics_collector.py with their
+        names, help texts and labels (the scheduler's `model_name`, `engine_type`,
+        `tp_rank`, `pp_rank`, `moe_ep_rank`; the tokenizer's `model_name`, `engine_type`,
+        plus `is_streaming` on its token counters). The mock serves it always."""
+        state, sch = self.state, self.scheduler
+        running = len(sch.running) if sch is not None else state.in_flight
+        waiting = len(sch.waiting) if sch is not None else 0
+        prompt_total = state.cached_tokens + state.prefilled_tokens
+        hit_rate = state.cached_tokens / prompt_total if prompt_total else 0.0
+        model = _label(state.config.model_name)
+        scheduler = (
+            f'model_name="{model}",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
+        )
+        tokenizer = f'model_name="{model}",engine_type="unified",is_streaming="false"'
+        families = [
+            ("sglang:num_running_reqs", "gauge", METRIC_HELP[0], scheduler, float(running)),
+            ("sglang:num_queue_reqs", "gauge", METRIC_HELP[1], scheduler, float(waiting)),
+            ("sglang:cache_hit_rate", "gauge", METRIC_HELP[2], scheduler, hit_rate),
+            ("sglang:prompt_tokens_total", "counter", METRIC_HELP[3], tokenizer, prompt_total),
+        ]
+        lines: list[str] = []
+        for name, kind, text, labels, value in families:
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            lines.append(f"{name}{{{labels}}} {float(value)!r}")
+        body = ("\n".join(lines) + "\n").encode()
+        return Response(body, media_type=None, headers={"content-type": METRICS_CONTENT_TYPE})
+
     async def loads(self, request: Request) -> Response:
         """v1_loads.py `get_loads` with one DP rank: LoadSnapshot.to_dict's core keys in
         its field order (load_snapshot.py), plus the queues section unless `include`
@@ -485,3 +524,8 @@ class NativeRoutes:
             "loads": loads,
         }
         return Response(json.dumps(body).encode(), media_type="application/json")
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped as the text format requires."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

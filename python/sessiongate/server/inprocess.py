@@ -18,8 +18,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import (
+    LATENCY_BUCKETS,
+    RouterMetrics,
+    WorkerGauge,
+    engine_gauges,
+)
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
+from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
@@ -59,10 +65,17 @@ class InProcessGateway:
         started = time.perf_counter()
         if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
-            body = self.metrics.render([self.gauge()], front)
+            engines = engine_gauges(
+                [(e.url, e.healthy) for e in self.engines.listing() if e.admitted],
+                [self.core.upstream.engine_counts()],
+                front,
+            )
+            body = self.metrics.render([self.gauge()], front, engines)
             reply = CoreReply(200, list(METRICS_HEADERS), body)
         elif request.op is Op.ENGINES:
             reply = await self.management.handle(request)
+        elif request.op is Op.FANOUT:
+            reply = await handle_fanout(request, self.engines.urls())
         elif request.op is Op.SET_ENGINES:
             # Only the registry sets the engines; a client cannot name this op.
             reply = CoreReply(404, [], b"")

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from sessiongate.engine_routing import EnginePolicy, EngineRoutingConfig
@@ -58,6 +59,10 @@ def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
 class NoEngine:
     """The engine policy of an empty engine set (`--backend none` before a registration):
     nothing to pick, nothing to count (the Rust policy needs at least one engine)."""
+
+    @property
+    def in_flight(self) -> list[int]:
+        return []
 
     def pick(self, headers: list[tuple[str, str]], body: bytes) -> int:
         raise Unavailable(NO_ENGINE)
@@ -104,6 +109,10 @@ class UpstreamPool:
         self.pins: dict[str, int] = {}
         self.affinity_hits = 0
         self.repins = 0
+        # Requests sent to each engine (every attempt, retries included), by URL so a
+        # change of the engine set keeps the kept engines' counts: /metrics' per-engine
+        # counter.
+        self.sent: Counter[str] = Counter()
         self.health_interval = health_interval
         self.health_path = health_path
         self.engine_routing = engine_routing or EngineRoutingConfig()
@@ -303,6 +312,7 @@ class UpstreamPool:
         index = self.index_for(root_id, header_list, body)
         policy = self.engine_policy  # of this moment (a new engine set builds a new one)
         policy.started(index)
+        self.sent[self.urls[index]] += 1
         try:
             reply = await self._post_json(index, path, body, header_list)
         except UpstreamUnreachable:
@@ -312,6 +322,7 @@ class UpstreamPool:
             policy.finished(index)
             index = retry
             policy.started(index)
+            self.sent[self.urls[index]] += 1
             reply = await self._post_json(retry, path, body, header_list)
         finally:
             policy.finished(index)
@@ -354,6 +365,7 @@ class UpstreamPool:
             # moment (a change of the engine set builds a new one).
             policy = self.engine_policy
             policy.started(index)
+            self.sent[client.base_url] += 1
             try:
                 stream = await client.open_stream(
                     method, path, query=query, headers=header_list, body=body
@@ -413,6 +425,16 @@ class UpstreamPool:
                 state["last_error"] = error
             states.append(state)
         return states
+
+    def engine_counts(self) -> list[dict[str, object]]:
+        """`[{"url", "in_flight", "sent"}]` per engine of the set: requests in flight as the
+        engine policy counts them (from the pick until the reply is relayed) and requests
+        sent, for /metrics' per-engine gauges."""
+        in_flight = self.engine_policy.in_flight
+        return [
+            {"url": url, "in_flight": int(n), "sent": self.sent[url]}
+            for url, n in zip(self.urls, in_flight, strict=True)
+        ]
 
     def status(self) -> dict[str, object]:
         return {

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessiongate.build import build_labels
+from sessiongate.engines.registry import BadEngineUrl, normalise_url
 
 # Reasons of sessiongate_rejected_total, always all rendered so a dashboard sees the series.
 REJECT_REASONS = ("max_sessions", "records_budget")
@@ -78,6 +79,46 @@ class WorkerGauge:
     connect_failures: int = 0
 
 
+@dataclass
+class EngineGauge:
+    """One engine of the set as /metrics shows it: summed over every path that sends to it
+    (the compiled front's own relay, each worker's or the in-process core's pool)."""
+
+    url: str
+    healthy: bool
+    in_flight: int = 0
+    sent: int = 0
+
+
+def engine_gauges(
+    engines: Sequence[tuple[str, bool]],
+    counts: Sequence[Sequence[Mapping[str, Any]]],
+    front: Mapping[str, Any] | None = None,
+) -> list[EngineGauge]:
+    """`engines`: (url, healthy) of the set, as the engine registry knows it; `counts`: each
+    pool's `[{"url", "in_flight", "sent"}]` (`UpstreamPool.engine_counts`, the workers'
+    heartbeats); `front`: the compiled front's stats, whose `upstreams` carry the same two
+    numbers for the stateless requests it relays itself. Counts of engines no longer in the
+    set are left out."""
+    gauges = {_key(url): EngineGauge(url, healthy) for url, healthy in engines}
+    sources = [*counts, list(front.get("upstreams", [])) if front else []]
+    for source in sources:
+        for entry in source:
+            # The pools start from the `--backend` text as given, the registry normalises it.
+            gauge = gauges.get(_key(str(entry.get("url", ""))))
+            if gauge is not None:
+                gauge.in_flight += int(entry.get("in_flight", 0))
+                gauge.sent += int(entry.get("sent", 0))
+    return list(gauges.values())
+
+
+def _key(url: str) -> str:
+    try:
+        return normalise_url(url)
+    except BadEngineUrl:
+        return url
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()
@@ -89,10 +130,14 @@ class RouterMetrics:
         self.latency.setdefault(op, _Histogram()).observe(seconds)
 
     def render(
-        self, workers: Sequence[WorkerGauge], front: Mapping[str, Any] | None = None
+        self,
+        workers: Sequence[WorkerGauge],
+        front: Mapping[str, Any] | None = None,
+        engines: Sequence[EngineGauge] = (),
     ) -> bytes:
         """`front`: the compiled front's counters (`_core.CompiledFront.stats`), whose
-        stateless proxy requests never reach this process's handler: counted as op "proxy"."""
+        stateless proxy requests never reach this process's handler: counted as op "proxy".
+        `engines`: the per-engine gauges (`engine_gauges`)."""
         requests, latency = self.requests, self.latency
         if front:
             requests, latency = _with_front(requests, latency, front)
@@ -184,6 +229,7 @@ class RouterMetrics:
                 for url, up in w.upstreams
             ],
         )
+        _engine_families(lines, engines)
         _limits_families(lines, workers)
         if front:
             _front_families(lines, front)
@@ -230,6 +276,33 @@ class RouterMetrics:
 def _label(value: str) -> str:
     """A label value escaped as the exposition format requires."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _engine_families(lines: list[str], engines: Sequence[EngineGauge]) -> None:
+    label = [f'engine="{_label(e.url)}"' for e in engines]
+    _family(
+        lines,
+        "sessiongate_engine_requests_in_flight",
+        "gauge",
+        "Requests sent to the engine and not yet relayed back (every worker and the compiled "
+        "front; workers' counts are as of their last heartbeat).",
+        [(lab, e.in_flight) for lab, e in zip(label, engines, strict=True)],
+    )
+    _family(
+        lines,
+        "sessiongate_engine_requests_total",
+        "counter",
+        "Requests sent to the engine (each attempt, retries included), session turns and "
+        "stateless requests alike.",
+        [(lab, e.sent) for lab, e in zip(label, engines, strict=True)],
+    )
+    _family(
+        lines,
+        "sessiongate_engine_healthy",
+        "gauge",
+        "1 when the engine registry's last probe of the engine passed.",
+        [(lab, int(e.healthy)) for lab, e in zip(label, engines, strict=True)],
+    )
 
 
 def _limits_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:

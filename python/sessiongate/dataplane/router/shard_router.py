@@ -13,13 +13,19 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import (
+    EngineGauge,
+    RouterMetrics,
+    WorkerGauge,
+    engine_gauges,
+)
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
+from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import (
@@ -197,11 +203,16 @@ class Router:
             return self.health(request.query)
         if request.op is Op.METRICS:
             front = self.front_stats() if self.front_stats is not None else None
-            return CoreReply(200, list(METRICS_HEADERS), self.metrics.render(self.gauges(), front))
+            body = self.metrics.render(self.gauges(), front, self.engine_gauges(front))
+            return CoreReply(200, list(METRICS_HEADERS), body)
         if request.op is Op.ENGINES:
             if self.management is None:
                 raise SessionNotFound(f"no route for {request.method} {request.path}")
             return await self.management.handle(request)
+        if request.op is Op.FANOUT:
+            if self.engines is None:
+                raise SessionNotFound(f"no route for {request.method} {request.path}")
+            return await handle_fanout(request, self.engines.urls())
         if request.op is Op.SET_ENGINES:
             raise SessionNotFound("the engine set is the router's to send")
         if request.op is Op.CREATE:
@@ -462,6 +473,21 @@ class Router:
                 gauge.connect_failures = remote.connect_failures
             gauges.append(gauge)
         return gauges
+
+    def engine_gauges(self, front: Mapping[str, Any] | None) -> list[EngineGauge]:
+        """Per engine of the set: the workers' counts (last heartbeats) and the compiled
+        front's, summed; health as the registry's probes say."""
+        if self.engines is None:
+            return []
+        # A worker that is down has no request in flight any more; its sent count comes back
+        # from zero with its replacement (a counter reset, as Prometheus reads one).
+        counts = [
+            [e for e in channel.heartbeat.get("engines", []) if isinstance(e, dict)]
+            for channel in self.channels
+            if channel is not None and channel.up
+        ]
+        listed = [(e.url, e.healthy) for e in self.engines.listing() if e.admitted]
+        return engine_gauges(listed, counts, front)
 
     async def aclose(self) -> None:
         if self.engines is not None:

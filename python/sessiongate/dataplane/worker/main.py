@@ -73,6 +73,9 @@ def core_status(core: SessionCore) -> dict[str, Any]:
         # The router reports these per worker in /health and as sessiongate_upstream_up.
         "upstream": "down" if core.upstream.all_down else "ok",
         "upstreams": core.upstream.upstream_states(),
+        # Per engine: requests in flight and sent (the router sums them over its workers for
+        # /metrics' per-engine gauges).
+        "engines": core.upstream.engine_counts(),
         # Limits and their usage: the router shows them per worker in /health and /metrics.
         **core.limits_status(),
     }
