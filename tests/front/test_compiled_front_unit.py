@@ -457,7 +457,8 @@ def test_an_engine_set_given_at_run_time_replaces_the_start_up_one(
     status, _, _ = Reader(client).head()
     assert status == 200
     assert [seen["body"] for seen in upstream.seen] == [b'{"n": 1}']
-    assert front.stats()["upstreams"] == [{"url": upstream.url, "healthy": True}]
+    [state] = front.stats()["upstreams"]
+    assert (state["url"], state["healthy"], state["sent"]) == (upstream.url, True, 1)
     assert front.stats()["handoffs"] == 1
 
 
