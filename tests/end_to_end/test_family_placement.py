@@ -188,3 +188,24 @@ def test_cache_aware_places_a_family_with_the_engine_holding_its_prefix() -> Non
             turn(client, with_b, f"{SYSTEM_A} question five")
             assert keys(a) == [first_a, with_a]
             assert keys(b) == [first_b, with_b, with_b]
+
+
+def test_a_refused_connection_replaces_the_family_by_policy_and_retries_the_turn() -> None:
+    with engines(3) as (a, b, c):
+        urls = [a.url, b.url, c.url]
+        # Probes far apart: the turn itself finds a down, through its refused connection.
+        argv = ["--policy", "least_in_flight", "--workers", "0", "--health-interval", "60"]
+        with gateway(urls, *argv) as client:
+            # A root whose rendezvous order goes a, then c: the policy's retry is b.
+            n = 0
+            while rendezvous_order(f"root-{n}", urls)[:2] != [0, 2]:
+                n += 1
+            root = f"root-{n}"
+            turn(client, root)
+            assert keys(a) == [root]
+            a.stop()
+            turn(client, root, "again")  # refused on a, retried once on b
+            assert (keys(a), keys(b), keys(c)) == ([root], [root], [])
+            assert engine_down(client, a.url)
+            turn(client, root, "once more")
+            assert keys(b) == [root, root]

@@ -107,6 +107,11 @@ class RawEngine:
 
     def stop(self) -> None:
         """Go down as a crashed engine does: refuse connections, drop the open ones."""
+        try:
+            # Closing alone leaves a socket blocked in accept() listening (Linux): shut it.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.close()
         with self._lock:
             sockets = list(self._sockets)
