@@ -304,7 +304,8 @@ class UpstreamPool:
         if pinned is not None and self.healthy[pinned]:
             self.affinity_hits += 1
             return pinned
-        index = self._place(root_id, headers, body, avoid=pinned)
+        # Its engine is down: the policy's pick skips it, rendezvous's first healthy choice too.
+        index = self._place(root_id, headers, body)
         if pinned is not None and pinned != index:
             self.repins += 1
         self.pins[root_id] = index
