@@ -85,6 +85,11 @@ class RawEngine:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._closing = False
+        # Cleared by a test to hold requests in flight: recorded on arrival, answered once it
+        # is set again (probes pass, so the engine stays healthy meanwhile).
+        self.gate = threading.Event()
+        self.gate.set()
+        self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def to(self, path: str) -> list[Arrived]:
@@ -100,6 +105,22 @@ class RawEngine:
         self._closing = True
         self._listener.close()
 
+    def stop(self) -> None:
+        """Go down as a crashed engine does: refuse connections, drop the open ones."""
+        try:
+            # Closing alone leaves a socket blocked in accept() listening (Linux): shut it.
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
     def _accept(self) -> None:
         while not self._closing:
             try:
@@ -108,6 +129,7 @@ class RawEngine:
                 return
             with self._lock:
                 self.connections += 1
+                self._sockets.append(sock)
             threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
@@ -120,6 +142,7 @@ class RawEngine:
                     if request.target not in PROBES:
                         with self._lock:
                             self.arrived.append(request)
+                        self.gate.wait(LIVENESS)
                     if not self._answer(sock, request):
                         return
             except (EOFError, OSError, ValueError, AssertionError):

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
-    from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
+    from sessiongate.front.routes import session_header_names
     from sessiongate.session.core_options import backend_list
 
     if not die_with_parent():
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         api_key=api_key or None,
         admin_key=engines.admin_key,
-        session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
+        session_headers=session_header_names(args.session_header),
     )
     # Unset flags keep FrontendSettings' defaults (`serve` always forwards its values).
     if args.header_timeout is not None:

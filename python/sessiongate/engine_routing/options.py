@@ -27,8 +27,9 @@ def add_engine_routing_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         choices=POLICIES,
         default=DEFAULT_POLICY,
-        help=f"how stateless requests choose an engine ({DEFAULT_POLICY}); session turns stay "
-        "pinned to their family's engine whatever the policy",
+        help=f"how stateless requests, and each session family's first call, choose an "
+        f"engine ({DEFAULT_POLICY}); a family then stays on its engine (under round_robin "
+        "families are placed by rendezvous hashing of the root id)",
     )
     group.add_argument(
         "--cache-threshold",

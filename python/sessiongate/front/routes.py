@@ -22,6 +22,9 @@ DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
     "X-Dynamo-Session-ID",
     "X-Correlation-ID",
 )
+# `--session-header none`: no header names a session, so every POST /v1/chat/completions
+# without a session path is relayed statelessly (behind a session server that does TITO).
+NO_SESSION_HEADER = "none"
 CHAT_PATH = "/v1/chat/completions"
 # SGLang's native generation route, relayed verbatim like `/v1/...` (the rollout framework's
 # rollouts call it through their router).
@@ -61,6 +64,18 @@ class Route:
     # Path to use upstream for proxy operations.
     upstream_path: str = ""
     auto_create: bool = False
+
+
+def session_header_names(values: Sequence[str] | None) -> tuple[str, ...]:
+    """The `--session-header` values as the header names to look for: the defaults when
+    none is given, none at all for `none` (SystemExit when `none` comes with names)."""
+    if not values:
+        return DEFAULT_SESSION_HEADERS
+    if any(v.lower() == NO_SESSION_HEADER for v in values):
+        if len(values) > 1:
+            raise SystemExit("--session-header none cannot be combined with header names")
+        return ()
+    return tuple(values)
 
 
 def header_session_id(headers: Sequence[tuple[str, str]], names: Sequence[str]) -> str | None:

@@ -28,7 +28,11 @@ from sessiongate.front.compiled import (
     front_unsupported,
 )
 from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
-from sessiongate.front.routes import DEFAULT_SESSION_HEADERS
+from sessiongate.front.routes import (
+    DEFAULT_SESSION_HEADERS,
+    NO_SESSION_HEADER,
+    session_header_names,
+)
 from sessiongate.process import ChildProcess, free_port, wait_http_ready
 from sessiongate.session.core_config import (
     IN_PROCESS,
@@ -95,7 +99,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="header naming the session on POST /v1/chat/completions (repeatable; default: "
         + ", ".join(DEFAULT_SESSION_HEADERS)
-        + ")",
+        + f"). '{NO_SESSION_HEADER}': no header makes a session, e.g. behind the rollout "
+        "framework's session server, which does TITO itself (docs/deployment.md)",
     )
     parser.add_argument(
         "--mock-args",
@@ -212,7 +217,7 @@ def frontend_settings_from(args: argparse.Namespace) -> FrontendSettings:
     return FrontendSettings(
         max_body_bytes=args.max_body_bytes,
         api_key=args.api_key or None,
-        session_headers=tuple(args.session_header or DEFAULT_SESSION_HEADERS),
+        session_headers=session_header_names(args.session_header),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         admin_key=engine_settings(args).admin_key,
@@ -282,7 +287,7 @@ def router_arguments(args: argparse.Namespace, frontend: FrontendSettings) -> li
         "--log-level",
         args.log_level,
     ]
-    for header in frontend.session_headers:
+    for header in frontend.session_headers or (NO_SESSION_HEADER,):
         router_args += ["--session-header", header]
     return [*router_args, *front_argv(args)]
 

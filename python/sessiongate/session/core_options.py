@@ -32,8 +32,8 @@ def add_upstream_arguments(parser: argparse.ArgumentParser, *, backends: Backend
             action="append",
             default=None,
             help="upstream base URL (an SGLang-style engine or router); repeat for several "
-            "upstreams (each session tree is pinned to one by rendezvous hashing of its root "
-            "id). 'mock' (the default) starts the built-in mock engine; 'none' starts with no "
+            "upstreams (each session family is pinned to one, placed by --policy). 'mock' "
+            "(the default) starts the built-in mock engine; 'none' starts with no "
             "engine and waits for engines to register (POST /workers or /add_worker)",
         )
     else:

@@ -273,7 +273,8 @@ class SessionRegistry:
         if self._trimmer.freed(session.records_bytes, idle=not self.sessions):
             self._background(self._trim_freed_memory())
         if session.parent_id is None:
-            # Pins are rendezvous-derived, so a child created later re-pins identically.
+            # A child talking later is placed again (the same engine under rendezvous
+            # placement; the policy's pick otherwise: docs/routing.md, "Session families").
             self.upstream.forget(session.root_id)
         if self.stamper is not None:
             self.stamper.end(session.session_id)

@@ -1,15 +1,21 @@
 """Several upstreams with session-family affinity.
 
-Each session family (a root session and its sub-agents) is pinned to one upstream, chosen by
-rendezvous (highest random weight) hashing of its root id over the healthy upstreams, so a
-family shares one replica and its prefix cache, and removing an upstream moves only the
-families that were on it. Upstreams are probed periodically; a connection failure (nothing
-sent) marks the upstream down, re-pins the family to the next upstream in its rendezvous
-order and retries the request once.
+Each session family (a root session and its sub-agents) is pinned to one upstream for its
+life, so a family shares one replica and its prefix cache. Where it is pinned is decided
+when the family makes its first upstream call: by the engine routing policy (`--policy`),
+from that call's headers and body, so cache_aware places a family where its prompt's prefix
+is cached (cache_aware is the default) and least_in_flight on the least busy engine; with
+round_robin by rendezvous (highest random weight) hashing of its root id over the healthy
+upstreams, the placement before policies existed, stable across processes and restarts
+(docs/routing.md, "Session families"). Upstreams are probed periodically; a connection
+failure (nothing sent) marks the upstream down, re-pins the family off it (the policy's
+pick among the others, or the next upstream in its rendezvous order) and retries the
+request once.
 
 Stateless requests (no family) go where the engine routing policy says (`--policy`,
-`sessiongate.engine_routing`; `cache_aware` over the healthy upstreams by default), which is
-told each request's start and end and each upstream's health.
+`sessiongate.engine_routing`; `cache_aware` over the healthy upstreams by default). The
+policy is told every request's start and end, a family's turns too, and each upstream's
+health.
 
 The engine set may change at run time (`set_urls`, fed by the engine registry): kept engines
 keep their client and health, families pinned to a removed one re-pin on their next turn,
@@ -45,6 +51,10 @@ from sessiongate.upstream.client import (
 logger = logging.getLogger(__name__)
 
 NO_ENGINE = "no engine registered yet"
+# The policies under which a family is placed by rendezvous hashing of its root id, not by
+# the policy: round robin reads nothing of the request, so it would place families no
+# better, and rendezvous keeps a family on one engine across worker processes and restarts.
+RENDEZVOUS_PLACEMENT = frozenset({"round_robin"})
 
 
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
@@ -117,6 +127,8 @@ class UpstreamPool:
         self.health_path = health_path
         self.engine_routing = engine_routing or EngineRoutingConfig()
         self.engine_policy = self._policy_for(self.urls)
+        # Whether a family's first call is placed by the policy (else by rendezvous).
+        self.places_by_policy = self.engine_routing.policy not in RENDEZVOUS_PLACEMENT
         self._prober: asyncio.Task[None] | None = None
         self._evictor: asyncio.Task[None] | None = None
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
@@ -258,14 +270,43 @@ class UpstreamPool:
         # Nothing known healthy: the first preference that is not the one that just failed.
         return next((i for i in order if i != avoid), order[0])
 
+    def _place(
+        self,
+        root_id: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        avoid: int | None = None,
+    ) -> int:
+        """Where a family goes now (its first call, or its engine is down): the policy's
+        pick for this call, or its rendezvous choice (`RENDEZVOUS_PLACEMENT`)."""
+        if not self.places_by_policy:
+            return self._choose(root_id, avoid)
+        # The policy picks among the healthy engines, so it avoids a down one by itself.
+        index = self.engine_policy.pick(list(headers), body)
+        if index == avoid or index >= len(self.urls):
+            # Every engine is down (the policy then picks among all): any other than the
+            # one that just failed, as the rendezvous placement does.
+            return self._choose(root_id, avoid)
+        return index
+
+    def _peek(self, root_id: str | None) -> int:
+        """The family's engine, or the one its rendezvous order prefers before it has one,
+        without placing it (the policy must see the family's first real call)."""
+        if root_id is not None:
+            pinned = self.pins.get(root_id)
+            if pinned is not None and self.healthy[pinned]:
+                return pinned
+        return self._choose(root_id or "")
+
     def index_for(
         self,
         root_id: str | None,
         headers: Sequence[tuple[str, str]] = (),
         body: bytes = b"",
     ) -> int:
-        """The upstream of a session family (pinned on first use); for stateless traffic, the
-        engine routing policy's pick for a request with these headers and body."""
+        """The upstream of a session family (placed by its first call, then pinned); for
+        stateless traffic, the engine routing policy's pick for a request with these headers
+        and body."""
         if not self.urls:
             raise Unavailable(NO_ENGINE)
         if root_id is None:
@@ -274,7 +315,8 @@ class UpstreamPool:
         if pinned is not None and self.healthy[pinned]:
             self.affinity_hits += 1
             return pinned
-        index = self._choose(root_id)
+        # Its engine is down: the policy's pick skips it, rendezvous's first healthy choice too.
+        index = self._place(root_id, headers, body)
         if pinned is not None and pinned != index:
             self.repins += 1
         self.pins[root_id] = index
@@ -286,11 +328,22 @@ class UpstreamPool:
         if not exc.timed_out:
             self._mark_client(client, str(exc))
 
-    def _failed(self, root_id: str | None, index: int) -> int | None:
-        """Re-pin the family off `index` (already marked down); the upstream to retry on, if any."""
+    def _failed(
+        self,
+        root_id: str | None,
+        index: int,
+        headers: Sequence[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> int | None:
+        """Re-pin the family off `index` (already marked down); the upstream to retry on, if
+        any. A stateless request retries on the next engine in the rendezvous order of the
+        empty key (as the compiled front does)."""
         if len(self.urls) <= 1 or index >= len(self.urls):
             return None
-        retry = self._choose(root_id or "", avoid=index)
+        if root_id is None:
+            retry = self._choose("", avoid=index)
+        else:
+            retry = self._place(root_id, headers, body, avoid=index)
         if retry == index:
             return None
         if root_id is not None:
@@ -316,7 +369,7 @@ class UpstreamPool:
         try:
             reply = await self._post_json(index, path, body, header_list)
         except UpstreamUnreachable:
-            retry = self._failed(root_id, index)
+            retry = self._failed(root_id, index, header_list, body)
             if retry is None:
                 raise
             policy.finished(index)
@@ -382,15 +435,19 @@ class UpstreamPool:
         try:
             return await attempt(index)
         except UpstreamUnreachable:
-            retry = self._failed(root_id, index)
+            retry = self._failed(root_id, index, header_list, body)
             if retry is None:
                 raise
             return await attempt(retry)
 
     async def model_info(self, root_id: str | None) -> dict[str, object] | None:
         """The `/model_info` of the upstream `root_id` is pinned to (SGLang: the engine's
-        parsers and weight version), asked once per upstream; None when it has none."""
-        index = self.index_for(root_id)
+        parsers and weight version), asked once per upstream; None when it has none. Asked
+        before a family's first turn, so it does not place the family: an unplaced family
+        asks its rendezvous choice (the engines of one pool serve one model)."""
+        if not self.urls:
+            raise Unavailable(NO_ENGINE)
+        index = self._peek(root_id)
         known = self._model_info[index]
         if known is not None:
             return known or None

@@ -217,7 +217,7 @@ class Router:
             raise SessionNotFound("the engine set is the router's to send")
         if request.op is Op.CREATE:
             request.session_id = self._mint_session_id(request.body)
-        index = self._owner(request.session_id)
+        index = self._owner(request.session_id, request.headers)
         channel = self.channels[index]
         if channel is None or not channel.up:
             raise Unavailable(
@@ -259,8 +259,15 @@ class Router:
         except FrameTooLarge as exc:
             raise PayloadTooLarge(f"request too large for the worker channel: {exc}") from exc
 
-    def _owner(self, session_id: str | None) -> int:
+    def _owner(self, session_id: str | None, headers: Sequence[tuple[str, str]] = ()) -> int:
         if session_id is None:
+            key = _routing_key(headers)
+            if key is not None:
+                # One routing key, one worker: a policy's memory of a key (manual's engine,
+                # cache_aware's prompts) is per worker process (docs/routing.md, "Routing keys").
+                index = shard_index(key, self.worker_count)
+                if self._placeable(index):
+                    return index
             # Stateless proxy: any live worker will do.
             live = [c.index for c in self.channels if c is not None and c.up]
             if not live:
@@ -606,3 +613,11 @@ def watch_control_socket(
                 handle(line)
 
     loop.add_reader(control.fileno(), on_readable)
+
+
+def _routing_key(headers: Sequence[tuple[str, str]]) -> str | None:
+    """The request's X-SMG-Routing-Key (the first, when not empty), as the policies read it."""
+    for name, value in headers:
+        if name.lower() == "x-smg-routing-key":
+            return value or None
+    return None
