@@ -48,6 +48,7 @@ def test_trees_stay_on_their_upstream_and_repin_only_when_it_stops(
 ) -> None:
     port = free_port()
     args = ["serve", "--port", str(port), "--workers", "2", "--health-interval", "0.5"]
+    args += ["--policy", "round_robin"]  # rendezvous placement (cache_aware places by cost)
     for engine in engines:
         args += ["--backend", engine.url]
     urls = [e.url for e in engines]
