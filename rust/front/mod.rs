@@ -18,6 +18,7 @@ mod conn;
 mod dispatch;
 mod head;
 mod hop;
+mod reliability;
 mod reply;
 mod route;
 mod server;
@@ -113,7 +114,7 @@ impl CompiledFront {
         listen_fd, notify_fd, upstreams, *, max_body_bytes, api_key, session_headers,
         header_timeout, body_timeout, keepalive_timeout, upstream_timeout, connect_timeout,
         health_interval, health_path, threads, latency_buckets, dispatch = false,
-        engine_policy = "round_robin", engine_policy_options = None
+        engine_policy = "round_robin", engine_policy_options = None, reliability = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -135,6 +136,7 @@ impl CompiledFront {
         dispatch: bool,
         engine_policy: &str,
         engine_policy_options: Option<&Bound<'_, PyDict>>,
+        reliability: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // Everything is validated before a thread starts or an fd is taken.
         if upstreams.is_empty() {
@@ -190,6 +192,7 @@ impl CompiledFront {
         let connect_timeout = seconds("connect_timeout", connect_timeout)?;
         let health_interval = seconds("health_interval", health_interval)?;
         let options = EngineOptions::from_dict(engine_policy_options)?;
+        let reliability = reliability::Config::from_dict(reliability)?;
         let urls = targets.iter().map(|t| t.url.clone()).collect();
         let router = Router::new(engine_policy, urls, options).map_err(PyValueError::new_err)?;
         let pool = Pool::new(
@@ -198,6 +201,7 @@ impl CompiledFront {
             connect_timeout,
             &health_path,
             router,
+            reliability,
         )
         .map_err(PyValueError::new_err)?;
         let threads = usize::try_from(threads).unwrap_or(1);
@@ -300,6 +304,8 @@ impl CompiledFront {
             let entry = PyDict::new(py);
             entry.set_item("url", state.url)?;
             entry.set_item("healthy", state.healthy)?;
+            entry.set_item("circuit_breaker", state.circuit_breaker)?;
+            entry.set_item("retries", state.retries)?;
             if let Some(error) = state.last_error {
                 entry.set_item("last_error", error)?;
             }
@@ -448,5 +454,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::DispatchedRequest>()?;
     m.add_function(wrap_pyfunction!(front_route, m)?)?;
     m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
+    reliability::register(m)?;
     Ok(())
 }

@@ -415,24 +415,28 @@ class UpstreamPool:
             try:
                 sent = await send(index)
             except UpstreamUnreachable:
-                # `send` marked the upstream down: a family re-pins off it.
+                # `send` marked the upstream down.
                 if last:
                     raise
-                following = self._failed(root_id, index) if root_id is not None else None
+                unreachable = True
             else:
                 if last or sent.status not in RETRYABLE_STATUSES:
                     return sent
                 await discard(sent)
-                following = None
+                unreachable = False
             failed = self._index_of(client)
             if failed is not None:
                 self.retries[failed] += 1
             await asyncio.sleep(self._backoff(attempt))
             attempt += 1
-            if root_id is not None and following is not None and following < len(self.urls):
-                index = following
-            else:
-                index = self.index_for(root_id, headers, body)
+            # The set may have changed while waiting: find the engine again.
+            failed = self._index_of(client)
+            # After a connect failure, elsewhere when there is an elsewhere (a family re-pins
+            # there); after a refusal, the family's engine again or the policy's pick.
+            following = (
+                self._failed(root_id, failed) if unreachable and failed is not None else None
+            )
+            index = following if following is not None else self.index_for(root_id, headers, body)
 
     def _backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (0-based), jitter drawn here."""
