@@ -18,7 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS, RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import (
+    LATENCY_BUCKETS,
+    RouterMetrics,
+    WorkerGauge,
+    reliability_gauges,
+)
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
@@ -90,6 +95,7 @@ class InProcessGateway:
             affinity_hits=self.core.upstream.affinity_hits,
             repins=self.core.upstream.repins,
             upstreams=list(zip(pool.urls, pool.healthy, strict=True)),
+            upstream_reliability=reliability_gauges(pool.upstream_states()),
             records_bytes=self.core.records_bytes,
             max_records_bytes=self.core.settings.max_records_bytes,
             max_sessions=self.core.settings.max_sessions,

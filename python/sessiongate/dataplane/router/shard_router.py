@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge
+from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge, reliability_gauges
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
@@ -449,6 +449,9 @@ class Router:
                 repins=channel.heartbeat.get("repins", 0) if channel else 0,
                 **_limit_gauges(channel.heartbeat if channel else {}),
                 upstreams=_upstream_gauges(channel.heartbeat) if channel else [],
+                upstream_reliability=(
+                    reliability_gauges(channel.heartbeat.get("upstreams", [])) if channel else []
+                ),
             )
             if channel is not None:
                 gauge.heartbeat_age_s = _heartbeat_age(channel, now)
