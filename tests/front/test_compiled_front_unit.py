@@ -107,7 +107,9 @@ def test_stateless_post_is_relayed_byte_exactly(upstream: Upstream, make_front: 
     assert stats["latency"]["sum"] > 0
     assert stats["latency"]["buckets"][-1] <= 1
     assert stats["handoffs"] == 0
-    assert stats["upstreams"] == [{"url": upstream.url, "healthy": True}]
+    assert stats["upstreams"] == [
+        {"url": upstream.url, "healthy": True, "circuit_breaker": "closed", "retries": 0}
+    ]
 
 
 def test_a_kept_alive_connection_serves_several_requests(
@@ -243,7 +245,9 @@ def test_a_connect_failure_retries_on_the_other_upstream(
     assert down["last_error"].startswith(
         f"upstream transport error: POST {first}{CHAT} failed (ConnectFailed: "
     )
-    assert up == {"url": upstream.url, "healthy": True}
+    # The refused attempt was retried (on the other engine): a retry counted on the first.
+    assert down["retries"] == 1
+    assert up == {"url": upstream.url, "healthy": True, "circuit_breaker": "closed", "retries": 0}
     # Round robin now skips the one that is down.
     for _ in range(3):
         client.sendall(get("/v1/models"))
