@@ -409,9 +409,12 @@ impl Pool {
             let delay = self.reliability.backoff_ms(attempt, jitter_sample());
             tokio::time::sleep(Duration::from_millis(delay)).await;
             attempt += 1;
-            guard = match self.retry_target(index) {
-                Some(retry) if connect_failed => self.in_flight(retry),
-                _ => self.pick(&headers, &body),
+            // After a connect failure another engine when there is one; after a refusal
+            // wherever the policy picks now.
+            let elsewhere = connect_failed.then(|| self.retry_target(index)).flatten();
+            guard = match elsewhere {
+                Some(retry) => self.in_flight(retry),
+                None => self.pick(&headers, &body),
             };
         }
     }
