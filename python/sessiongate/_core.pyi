@@ -343,6 +343,13 @@ class FrontCircuitBreaker:
     @property
     def opened(self) -> int: ...
 
+class FrontHealthCounter:
+    """The relay's probe thresholds (``engine_routing.reliability.HealthCounter``'s twin)."""
+
+    def __init__(self, failures: int = 3, successes: int = 2) -> None: ...
+    def probe(self, passed: bool, healthy: bool) -> bool: ...
+    def reset(self) -> None: ...
+
 def front_route(
     method: str, target: str, headers: list[tuple[str, str]], session_headers: list[str]
 ) -> str:

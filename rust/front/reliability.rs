@@ -376,8 +376,41 @@ impl PyBreaker {
     }
 }
 
+/// The probe thresholds, for the twin test.
+#[pyclass(name = "FrontHealthCounter", module = "sessiongate._core")]
+struct PyHealthCounter {
+    inner: HealthCounter,
+    config: Config,
+}
+
+#[pymethods]
+impl PyHealthCounter {
+    #[new]
+    #[pyo3(signature = (failures = 3, successes = 2))]
+    fn new(failures: u32, successes: u32) -> Self {
+        let config = Config {
+            health_failure_threshold: failures,
+            health_success_threshold: successes,
+            ..Config::default()
+        };
+        Self {
+            inner: HealthCounter::default(),
+            config,
+        }
+    }
+
+    fn probe(&mut self, passed: bool, healthy: bool) -> bool {
+        self.inner.probe(passed, healthy, &self.config)
+    }
+
+    fn reset(&mut self) {
+        self.inner.reset();
+    }
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBreaker>()?;
+    m.add_class::<PyHealthCounter>()?;
     m.add_function(wrap_pyfunction!(front_backoff_ms, m)?)?;
     Ok(())
 }

@@ -107,7 +107,8 @@ def test_extracted_reply_members_match() -> None:
 # (`--front python`), `DispatchedRequest` is its request handed to that front's app, and
 # `front_route`'s twin is `front/routes.py::front_decision` (tests/front/test_front_route_twin.py),
 # `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py),
-# `front_backoff_ms`'s and `FrontCircuitBreaker`'s are `engine_routing/reliability.py`
+# `front_backoff_ms`'s, `FrontCircuitBreaker`'s and `FrontHealthCounter`'s are
+# `engine_routing/reliability.py`
 # (tests/primitives/test_reliability_twin.py).
 FRONT_NAMES = frozenset(
     {
@@ -117,6 +118,7 @@ FRONT_NAMES = frozenset(
         "front_forwarded_headers",
         "front_backoff_ms",
         "FrontCircuitBreaker",
+        "FrontHealthCounter",
     }
 )
 # `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is

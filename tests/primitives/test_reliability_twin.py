@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate._core import FrontCircuitBreaker, front_backoff_ms
-from sessiongate.engine_routing.reliability import CircuitBreaker, backoff_ms
+from sessiongate._core import FrontCircuitBreaker, FrontHealthCounter, front_backoff_ms
+from sessiongate.engine_routing.reliability import CircuitBreaker, HealthCounter, backoff_ms
 
 # Within what the flags take in practice and f64 represents exactly (below 2**53 ms).
 millis = st.integers(min_value=0, max_value=2**40)
@@ -65,3 +65,25 @@ def test_breaker_twin(
             success = action == "success"
             assert twin.record(success, now) == spec.record(success, now)
     assert twin.opened == spec.opened
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.lists(st.sampled_from(["pass", "fail", "reset", "flip"]), max_size=60),
+)
+def test_health_counter_twin(failures: int, successes: int, script: list[str]) -> None:
+    spec = HealthCounter(failures, successes)
+    twin = FrontHealthCounter(failures, successes)
+    healthy = True
+    for step in script:
+        if step == "reset":
+            spec.reset()
+            twin.reset()
+        elif step == "flip":  # a real request decided the health meanwhile
+            healthy = not healthy
+        else:
+            want = spec.probe(step == "pass", healthy)
+            assert twin.probe(step == "pass", healthy) == want
+            healthy = want
