@@ -46,7 +46,9 @@ def proxy(engine: ServerProcess) -> Iterator[FaultProxy]:
 def gateway(route: str, backends: list[str], *flags: str) -> ServerProcess:
     port = free_port()
     front = "python" if route == "python" else "compiled"
-    args = ["serve", "--workers", "0", "--port", str(port), "--front", front, *FAST, *flags]
+    # Round robin whatever the default policy: the tests count where requests go.
+    args = ["serve", "--workers", "0", "--port", str(port), "--front", front, "--policy"]
+    args += ["round_robin", *FAST, *flags]
     for url in backends:
         args += ["--backend", url]
     return ServerProcess(args, port)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sessiongate.engine_routing import EngineRoutingConfig
 from sessiongate.engine_routing.reliability import (
     CLOSED,
     HALF_OPEN,
@@ -161,6 +162,8 @@ def make_pool(
         urls,
         reliability=ReliabilityConfig(retry_jitter_factor=0.0, **config),  # type: ignore[arg-type]
         clock=clock,
+        # Round robin whatever the default: the tests count where requests go.
+        engine_routing=EngineRoutingConfig(policy="round_robin"),
     )
     clients = [Scripted(url, script) for url, script in zip(urls, scripts, strict=True)]
     pool.clients = clients  # type: ignore[assignment]
