@@ -12,8 +12,9 @@ so a per-connection mode would let pooled connections dodge a fault):
   the engine.
 
 `script(*modes)` queues modes for the next requests, one each, before `mode` applies again;
-with `spare_probes`, `GET /health` always passes (a fault of the requests alone, as an
-engine that is healthy but refuses work).
+with `spare_probes`, the gateways' probes (`GET /health`, the engine registry's model and
+server info) always pass and are not counted (a fault of the requests alone, as an engine
+that is healthy but refuses work).
 
 It runs its own event loop in a daemon thread so both sync tests and the asyncio bench can
 switch modes (`proxy.mode = "reset"`) while the gateway's load keeps flowing.
@@ -29,6 +30,18 @@ import threading
 from collections import Counter
 
 MODES = ("pass", "reset", "truncate", "stall", "http500", "http503", "http429")
+# What gateways ask on a timer (health checks, the engine registry's probes): spared by
+# `spare_probes`, so scripted modes meet only the requests a test sends.
+_PROBES = [
+    [b"GET", path]
+    for path in (
+        b"/health",
+        b"/model_info",
+        b"/get_model_info",
+        b"/server_info",
+        b"/get_server_info",
+    )
+]
 _STATUS_LINES = {
     "http500": b"500 Internal Server Error",
     "http503": b"503 Service Unavailable",
@@ -144,7 +157,7 @@ class FaultProxy:
         try:
             while True:
                 head, body = await _read_message(reader)
-                if self.spare_probes and head.startswith(b"GET /health "):
+                if self.spare_probes and head.split(b" ", 2)[:2] in _PROBES:
                     mode = "pass"
                 else:
                     mode = self._queued.pop(0) if self._queued else self.mode
