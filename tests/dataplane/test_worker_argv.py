@@ -80,7 +80,7 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "none",
         # Engine routing: a worker's stateless proxy path picks engines with the same policy.
         "--policy",
-        "cache_aware",
+        "cache_aware_gateway",
         "--cache-threshold",
         "0.5",
         "--balance-abs-threshold",
