@@ -253,6 +253,7 @@ class CompiledFront:
         dispatch: bool = False,
         engine_policy: str = "round_robin",
         engine_policy_options: dict[str, object] | None = None,
+        reliability: dict[str, object] | None = None,
     ) -> None:
         """``listen_fd`` (a bound, listening TCP socket) and ``notify_fd`` (the write end of a
         non-blocking pipe) are duplicated: the caller keeps and later closes its own. The
@@ -263,7 +264,9 @@ class CompiledFront:
         ascending. ValueError (OSError for the fds) otherwise. Without ``dispatch`` the
         requests Python answers are handed off with their connection. ``engine_policy`` and
         ``engine_policy_options`` choose the engine of each proxied request (as
-        ``EnginePolicy``; the policy's trims run every ``eviction_interval_secs``)."""
+        ``EnginePolicy``; the policy's trims run every ``eviction_interval_secs``);
+        ``reliability`` is ``dataclasses.asdict`` of a ``ReliabilityConfig`` (retries, circuit
+        breakers, health thresholds; None: the defaults)."""
     def take_handoffs(self) -> list[tuple[int, bytes]]:
         """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
     def take_requests(self) -> list[DispatchedRequest]:
@@ -325,6 +328,35 @@ class DispatchedRequest:
         """The end of a streamed reply; False when the client is gone."""
     def abort(self) -> None:
         """Cut a started reply: the front closes the connection without ending it."""
+
+def front_backoff_ms(
+    attempt: int, initial_ms: int, max_ms: int, multiplier: float, jitter: float, sample: float
+) -> int:
+    """The relay's retry backoff (``engine_routing.reliability.backoff_ms``'s twin)."""
+
+class FrontCircuitBreaker:
+    """The relay's circuit breaker (``engine_routing.reliability.CircuitBreaker``'s twin)."""
+
+    def __init__(
+        self,
+        failure_threshold: int,
+        success_threshold: int,
+        timeout_secs: float,
+        window_secs: float,
+        disabled: bool = False,
+    ) -> None: ...
+    def state(self, now: float) -> int: ...
+    def allows(self, now: float) -> bool: ...
+    def record(self, success: bool, now: float) -> int: ...
+    @property
+    def opened(self) -> int: ...
+
+class FrontHealthCounter:
+    """The relay's probe thresholds (``engine_routing.reliability.HealthCounter``'s twin)."""
+
+    def __init__(self, failures: int = 3, successes: int = 2) -> None: ...
+    def probe(self, passed: bool, healthy: bool) -> bool: ...
+    def reset(self) -> None: ...
 
 def front_route(
     method: str, target: str, headers: list[tuple[str, str]], session_headers: list[str]

@@ -18,6 +18,7 @@ mod conn;
 mod dispatch;
 mod head;
 mod hop;
+mod reliability;
 mod reply;
 mod route;
 mod server;
@@ -132,7 +133,7 @@ impl CompiledFront {
         listen_fd, notify_fd, upstreams, *, max_body_bytes, api_key, session_headers,
         header_timeout, body_timeout, keepalive_timeout, upstream_timeout, connect_timeout,
         health_interval, health_path, threads, latency_buckets, dispatch = false,
-        engine_policy = "round_robin", engine_policy_options = None
+        engine_policy = "round_robin", engine_policy_options = None, reliability = None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -154,6 +155,7 @@ impl CompiledFront {
         dispatch: bool,
         engine_policy: &str,
         engine_policy_options: Option<&Bound<'_, PyDict>>,
+        reliability: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         // Everything is validated before a thread starts or an fd is taken.
         let targets = targets_of(&upstreams)?;
@@ -194,6 +196,7 @@ impl CompiledFront {
         let connect_timeout = seconds("connect_timeout", connect_timeout)?;
         let health_interval = seconds("health_interval", health_interval)?;
         let options = EngineOptions::from_dict(engine_policy_options)?;
+        let reliability = reliability::Config::from_dict(reliability)?;
         let urls = targets.iter().map(|t| t.url.clone()).collect();
         let router = Router::new(engine_policy, urls, options).map_err(PyValueError::new_err)?;
         let pool = Pool::new(
@@ -202,6 +205,7 @@ impl CompiledFront {
             connect_timeout,
             &health_path,
             router,
+            reliability,
         )
         .map_err(PyValueError::new_err)?;
         let threads = usize::try_from(threads).unwrap_or(1);
@@ -344,6 +348,8 @@ impl CompiledFront {
             entry.set_item("healthy", state.healthy)?;
             entry.set_item("in_flight", state.in_flight)?;
             entry.set_item("sent", state.sent)?;
+            entry.set_item("circuit_breaker", state.circuit_breaker)?;
+            entry.set_item("retries", state.retries)?;
             if let Some(error) = state.last_error {
                 entry.set_item("last_error", error)?;
             }
@@ -492,5 +498,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::DispatchedRequest>()?;
     m.add_function(wrap_pyfunction!(front_route, m)?)?;
     m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
+    reliability::register(m)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, the engine
-//! routing policy choosing among them (`rust/engine_policy/`, cache_aware by default), a retry
-//! elsewhere after a connect failure, and a health prober.
+//! routing policy choosing among them (`rust/engine_policy/`, cache_aware by default), retries
+//! with backoff after a connect failure or a 429 / 503 reply head, a circuit breaker per
+//! engine (`reliability.rs`), and a health prober with failure / success thresholds.
 //! Mirrors `python/sessiongate/upstream/pool.py` and `client.py` for stateless traffic.
 
 use std::error::Error as StdError;
@@ -22,13 +23,14 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::hop::{connection_named, forwarded};
+use super::reliability::{
+    jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
+};
 use crate::engine_policy::{Request as RoutingRequest, Router};
 use crate::hash::blake2b64;
 
 pub type Body = Full<Bytes>;
 
-/// Each health probe's whole exchange (as `UpstreamClient.check`).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long an idle pooled upstream connection is kept.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
@@ -102,6 +104,10 @@ struct Upstream {
     last_error: Mutex<Option<String>>,
     /// Requests sent to it (every attempt, retries included): `/metrics`' per-engine counter.
     sent: AtomicU64,
+    breaker: Mutex<Breaker>,
+    probes: Mutex<HealthCounter>,
+    /// Retries this engine caused (its connect errors, 429s and 503s).
+    retries: AtomicU64,
 }
 
 /// One request to relay upstream.
@@ -121,6 +127,8 @@ pub struct UpstreamState {
     /// Requests in flight on it, as the engine policy counts them (pick to relayed reply).
     pub in_flight: u64,
     pub sent: u64,
+    pub circuit_breaker: &'static str,
+    pub retries: u64,
 }
 
 pub struct Pool {
@@ -138,6 +146,9 @@ pub struct Pool {
     /// Replaced by a new engine set: its probe and trim loops end at their next wake-up;
     /// requests still on it finish.
     retired: AtomicBool,
+    reliability: Config,
+    /// Whether some breaker is open: only then does a pick look for due half-opens.
+    any_open: AtomicBool,
 }
 
 enum Failure {
@@ -154,8 +165,17 @@ impl Pool {
         connect_timeout: Duration,
         health_path: &str,
         router: Router,
+        reliability: Config,
     ) -> Result<Self, String> {
-        Self::build(targets, timeout, connect_timeout, health_path, router, None)
+        Self::build(
+            targets,
+            timeout,
+            connect_timeout,
+            health_path,
+            router,
+            reliability,
+            None,
+        )
     }
 
     /// The pool of a new engine set, with this one's settings and policy (its state starts
@@ -170,6 +190,7 @@ impl Pool {
             self.connect_timeout,
             &self.health_path,
             router,
+            self.reliability.clone(),
             Some(self),
         )
     }
@@ -184,12 +205,14 @@ impl Pool {
         connect_timeout: Duration,
         health_path: &str,
         mut router: Router,
+        reliability: Config,
         previous: Option<&Pool>,
     ) -> Result<Self, String> {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
         let mut upstreams = Vec::with_capacity(targets.len());
+        let mut any_open = false;
         for target in targets {
             let kept =
                 previous.and_then(|p| p.upstreams.iter().find(|u| u.target.url == target.url));
@@ -200,13 +223,17 @@ impl Pool {
                     target.url
                 )
             })?;
-            // A kept engine's counter carries on (a Prometheus counter never goes back).
-            let (client, healthy, last_error, sent) = match kept {
+            // A kept engine keeps its connections, health, breaker and probe streak, and its
+            // counters carry on (a Prometheus counter never goes back).
+            let (client, healthy, last_error, sent, breaker, probes, retries) = match kept {
                 Some(up) => (
                     up.client.clone(),
                     up.healthy.load(Relaxed),
                     lock(&up.last_error).clone(),
                     up.sent.load(Relaxed),
+                    lock(&up.breaker).clone(),
+                    lock(&up.probes).clone(),
+                    up.retries.load(Relaxed),
                 ),
                 None => (
                     Client::builder(TokioExecutor::new())
@@ -217,9 +244,13 @@ impl Pool {
                     true,
                     None,
                     0,
+                    reliability.breaker(),
+                    HealthCounter::default(),
+                    0,
                 ),
             };
-            router.set_healthy(upstreams.len(), healthy);
+            any_open |= breaker.is_open();
+            router.set_healthy(upstreams.len(), healthy && !breaker.is_open());
             upstreams.push(Upstream {
                 target,
                 client,
@@ -227,6 +258,9 @@ impl Pool {
                 healthy: AtomicBool::new(healthy),
                 last_error: Mutex::new(last_error),
                 sent: AtomicU64::new(sent),
+                breaker: Mutex::new(breaker),
+                probes: Mutex::new(probes),
+                retries: AtomicU64::new(retries),
             });
         }
         let weights: Vec<u64> = upstreams
@@ -240,17 +274,26 @@ impl Pool {
             upstreams,
             reads_body: router.reads_body(),
             router: Mutex::new(router),
-            created: Instant::now(),
+            // The breakers' clock: a successor keeps it, as it keeps their states.
+            created: previous.map_or_else(Instant::now, |p| p.created),
             retry_order,
             timeout,
             connect_timeout,
             health_path: health_path.to_string(),
             retired: AtomicBool::new(false),
+            reliability,
+            any_open: AtomicBool::new(any_open),
         })
+    }
+
+    /// Seconds on the breakers' clock.
+    fn now(&self) -> f64 {
+        self.created.elapsed().as_secs_f64()
     }
 
     pub fn states(&self) -> Vec<UpstreamState> {
         let in_flight = lock(&self.router).engines.in_flight.clone();
+        let now = self.now();
         self.upstreams
             .iter()
             .enumerate()
@@ -260,17 +303,85 @@ impl Pool {
                 last_error: lock(&u.last_error).clone(),
                 in_flight: in_flight.get(index).copied().unwrap_or(0),
                 sent: u.sent.load(Relaxed),
+                circuit_breaker: state_name(lock(&u.breaker).state(now)),
+                retries: u.retries.load(Relaxed),
             })
             .collect()
     }
 
-    /// Record upstream `index` as up (`error` None) or down because of `error`.
+    /// Record upstream `index` as up (`error` None) or down because of `error`, as a real
+    /// request found it (the probes' streak starts again).
     fn mark(&self, index: usize, error: Option<String>) {
+        lock(&self.upstreams[index].probes).reset();
+        self.set_health(index, error);
+    }
+
+    fn set_health(&self, index: usize, error: Option<String>) {
         let upstream = &self.upstreams[index];
         let mut last = lock(&upstream.last_error);
         upstream.healthy.store(error.is_none(), Relaxed);
-        lock(&self.router).set_healthy(index, error.is_none());
+        let available = error.is_none() && lock(&upstream.breaker).allows(self.now());
+        lock(&self.router).set_healthy(index, available);
         *last = error;
+    }
+
+    /// One probe's verdict: it flips the engine's health only at its threshold.
+    fn probed(&self, index: usize, error: Option<String>) {
+        let upstream = &self.upstreams[index];
+        let healthy = upstream.healthy.load(Relaxed);
+        let up = lock(&upstream.probes).probe(error.is_none(), healthy, &self.reliability);
+        if up != healthy {
+            self.set_health(index, if up { None } else { error });
+        } else if !up && error.is_some() {
+            *lock(&upstream.last_error) = error; // still down: the latest reason
+        } else if up && error.is_none() {
+            *lock(&upstream.last_error) = None;
+        }
+    }
+
+    /// Count one attempt's outcome in engine `index`'s breaker; the policy learns when the
+    /// engine leaves or rejoins the candidates.
+    fn outcome(&self, index: usize, success: bool) {
+        let upstream = &self.upstreams[index];
+        let now = self.now();
+        let (before, after) = {
+            let mut breaker = lock(&upstream.breaker);
+            let before = breaker.state(now);
+            (before, breaker.record(success, now))
+        };
+        if before == after {
+            return;
+        }
+        if after == OPEN {
+            self.any_open.store(true, Relaxed);
+        }
+        let available = after != OPEN && upstream.healthy.load(Relaxed);
+        lock(&self.router).set_healthy(index, available);
+    }
+
+    /// Open breakers past their timeout let trial requests through again.
+    fn half_open_due(&self) {
+        if !self.any_open.load(Relaxed) {
+            return;
+        }
+        let now = self.now();
+        let mut still_open = false;
+        for (index, upstream) in self.upstreams.iter().enumerate() {
+            let mut breaker = lock(&upstream.breaker);
+            let was_open = breaker.is_open();
+            let open = breaker.state(now) == OPEN;
+            drop(breaker);
+            still_open |= open;
+            if was_open && !open {
+                lock(&self.router).set_healthy(index, upstream.healthy.load(Relaxed));
+            }
+        }
+        self.any_open.store(still_open, Relaxed);
+    }
+
+    fn available(&self, index: usize) -> bool {
+        let upstream = &self.upstreams[index];
+        upstream.healthy.load(Relaxed) && lock(&upstream.breaker).allows(self.now())
     }
 
     /// A reply proves the upstream reachable; a 5xx proves nothing (an engine loading).
@@ -281,8 +392,9 @@ impl Pool {
     }
 
     /// The policy's engine for `request`, counted in flight until the guard drops.
-    fn pick(self: &Arc<Self>, request: &Outgoing) -> InFlight {
-        let view = RoutingRequest::new(&request.headers, &request.body);
+    fn pick(self: &Arc<Self>, headers: &HeaderMap, body: &Bytes) -> InFlight {
+        self.half_open_due();
+        let view = RoutingRequest::new(headers, body);
         if let Some(text_with_ids) = self.reads_body {
             // The scan of a large body must not hold the other front threads up.
             view.material(text_with_ids);
@@ -334,12 +446,15 @@ impl Pool {
         let order = self.retry_order.iter().copied();
         order
             .clone()
-            .find(|&i| i != failed && self.upstreams[i].healthy.load(Relaxed))
+            .find(|&i| i != failed && self.available(i))
             .or_else(|| order.clone().find(|&i| i != failed))
     }
 
-    /// Send `request` and wait for the reply head; Err is the 502 message. The reply comes
-    /// with its engine's in-flight guard: keep it until the body is relayed.
+    /// Send `request` and wait for the reply head; Err is the 502 message. A connect failure
+    /// (nothing sent) or a 429 / 503 head (refused before any work) is sent again after a
+    /// backoff, up to the configured attempts: a connect failure elsewhere (`retry_target`),
+    /// a refusal where the policy picks. The reply comes with its engine's in-flight guard:
+    /// keep it until the body is relayed.
     pub async fn send(
         self: &Arc<Self>,
         request: Outgoing,
@@ -348,36 +463,49 @@ impl Pool {
             // Python keeps relaying off while the set is empty; this is the backstop.
             return Err("no engine registered yet".into());
         }
-        let first = self.pick(&request);
-        // Only kept when a retry is possible at all.
-        let spare = (self.upstreams.len() > 1).then(|| request.headers.clone());
+        let attempts = self.reliability.attempts();
         let Outgoing {
             method,
             path_and_query,
-            headers,
+            mut headers,
             body,
         } = request;
-        let failure = match self
-            .attempt(first.index, &method, &path_and_query, headers, body.clone())
-            .await
-        {
-            Ok(reply) => return Ok((reply, first)),
-            Err(Failure::Other(message)) => return Err(message),
-            Err(Failure::Connect(message)) => message,
-        };
-        let failed = first.index;
-        drop(first);
-        match (self.retry_target(failed), spare) {
-            (Some(retry), Some(headers)) => {
-                let guard = self.in_flight(retry);
-                self.attempt(retry, &method, &path_and_query, headers, body)
-                    .await
-                    .map(|reply| (reply, guard))
-                    .map_err(|f| match f {
-                        Failure::Connect(m) | Failure::Other(m) => m,
-                    })
-            }
-            _ => Err(failure),
+        let mut guard = self.pick(&headers, &body);
+        let mut attempt: u32 = 0;
+        loop {
+            let last = attempt + 1 >= attempts;
+            let index = guard.index;
+            // The last attempt takes the headers; earlier ones need a copy for the next.
+            let sent = if last {
+                std::mem::take(&mut headers)
+            } else {
+                headers.clone()
+            };
+            let connect_failed = match self
+                .attempt(index, &method, &path_and_query, sent, body.clone())
+                .await
+            {
+                Ok(reply) if last || !retryable_status(reply.status().as_u16()) => {
+                    return Ok((reply, guard))
+                }
+                // Only the head was read: nothing of it reached the client.
+                Ok(_refused) => false,
+                Err(Failure::Other(message)) => return Err(message),
+                Err(Failure::Connect(message)) if last => return Err(message),
+                Err(Failure::Connect(_)) => true,
+            };
+            self.upstreams[index].retries.fetch_add(1, Relaxed);
+            drop(guard);
+            let delay = self.reliability.backoff_ms(attempt, jitter_sample());
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            attempt += 1;
+            // After a connect failure another engine when there is one; after a refusal
+            // wherever the policy picks now.
+            let elsewhere = connect_failed.then(|| self.retry_target(index)).flatten();
+            guard = match elsewhere {
+                Some(retry) => self.in_flight(retry),
+                None => self.pick(&headers, &body),
+            };
         }
     }
 
@@ -413,10 +541,14 @@ impl Pool {
                 )))
             }
             Ok(Ok(reply)) => {
-                self.answered(index, reply.status().as_u16());
+                let status = reply.status().as_u16();
+                // A 5xx counts against the engine's breaker, a 4xx is the client's doing.
+                self.outcome(index, status < 500);
+                self.answered(index, status);
                 Ok(reply)
             }
             Ok(Err(error)) => {
+                self.outcome(index, false);
                 let (kind, detail) = describe(&error, &upstream.target, self.connect_timeout);
                 let text = message(kind, &detail);
                 self.mark(index, Some(text.clone()));
@@ -426,8 +558,12 @@ impl Pool {
                     Failure::Other(text)
                 })
             }
-            // A slow engine is not a gone one: the prober decides (pool.py).
-            Err(_) => Err(Failure::Other(message("TimeoutError", "timed out"))),
+            // A slow engine is not a gone one: the prober decides (pool.py); its breaker
+            // counts the failure.
+            Err(_) => {
+                self.outcome(index, false);
+                Err(Failure::Other(message("TimeoutError", "timed out")))
+            }
         }
     }
 
@@ -452,11 +588,12 @@ impl Pool {
                 .map_err(|e| describe(&e, &upstream.target, self.connect_timeout))?;
             Ok::<u16, (&str, String)>(status)
         };
-        match tokio::time::timeout(PROBE_TIMEOUT, exchange).await {
+        let timeout = self.reliability.health_check_timeout_secs;
+        match tokio::time::timeout(Duration::from_secs_f64(timeout), exchange).await {
             Ok(Ok(status)) if (200..300).contains(&status) => None,
             Ok(Ok(status)) => Some(format!("{what} answered {status}")),
             Ok(Err((kind, detail))) => Some(format!("{what} failed ({kind}: {detail})")),
-            Err(_) => Some(format!("{what} timed out after 2s")),
+            Err(_) => Some(format!("{what} timed out after {}s", py_g(timeout))),
         }
     }
 
@@ -475,7 +612,7 @@ impl Pool {
                 let pool = Arc::clone(&self);
                 probes.spawn(async move {
                     let verdict = pool.check(index).await;
-                    pool.mark(index, verdict);
+                    pool.probed(index, verdict);
                 });
             }
             while probes.join_next().await.is_some() {}
@@ -548,6 +685,11 @@ fn io_text(error: &io::Error) -> String {
         }
         None => text,
     }
+}
+
+/// Python's `f"{x:g}"` for the common values a probe timeout takes ("5", "0.5").
+fn py_g(seconds: f64) -> String {
+    format!("{seconds}")
 }
 
 /// Python's `str(float)` for the common values a timeout takes ("10.0", "0.5").
@@ -675,6 +817,7 @@ mod tests {
             Duration::from_secs(1),
             "/health",
             router,
+            Config::default(),
         );
         let Ok(pool) = pool else { panic!("pool") };
         let pool = Arc::new(pool);
@@ -697,7 +840,9 @@ mod tests {
             headers: HeaderMap::new(),
             body: Bytes::new(),
         };
-        let guards: Vec<InFlight> = (0..4).map(|_| pool.pick(&request)).collect();
+        let guards: Vec<InFlight> = (0..4)
+            .map(|_| pool.pick(&request.headers, &request.body))
+            .collect();
         assert!(!guards.iter().any(|g| g.index == order[0]));
         assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 4);
         // The states /metrics reads: per engine in flight now, and sent in all.

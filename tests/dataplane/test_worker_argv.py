@@ -80,7 +80,7 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "none",
         # Engine routing: a worker's stateless proxy path picks engines with the same policy.
         "--policy",
-        "cache_aware",
+        "cache_aware_gateway",
         "--cache-threshold",
         "0.5",
         "--balance-abs-threshold",
@@ -99,6 +99,35 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "round_robin",
         "--policy-seed",
         "11",
+        # Engine reliability: workers retry and break circuits as the front does.
+        "--health-failure-threshold",
+        "4",
+        "--health-success-threshold",
+        "5",
+        "--health-check-timeout-secs",
+        "1.5",
+        "--health-check-endpoint",
+        "/ready",
+        "--retry-max-retries",
+        "7",
+        "--retry-initial-backoff-ms",
+        "20",
+        "--retry-max-backoff-ms",
+        "900",
+        "--retry-backoff-multiplier",
+        "2.5",
+        "--retry-jitter-factor",
+        "0.1",
+        "--disable-retries",
+        "--cb-failure-threshold",
+        "6",
+        "--cb-success-threshold",
+        "4",
+        "--cb-timeout-duration-secs",
+        "9.5",
+        "--cb-window-duration-secs",
+        "30",
+        "--disable-circuit-breaker",
         "--max-sessions",
         "7",
         "--max-records-bytes",
@@ -174,3 +203,20 @@ def test_serve_validates_before_forwarding(tmp_path: Path) -> None:
     argv[argv.index("--max-trim-tokens") + 1] = "-1"
     with pytest.raises(SystemExit, match="--max-trim-tokens must be >= 0"):
         serve_core_config(build_parser().parse_args(argv))
+
+
+def test_the_routers_front_gets_serves_reliability_options(tmp_path: Path) -> None:
+    """The compiled front in the router retries and breaks circuits as serve was told."""
+    from sessiongate.engine_routing.options import engine_routing_argv, reliability_settings
+    from sessiongate.front.compiled import front_options
+
+    args, _, _ = forwarded(tmp_path)
+    plumbing = ["--port", "1", "--worker-fds", "3", "--control-fd", "4", "--max-body-bytes", "1"]
+    router = build_parser().parse_args(
+        ["_router", *plumbing, "--backend", "http://127.0.0.1:9", *engine_routing_argv(args)]
+    )
+    want = reliability_settings(args)
+    assert want.disable_retries and want.retry_max_retries == 7
+    options = front_options(router, ["http://127.0.0.1:9"], [1.0])
+    assert options is not None
+    assert options.reliability == want and options.health_path == "/ready"

@@ -108,7 +108,16 @@ def test_stateless_post_is_relayed_byte_exactly(upstream: Upstream, make_front: 
     assert stats["latency"]["buckets"][-1] <= 1
     assert stats["handoffs"] == 0
     # The relayed request is counted on its engine, and is in flight no more.
-    assert stats["upstreams"] == [{"url": upstream.url, "healthy": True, "in_flight": 0, "sent": 1}]
+    assert stats["upstreams"] == [
+        {
+            "url": upstream.url,
+            "healthy": True,
+            "in_flight": 0,
+            "sent": 1,
+            "circuit_breaker": "closed",
+            "retries": 0,
+        }
+    ]
 
 
 def test_a_kept_alive_connection_serves_several_requests(
@@ -244,8 +253,16 @@ def test_a_connect_failure_retries_on_the_other_upstream(
     assert down["last_error"].startswith(
         f"upstream transport error: POST {first}{CHAT} failed (ConnectFailed: "
     )
-    # Both attempts count as sent; the reply relayed, nothing stays in flight.
-    assert (down["sent"], up["url"], up["healthy"], up["sent"]) == (1, upstream.url, True, 1)
+    # Both attempts count as sent, the refused one was retried (on the other engine): a
+    # retry counted on the first; the reply relayed, nothing stays in flight.
+    assert (down["sent"], down["retries"]) == (1, 1)
+    assert (up["url"], up["healthy"], up["sent"], up["circuit_breaker"], up["retries"]) == (
+        upstream.url,
+        True,
+        1,
+        "closed",
+        0,
+    )
     front.wait_until(lambda s: [u["in_flight"] for u in s["upstreams"]] == [0, 0])
     # Round robin now skips the one that is down.
     for _ in range(3):

@@ -106,9 +106,20 @@ def test_extracted_reply_members_match() -> None:
 # The compiled front is a server, not a primitive: its Python twin is the Python front itself
 # (`--front python`), `DispatchedRequest` is its request handed to that front's app, and
 # `front_route`'s twin is `front/routes.py::front_decision` (tests/front/test_front_route_twin.py),
-# `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py).
+# `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py),
+# `front_backoff_ms`'s, `FrontCircuitBreaker`'s and `FrontHealthCounter`'s are
+# `engine_routing/reliability.py`
+# (tests/primitives/test_reliability_twin.py).
 FRONT_NAMES = frozenset(
-    {"CompiledFront", "DispatchedRequest", "front_route", "front_forwarded_headers"}
+    {
+        "CompiledFront",
+        "DispatchedRequest",
+        "front_route",
+        "front_forwarded_headers",
+        "front_backoff_ms",
+        "FrontCircuitBreaker",
+        "FrontHealthCounter",
+    }
 )
 # `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is
 # the specification in `sessiongate.engine_routing` (checked below).

@@ -59,7 +59,27 @@ ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--tie-break": ("index", False),
     "--policy-seed": (None, False),
 }
+# Engine reliability (health thresholds, retries, circuit breaker), with the SGLang Model
+# Gateway's names and defaults: declared with engine routing, so the same processes take them.
+RELIABILITY_OPTIONS: dict[str, tuple[object, bool]] = {
+    "--health-failure-threshold": (3, False),
+    "--health-success-threshold": (2, False),
+    "--health-check-timeout-secs": (5.0, False),
+    "--health-check-endpoint": ("/health", False),
+    "--retry-max-retries": (5, False),
+    "--retry-initial-backoff-ms": (50, False),
+    "--retry-max-backoff-ms": (30000, False),
+    "--retry-backoff-multiplier": (1.5, False),
+    "--retry-jitter-factor": (0.2, False),
+    "--disable-retries": (False, False),
+    "--cb-failure-threshold": (10, False),
+    "--cb-success-threshold": (3, False),
+    "--cb-timeout-duration-secs": (60.0, False),
+    "--cb-window-duration-secs": (120.0, False),
+    "--disable-circuit-breaker": (False, False),
+}
 SESSION_CORE_OPTIONS.update(ENGINE_ROUTING_OPTIONS)
+SESSION_CORE_OPTIONS.update(RELIABILITY_OPTIONS)
 
 EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
     "serve": {

@@ -8,7 +8,13 @@ so a per-connection mode would let pooled connections dodge a fault):
 - `reset`: read the request, then close with SO_LINGER 0 (the client sees a TCP reset).
 - `truncate`: forward the request, relay the reply head and half its body, then close.
 - `stall`: read the request and never answer (until the client gives up and closes).
-- `http500`: answer 500 with a JSON error body, never reaching the engine.
+- `http500`, `http503`, `http429`: answer that status with a JSON error body, never reaching
+  the engine.
+
+`script(*modes)` queues modes for the next requests, one each, before `mode` applies again;
+with `spare_probes`, the gateways' probes (`GET /health`, the engine registry's model and
+server info) always pass and are not counted (a fault of the requests alone, as an engine
+that is healthy but refuses work).
 
 It runs its own event loop in a daemon thread so both sync tests and the asyncio bench can
 switch modes (`proxy.mode = "reset"`) while the gateway's load keeps flowing.
@@ -23,7 +29,24 @@ import struct
 import threading
 from collections import Counter
 
-MODES = ("pass", "reset", "truncate", "stall", "http500")
+MODES = ("pass", "reset", "truncate", "stall", "http500", "http503", "http429")
+# What gateways ask on a timer (health checks, the engine registry's probes): spared by
+# `spare_probes`, so scripted modes meet only the requests a test sends.
+_PROBES = [
+    [b"GET", path]
+    for path in (
+        b"/health",
+        b"/model_info",
+        b"/get_model_info",
+        b"/server_info",
+        b"/get_server_info",
+    )
+]
+_STATUS_LINES = {
+    "http500": b"500 Internal Server Error",
+    "http503": b"503 Service Unavailable",
+    "http429": b"429 Too Many Requests",
+}
 HEAD_END = b"\r\n\r\n"
 _ERROR_BODY = b'{"error": "injected upstream failure"}'
 
@@ -73,6 +96,10 @@ class FaultProxy:
         self.mode = "pass"
         # Requests seen per mode: tests assert a fault was actually exercised.
         self.counts: Counter[str] = Counter()
+        # Requests seen (probes spared by `spare_probes` not counted).
+        self.requests = 0
+        self.spare_probes = False
+        self._queued: list[str] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
@@ -86,6 +113,13 @@ class FaultProxy:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
         self.mode = mode
+
+    def script(self, *modes: str) -> None:
+        """The next requests get these modes, one each, then `mode` again."""
+        for mode in modes:
+            if mode not in MODES:
+                raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+        self._queued.extend(modes)
 
     def start(self) -> FaultProxy:
         self._thread.start()
@@ -123,8 +157,12 @@ class FaultProxy:
         try:
             while True:
                 head, body = await _read_message(reader)
-                mode = self.mode
-                self.counts[mode] += 1
+                if self.spare_probes and head.split(b" ", 2)[:2] in _PROBES:
+                    mode = "pass"
+                else:
+                    mode = self._queued.pop(0) if self._queued else self.mode
+                    self.counts[mode] += 1
+                    self.requests += 1
                 if mode == "reset":
                     _reset(writer)
                     return
@@ -132,9 +170,11 @@ class FaultProxy:
                     # Hold the request unanswered until the client gives up (its timeout).
                     await reader.read()
                     return
-                if mode == "http500":
+                if mode in _STATUS_LINES:
                     writer.write(
-                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json"
+                        b"HTTP/1.1 "
+                        + _STATUS_LINES[mode]
+                        + b"\r\ncontent-type: application/json"
                         + f"\r\ncontent-length: {len(_ERROR_BODY)}\r\n\r\n".encode()
                         + _ERROR_BODY
                     )

@@ -139,7 +139,10 @@ def test_request_transport_failure_marks_down_and_success_marks_up() -> None:
             restarted = ServerProcess(["mock-engine", "--port", str(port)], port)
             with restarted:
                 assert (await pool.post_json(None, "/v1/chat/completions", body)).status == 200
-                assert pool.upstream_states() == [{"url": engine.url, "healthy": True}]
+                # The refused request was sent 5 times (--retry-max-retries): 4 retries.
+                assert pool.upstream_states() == [
+                    {"url": engine.url, "healthy": True, "circuit_breaker": "closed", "retries": 4}
+                ]
                 assert pool.status()["upstream"] == "ok"
         finally:
             await pool.aclose()

@@ -15,6 +15,7 @@ from sessiongate.engine_routing.config import (
     TIE_BREAKS,
     EngineRoutingConfig,
 )
+from sessiongate.engine_routing.reliability import ReliabilityConfig
 
 _DEFAULTS = EngineRoutingConfig()
 
@@ -102,6 +103,7 @@ def add_engine_routing_arguments(parser: argparse.ArgumentParser) -> None:
         help="random, power_of_two, manual, consistent_hashing: seed of the random choices "
         "(default: from the OS)",
     )
+    add_reliability_arguments(parser)
 
 
 def engine_routing_settings(args: argparse.Namespace) -> EngineRoutingConfig:
@@ -148,4 +150,184 @@ def engine_routing_argv(args: argparse.Namespace) -> list[str]:
     ]
     if config.seed is not None:
         argv += ["--policy-seed", str(config.seed)]
+    return argv + reliability_argv(args)
+
+
+_RELIABILITY = ReliabilityConfig()
+
+
+def add_reliability_arguments(parser: argparse.ArgumentParser) -> None:
+    """Health thresholds, retries and the circuit breaker, with the SGLang Model Gateway's
+    names and defaults (docs/reliability.md, "Engine-facing retries and the circuit
+    breaker")."""
+    d = _RELIABILITY
+    group = parser.add_argument_group(
+        "engine reliability (health thresholds, retries, circuit breaker; docs/reliability.md)"
+    )
+    group.add_argument(
+        "--health-failure-threshold",
+        type=int,
+        default=d.health_failure_threshold,
+        metavar="N",
+        help="failed health probes in a row before an engine is marked down "
+        f"({d.health_failure_threshold}; a request that cannot connect marks it down at once)",
+    )
+    group.add_argument(
+        "--health-success-threshold",
+        type=int,
+        default=d.health_success_threshold,
+        metavar="N",
+        help="passed health probes in a row before a down engine is up again "
+        f"({d.health_success_threshold})",
+    )
+    group.add_argument(
+        "--health-check-timeout-secs",
+        type=float,
+        default=d.health_check_timeout_secs,
+        metavar="SECONDS",
+        help=f"each health probe's timeout ({d.health_check_timeout_secs:g})",
+    )
+    group.add_argument(
+        "--health-check-endpoint",
+        default=d.health_check_endpoint,
+        metavar="PATH",
+        help=f"the engines' health path ({d.health_check_endpoint})",
+    )
+    group.add_argument(
+        "--retry-max-retries",
+        type=int,
+        default=d.retry_max_retries,
+        metavar="N",
+        help="attempts per request in all, the first included, when an engine could not be "
+        f"connected to or answered 429 / 503 ({d.retry_max_retries})",
+    )
+    group.add_argument(
+        "--retry-initial-backoff-ms",
+        type=int,
+        default=d.retry_initial_backoff_ms,
+        metavar="MS",
+        help=f"wait before the first retry ({d.retry_initial_backoff_ms})",
+    )
+    group.add_argument(
+        "--retry-max-backoff-ms",
+        type=int,
+        default=d.retry_max_backoff_ms,
+        metavar="MS",
+        help=f"the longest wait between attempts ({d.retry_max_backoff_ms})",
+    )
+    group.add_argument(
+        "--retry-backoff-multiplier",
+        type=float,
+        default=d.retry_backoff_multiplier,
+        metavar="X",
+        help=f"each wait is the previous one times this ({d.retry_backoff_multiplier})",
+    )
+    group.add_argument(
+        "--retry-jitter-factor",
+        type=float,
+        default=d.retry_jitter_factor,
+        metavar="RATIO",
+        help=f"each wait moves randomly by up to this share of itself ({d.retry_jitter_factor})",
+    )
+    group.add_argument(
+        "--disable-retries",
+        action="store_true",
+        help="send every request once: no retry after a connect error, 429 or 503",
+    )
+    group.add_argument(
+        "--cb-failure-threshold",
+        type=int,
+        default=d.cb_failure_threshold,
+        metavar="N",
+        help="failures in a row (transport errors, 5xx replies) that open an engine's circuit "
+        f"breaker, taking it out of rotation ({d.cb_failure_threshold})",
+    )
+    group.add_argument(
+        "--cb-success-threshold",
+        type=int,
+        default=d.cb_success_threshold,
+        metavar="N",
+        help=f"trial successes in a row that close a half-open breaker ({d.cb_success_threshold})",
+    )
+    group.add_argument(
+        "--cb-timeout-duration-secs",
+        type=float,
+        default=d.cb_timeout_duration_secs,
+        metavar="SECONDS",
+        help="how long an open breaker keeps its engine out before trial requests "
+        f"({d.cb_timeout_duration_secs:g})",
+    )
+    group.add_argument(
+        "--cb-window-duration-secs",
+        type=float,
+        default=d.cb_window_duration_secs,
+        metavar="SECONDS",
+        help=f"a failure streak older than this starts over ({d.cb_window_duration_secs:g})",
+    )
+    group.add_argument(
+        "--disable-circuit-breaker",
+        action="store_true",
+        help="never take an engine out of rotation for its failures (health probes still do)",
+    )
+
+
+def reliability_settings(args: argparse.Namespace) -> ReliabilityConfig:
+    """The reliability options as one validated config (SystemExit naming the problem)."""
+    try:
+        return ReliabilityConfig(
+            health_failure_threshold=args.health_failure_threshold,
+            health_success_threshold=args.health_success_threshold,
+            health_check_timeout_secs=args.health_check_timeout_secs,
+            health_check_endpoint=args.health_check_endpoint,
+            retry_max_retries=args.retry_max_retries,
+            retry_initial_backoff_ms=args.retry_initial_backoff_ms,
+            retry_max_backoff_ms=args.retry_max_backoff_ms,
+            retry_backoff_multiplier=args.retry_backoff_multiplier,
+            retry_jitter_factor=args.retry_jitter_factor,
+            disable_retries=args.disable_retries,
+            cb_failure_threshold=args.cb_failure_threshold,
+            cb_success_threshold=args.cb_success_threshold,
+            cb_timeout_duration_secs=args.cb_timeout_duration_secs,
+            cb_window_duration_secs=args.cb_window_duration_secs,
+            disable_circuit_breaker=args.disable_circuit_breaker,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"engine reliability: {exc}") from None
+
+
+def reliability_argv(args: argparse.Namespace) -> list[str]:
+    """The reliability options as the argv of a router or worker process."""
+    c = reliability_settings(args)
+    argv = [
+        "--health-failure-threshold",
+        str(c.health_failure_threshold),
+        "--health-success-threshold",
+        str(c.health_success_threshold),
+        "--health-check-timeout-secs",
+        repr(c.health_check_timeout_secs),
+        "--health-check-endpoint",
+        c.health_check_endpoint,
+        "--retry-max-retries",
+        str(c.retry_max_retries),
+        "--retry-initial-backoff-ms",
+        str(c.retry_initial_backoff_ms),
+        "--retry-max-backoff-ms",
+        str(c.retry_max_backoff_ms),
+        "--retry-backoff-multiplier",
+        repr(c.retry_backoff_multiplier),
+        "--retry-jitter-factor",
+        repr(c.retry_jitter_factor),
+        "--cb-failure-threshold",
+        str(c.cb_failure_threshold),
+        "--cb-success-threshold",
+        str(c.cb_success_threshold),
+        "--cb-timeout-duration-secs",
+        repr(c.cb_timeout_duration_secs),
+        "--cb-window-duration-secs",
+        repr(c.cb_window_duration_secs),
+    ]
+    if c.disable_retries:
+        argv.append("--disable-retries")
+    if c.disable_circuit_breaker:
+        argv.append("--disable-circuit-breaker")
     return argv

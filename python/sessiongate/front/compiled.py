@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from typing import Any
 import uvicorn
 
 from sessiongate.engine_routing.config import EngineRoutingConfig
+from sessiongate.engine_routing.reliability import ReliabilityConfig
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.front.http_server import QuietServer, serve_until_exit
@@ -60,6 +62,8 @@ class FrontOptions:
     health_path: str = "/health"
     # How stateless requests choose an engine (`--policy`; round robin by default).
     engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
+    # Health thresholds, retries and the circuit breaker of the relay (--retry-*, --cb-*).
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
 
 def default_front_threads() -> int:
@@ -132,6 +136,8 @@ def front_options(
         threads=threads,
         latency_buckets=latency_buckets,
         engine_routing=_engine_routing(args),
+        reliability=(reliability := _reliability(args)),
+        health_path=reliability.health_check_endpoint,
     )
 
 
@@ -142,6 +148,15 @@ def _engine_routing(args: argparse.Namespace) -> EngineRoutingConfig:
     from sessiongate.engine_routing.options import engine_routing_settings
 
     return engine_routing_settings(args)
+
+
+def _reliability(args: argparse.Namespace) -> ReliabilityConfig:
+    """`--retry-*`, `--cb-*`, `--health-*` when the process declares them, else the default."""
+    if not hasattr(args, "retry_max_retries"):
+        return ReliabilityConfig()
+    from sessiongate.engine_routing.options import reliability_settings
+
+    return reliability_settings(args)
 
 
 class CompiledFrontDoor:
@@ -200,6 +215,7 @@ class CompiledFrontDoor:
             dispatch=True,
             engine_policy=self.options.engine_routing.policy,
             engine_policy_options=self.options.engine_routing.options(),
+            reliability=dataclasses.asdict(self.options.reliability),
         )
         self._apply_engines()
         loop.add_reader(self._wake_read, self._on_wake)

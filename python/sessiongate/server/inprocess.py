@@ -23,6 +23,7 @@ from sessiongate.dataplane.router.metrics import (
     RouterMetrics,
     WorkerGauge,
     engine_gauges,
+    reliability_gauges,
 )
 from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
 from sessiongate.engines.fanout import handle_fanout
@@ -102,6 +103,7 @@ class InProcessGateway:
             affinity_hits=self.core.upstream.affinity_hits,
             repins=self.core.upstream.repins,
             upstreams=list(zip(pool.urls, pool.healthy, strict=True)),
+            upstream_reliability=reliability_gauges(pool.upstream_states()),
             records_bytes=self.core.records_bytes,
             max_records_bytes=self.core.settings.max_records_bytes,
             max_sessions=self.core.settings.max_sessions,

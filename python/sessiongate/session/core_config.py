@@ -19,7 +19,9 @@ from sessiongate.engine_routing.options import (
     add_engine_routing_arguments,
     engine_routing_argv,
     engine_routing_settings,
+    reliability_settings,
 )
+from sessiongate.engine_routing.reliability import ReliabilityConfig
 from sessiongate.session.core_options import (
     NO_BACKEND,
     add_core_arguments,
@@ -79,6 +81,8 @@ class CoreConfig:
     store: StoreSettings | None = None
     # Which engine a stateless request goes to (--policy and its tunables).
     engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
+    # Health thresholds, retries and the circuit breaker (--retry-*, --cb-*, --health-*).
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) -> None:
@@ -126,6 +130,7 @@ def core_config(
         session_routing_opts=tuple(args.session_routing_opt),
         store=store_settings(args, role.shard),
         engine_routing=engine_routing_settings(args),
+        reliability=reliability_settings(args),
     )
 
 

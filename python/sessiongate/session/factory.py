@@ -29,6 +29,7 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             timeout=config.timeout,
             health_interval=config.health_interval,
             engine_routing=config.engine_routing,
+            reliability=config.reliability,
             # `--backend none`: engines register at run time (engines/registry.py).
             allow_empty=True,
         ),

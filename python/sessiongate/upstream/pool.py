@@ -13,9 +13,15 @@ pick among the others, or the next upstream in its rendezvous order) and retries
 request once.
 
 Stateless requests (no family) go where the engine routing policy says (`--policy`,
-`sessiongate.engine_routing`; `cache_aware` over the healthy upstreams by default). The
-policy is told every request's start and end, a family's turns too, and each upstream's
-health.
+`sessiongate.engine_routing`; `cache_aware` over the available upstreams by default), which
+is told every request's start and end (a family's turns too) and each upstream's
+availability: healthy, and its circuit breaker not open.
+
+Retries (`--retry-*`, docs/reliability.md "Engine-facing retries and the circuit breaker"):
+a request is sent again, after a backoff, only when nothing was sent (the connection could
+not be made) or the engine refused it before doing any work (429, 503); a stream is retried
+only on its reply head, before anything reached the client. A family stays on its engine
+unless that engine is down or its breaker open; a stateless retry is the policy's pick again.
 
 The engine set may change at run time (`set_urls`, fed by the engine registry): kept engines
 keep their client and health, families pinned to a removed one re-pin on their next turn,
@@ -24,7 +30,8 @@ empty (engines not registered yet): every request then fails with 503.
 
 The health state is also what `/health` and `/metrics` report, so it is kept with one
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
-the upstream down at once and any reply (below 500) marks it up again.
+the upstream down at once and any reply (below 500) marks it up again; probes flip it only
+after `--health-failure-threshold` failures or `--health-success-threshold` passes in a row.
 """
 
 from __future__ import annotations
@@ -34,11 +41,22 @@ import contextlib
 import hashlib
 import json
 import logging
+import random
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TypeVar
 
 from sessiongate.engine_routing import EnginePolicy, EngineRoutingConfig
+from sessiongate.engine_routing.reliability import (
+    OPEN,
+    RETRYABLE_STATUSES,
+    STATE_NAMES,
+    CircuitBreaker,
+    HealthCounter,
+    ReliabilityConfig,
+    backoff_ms,
+)
 from sessiongate.errors import Unavailable
 from sessiongate.upstream.client import (
     UpstreamClient,
@@ -55,6 +73,8 @@ NO_ENGINE = "no engine registered yet"
 # the policy: round robin reads nothing of the request, so it would place families no
 # better, and rendezvous keeps a family on one engine across worker processes and restarts.
 RENDEZVOUS_PLACEMENT = frozenset({"round_robin"})
+
+Sent = TypeVar("Sent", UpstreamReply, UpstreamStream)
 
 
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
@@ -97,9 +117,11 @@ class UpstreamPool:
         *,
         timeout: float = 600.0,
         health_interval: float = 5.0,
-        health_path: str = "/health",
+        health_path: str | None = None,
         engine_routing: EngineRoutingConfig | None = None,
         allow_empty: bool = False,
+        reliability: ReliabilityConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not urls and not allow_empty:
             raise ValueError("at least one upstream URL is needed")
@@ -124,7 +146,16 @@ class UpstreamPool:
         # counter.
         self.sent: Counter[str] = Counter()
         self.health_interval = health_interval
-        self.health_path = health_path
+        self.reliability = reliability or ReliabilityConfig()
+        self.health_path = health_path or self.reliability.health_check_endpoint
+        # The breakers' clock (a test's fake one).
+        self.clock = clock
+        self.breakers = [self.reliability.breaker() for _ in self.urls]
+        self.probes = [self._health_counter() for _ in self.urls]
+        # Retries caused by each engine (its connect error, 429 or 503), for /metrics.
+        self.retries = [0] * len(self.urls)
+        # Engines whose breaker is open: checked on each pick for their timeout.
+        self._open: set[int] = set()
         self.engine_routing = engine_routing or EngineRoutingConfig()
         self.engine_policy = self._policy_for(self.urls)
         # Whether a family's first call is placed by the policy (else by rendezvous).
@@ -134,6 +165,11 @@ class UpstreamPool:
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
         # answered with none (an engine that is not SGLang).
         self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
+
+    def _health_counter(self) -> HealthCounter:
+        return HealthCounter(
+            self.reliability.health_failure_threshold, self.reliability.health_success_threshold
+        )
 
     def _policy_for(self, urls: Sequence[str]) -> EnginePolicy | NoEngine:
         if not urls:
@@ -160,8 +196,9 @@ class UpstreamPool:
     async def _probe_forever(self) -> None:
         while True:
             clients = list(self.clients)
+            timeout = self.reliability.health_check_timeout_secs
             results = await asyncio.gather(
-                *(c.check(self.health_path) for c in clients), return_exceptions=True
+                *(c.check(self.health_path, timeout) for c in clients), return_exceptions=True
             )
             for client, result in zip(clients, results, strict=True):
                 # The set may have changed during the probe: results go by client.
@@ -169,10 +206,20 @@ class UpstreamPool:
                 if index is None:
                     continue
                 if isinstance(result, BaseException):
-                    self._mark(index, f"health probe failed: {type(result).__name__}: {result}")
-                else:
-                    self._mark(index, result)
+                    result = f"health probe failed: {type(result).__name__}: {result}"
+                self._probed(index, result)
             await asyncio.sleep(self.health_interval)
+
+    def _probed(self, index: int, error: str | None) -> None:
+        """One probe's verdict, which flips the engine's health only at its threshold."""
+        healthy = self.healthy[index]
+        up = self.probes[index].probe(error is None, healthy)
+        if up != healthy:
+            self._mark(index, error, from_probe=True)
+        elif error is not None and not up:
+            self.last_error[index] = error  # still down: the latest reason
+        elif error is None and up:
+            self.last_error[index] = None
 
     def _index_of(self, client: UpstreamClient) -> int | None:
         """Where `client` is in the current set; None once its engine was removed."""
@@ -194,6 +241,9 @@ class UpstreamPool:
         healthy: list[bool] = []
         last_error: list[str | None] = []
         model_info: list[dict[str, object] | None] = []
+        breakers: list[CircuitBreaker] = []
+        probes: list[HealthCounter] = []
+        retries: list[int] = []
         for url in new_urls:
             index = old_index.get(url)
             if index is None:
@@ -201,11 +251,17 @@ class UpstreamPool:
                 healthy.append(True)
                 last_error.append(None)
                 model_info.append(None)
+                breakers.append(self.reliability.breaker())
+                probes.append(self._health_counter())
+                retries.append(0)
             else:
                 clients.append(self.clients[index])
                 healthy.append(self.healthy[index])
                 last_error.append(self.last_error[index])
                 model_info.append(self._model_info[index])
+                breakers.append(self.breakers[index])
+                probes.append(self.probes[index])
+                retries.append(self.retries[index])
         kept = set(new_urls)
         self._retired.extend(
             c for c, u in zip(self.clients, self.urls, strict=True) if u not in kept
@@ -218,11 +274,14 @@ class UpstreamPool:
                 pins[root_id] = moved
         self.urls, self.clients, self.healthy = new_urls, clients, healthy
         self.last_error, self._model_info, self.pins = last_error, model_info, pins
+        self.breakers, self.probes, self.retries = breakers, probes, retries
+        now = self.clock()
+        self._open = {i for i, b in enumerate(breakers) if b.state(now) == OPEN}
         # The policy's state is by index: a new set gets a new policy (its prefix trees start
-        # empty), told the health the kept engines have.
+        # empty), told the availability the kept engines have.
         self.engine_policy = self._policy_for(self.urls)
-        for index, up in enumerate(healthy):
-            self.engine_policy.set_healthy(index, up)
+        for index in range(len(self.urls)):
+            self.engine_policy.set_healthy(index, self._available(index, now))
         logger.warning("upstream set is now %s", ", ".join(new_urls) or "(empty)")
 
     def _mark_client(self, client: UpstreamClient, error: str | None) -> None:
@@ -230,7 +289,7 @@ class UpstreamPool:
         if index is not None:
             self._mark(index, error)
 
-    def _mark(self, index: int, error: str | None) -> None:
+    def _mark(self, index: int, error: str | None, *, from_probe: bool = False) -> None:
         """Record upstream `index` as up (`error` None) or down because of `error`."""
         up = error is None
         if up != self.healthy[index]:
@@ -238,9 +297,49 @@ class UpstreamPool:
                 logger.warning("upstream %s is up", self.urls[index])
             else:
                 logger.warning("upstream %s is down: %s", self.urls[index], error)
+        if not from_probe:
+            # A real request decided: the probes' streak starts again from here.
+            self.probes[index].reset()
         self.healthy[index] = up
         self.last_error[index] = error
-        self.engine_policy.set_healthy(index, up)
+        self.engine_policy.set_healthy(index, self._available(index, self.clock()))
+
+    def _available(self, index: int, now: float) -> bool:
+        """Healthy, and its circuit breaker not open: a candidate for requests."""
+        return self.healthy[index] and self.breakers[index].allows(now)
+
+    def _half_open_due(self) -> None:
+        """Open breakers past their timeout let trial requests through again."""
+        if not self._open:
+            return
+        now = self.clock()
+        for index in [i for i in self._open if i < len(self.urls)]:
+            if self.breakers[index].state(now) != OPEN:
+                self._open.discard(index)
+                logger.warning("upstream %s: circuit breaker half-open", self.urls[index])
+                self.engine_policy.set_healthy(index, self.healthy[index])
+
+    def _outcome(self, client: UpstreamClient, success: bool) -> None:
+        """Count one attempt's outcome in its engine's breaker (a removed engine's: none)."""
+        index = self._index_of(client)
+        if index is None:
+            return
+        now = self.clock()
+        breaker = self.breakers[index]
+        before = breaker.state(now)
+        after = breaker.record(success, now)
+        if after == before:
+            return
+        if after == OPEN:
+            self._open.add(index)
+            logger.warning(
+                "upstream %s: circuit breaker open for %gs",
+                self.urls[index],
+                breaker.timeout_secs,
+            )
+        else:
+            logger.warning("upstream %s: circuit breaker closed", self.urls[index])
+        self.engine_policy.set_healthy(index, self._available(index, now))
 
     def _answered(self, index: int, status: int) -> None:
         """A real request got a reply: the upstream is reachable again. A 5xx proves nothing
@@ -264,8 +363,9 @@ class UpstreamPool:
 
     def _choose(self, root_id: str, avoid: int | None = None) -> int:
         order = rendezvous_order(root_id, self.urls)
+        now = self.clock()
         for index in order:
-            if index != avoid and self.healthy[index]:
+            if index != avoid and self._available(index, now):
                 return index
         # Nothing known healthy: the first preference that is not the one that just failed.
         return next((i for i in order if i != avoid), order[0])
@@ -309,10 +409,11 @@ class UpstreamPool:
         and body."""
         if not self.urls:
             raise Unavailable(NO_ENGINE)
+        self._half_open_due()
         if root_id is None:
             return self.engine_policy.pick(list(headers), body)
         pinned = self.pins.get(root_id)
-        if pinned is not None and self.healthy[pinned]:
+        if pinned is not None and self._available(pinned, self.clock()):
             self.affinity_hits += 1
             return pinned
         # Its engine is down: the policy's pick skips it, rendezvous's first healthy choice too.
@@ -323,6 +424,7 @@ class UpstreamPool:
         return index
 
     def _transport_failed(self, client: UpstreamClient, exc: UpstreamTransportError) -> None:
+        self._outcome(client, False)
         # A timed-out request says the engine is slow, not that it is gone; the probe (with
         # its own short timeout) decides whether it is answering at all.
         if not exc.timed_out:
@@ -354,6 +456,65 @@ class UpstreamPool:
     def forget(self, root_id: str) -> None:
         self.pins.pop(root_id, None)
 
+    async def _with_retries(
+        self,
+        root_id: str | None,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        send: Callable[[int], Awaitable[Sent]],
+        discard: Callable[[Sent], Awaitable[None]],
+    ) -> Sent:
+        """`send` on the chosen upstream, again after a backoff while it could not connect
+        or the reply is a 429 / 503, up to `--retry-max-retries` attempts in all; the last
+        reply (or error) is the caller's."""
+        attempts = self.reliability.attempts
+        index = self.index_for(root_id, headers, body)
+        attempt = 0
+        while True:
+            last = attempt + 1 >= attempts
+            client = self.clients[index]
+            try:
+                sent = await send(index)
+            except UpstreamUnreachable:
+                # `send` marked the upstream down.
+                if last:
+                    raise
+                unreachable = True
+            else:
+                if last or sent.status not in RETRYABLE_STATUSES:
+                    return sent
+                await discard(sent)
+                unreachable = False
+            failed = self._index_of(client)
+            if failed is not None:
+                self.retries[failed] += 1
+            await asyncio.sleep(self._backoff(attempt))
+            attempt += 1
+            # The set may have changed while waiting: find the engine again.
+            failed = self._index_of(client)
+            # After a connect failure, elsewhere when there is an elsewhere (a family re-pins
+            # there); after a refusal, the family's engine again or the policy's pick.
+            following = (
+                self._failed(root_id, failed, headers, body)
+                if unreachable and failed is not None
+                else None
+            )
+            index = following if following is not None else self.index_for(root_id, headers, body)
+
+    def _backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt `attempt` (0-based), jitter drawn here."""
+        c = self.reliability
+        sample = random.uniform(-1.0, 1.0)
+        delay = backoff_ms(
+            attempt,
+            c.retry_initial_backoff_ms,
+            c.retry_max_backoff_ms,
+            c.retry_backoff_multiplier,
+            c.retry_jitter_factor,
+            sample,
+        )
+        return delay / 1000.0
+
     async def post_json(
         self,
         root_id: str | None,
@@ -362,24 +523,20 @@ class UpstreamPool:
         headers: Iterable[tuple[str, str]] = (),
     ) -> UpstreamReply:
         header_list = list(headers)
-        index = self.index_for(root_id, header_list, body)
-        policy = self.engine_policy  # of this moment (a new engine set builds a new one)
-        policy.started(index)
-        self.sent[self.urls[index]] += 1
-        try:
-            reply = await self._post_json(index, path, body, header_list)
-        except UpstreamUnreachable:
-            retry = self._failed(root_id, index, header_list, body)
-            if retry is None:
-                raise
-            policy.finished(index)
-            index = retry
+
+        async def send(index: int) -> UpstreamReply:
+            policy = self.engine_policy  # of this moment (a new engine set builds a new one)
             policy.started(index)
             self.sent[self.urls[index]] += 1
-            reply = await self._post_json(retry, path, body, header_list)
-        finally:
-            policy.finished(index)
-        return reply
+            try:
+                return await self._post_json(index, path, body, header_list)
+            finally:
+                policy.finished(index)
+
+        async def discard(reply: UpstreamReply) -> None:
+            pass
+
+        return await self._with_retries(root_id, header_list, body, send, discard)
 
     async def _post_json(
         self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
@@ -395,6 +552,8 @@ class UpstreamPool:
         return reply
 
     def _answered_by(self, client: UpstreamClient, status: int) -> None:
+        # A 5xx counts against the engine's breaker, a 4xx is the client's doing.
+        self._outcome(client, status < 500)
         index = self._index_of(client)
         if index is not None:
             self._answered(index, status)
@@ -410,7 +569,6 @@ class UpstreamPool:
         body: bytes = b"",
     ) -> UpstreamStream:
         header_list = list(headers)
-        index = self.index_for(root_id, header_list, body)
 
         async def attempt(index: int) -> UpstreamStream:
             client = self.clients[index]
@@ -432,13 +590,11 @@ class UpstreamPool:
             self._answered_by(client, stream.status)
             return stream
 
-        try:
-            return await attempt(index)
-        except UpstreamUnreachable:
-            retry = self._failed(root_id, index, header_list, body)
-            if retry is None:
-                raise
-            return await attempt(retry)
+        async def discard(stream: UpstreamStream) -> None:
+            # Only its head was read: nothing of it reached the client.
+            await stream.aclose()
+
+        return await self._with_retries(root_id, header_list, body, attempt, discard)
 
     async def model_info(self, root_id: str | None) -> dict[str, object] | None:
         """The `/model_info` of the upstream `root_id` is pinned to (SGLang: the engine's
@@ -474,10 +630,19 @@ class UpstreamPool:
         return info
 
     def upstream_states(self) -> list[dict[str, object]]:
-        """`[{"url", "healthy", "last_error"?}]`: what `/health` shows of each upstream."""
+        """`[{"url", "healthy", "circuit_breaker", "retries", "last_error"?}]`: what `/health`
+        shows of each upstream."""
         states: list[dict[str, object]] = []
-        for url, healthy, error in zip(self.urls, self.healthy, self.last_error, strict=True):
-            state: dict[str, object] = {"url": url, "healthy": healthy}
+        now = self.clock()
+        for index, (url, healthy, error) in enumerate(
+            zip(self.urls, self.healthy, self.last_error, strict=True)
+        ):
+            state: dict[str, object] = {
+                "url": url,
+                "healthy": healthy,
+                "circuit_breaker": STATE_NAMES[self.breakers[index].state(now)],
+                "retries": self.retries[index],
+            }
             if error is not None:
                 state["last_error"] = error
             states.append(state)

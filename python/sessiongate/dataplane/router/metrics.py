@@ -67,6 +67,8 @@ class WorkerGauge:
     rejected: dict[str, int] = field(default_factory=dict)
     # (url, healthy) of each upstream the worker sends turns to.
     upstreams: list[tuple[str, bool]] = field(default_factory=list)
+    # (url, circuit breaker state 0 closed / 1 open / 2 half-open, retries it caused).
+    upstream_reliability: list[tuple[str, int, int]] = field(default_factory=list)
     # Seconds since the worker's last heartbeat (None before the first), and whether that
     # silence makes it "stalled" (as /health says).
     heartbeat_age_s: float | None = None
@@ -230,6 +232,28 @@ class RouterMetrics:
             ],
         )
         _engine_families(lines, engines)
+        _family(
+            lines,
+            "sessiongate_upstream_circuit_breaker_state",
+            "gauge",
+            "The upstream's circuit breaker: 0 closed, 1 open, 2 half-open, by worker and URL.",
+            [
+                (f'worker="{w.index}",url="{_label(url)}"', state)
+                for w in workers
+                for url, state, _ in w.upstream_reliability
+            ],
+        )
+        _family(
+            lines,
+            "sessiongate_upstream_retries_total",
+            "counter",
+            "Requests sent again after the upstream refused a connection or answered 429 / 503.",
+            [
+                (f'worker="{w.index}",url="{_label(url)}"', retries)
+                for w in workers
+                for url, _, retries in w.upstream_reliability
+            ],
+        )
         _limits_families(lines, workers)
         if front:
             _front_families(lines, front)
@@ -430,3 +454,41 @@ def _front_families(lines: list[str], front: Mapping[str, Any]) -> None:
             for u in front.get("upstreams", [])
         ],
     )
+    _family(
+        lines,
+        "sessiongate_front_upstream_circuit_breaker_state",
+        "gauge",
+        "The compiled front's circuit breaker of the upstream: 0 closed, 1 open, 2 half-open.",
+        [
+            (f'url="{_label(url)}"', state)
+            for url, state, _ in reliability_gauges(front.get("upstreams", []))
+        ],
+    )
+    _family(
+        lines,
+        "sessiongate_front_upstream_retries_total",
+        "counter",
+        "Requests the compiled front sent again after the upstream refused a connection or "
+        "answered 429 / 503.",
+        [
+            (f'url="{_label(url)}"', retries)
+            for url, _, retries in reliability_gauges(front.get("upstreams", []))
+        ],
+    )
+
+
+# The breaker states as /health names them, and their gauge values.
+BREAKER_STATES = {"closed": 0, "open": 1, "half_open": 2}
+
+
+def reliability_gauges(upstreams: Sequence[Any]) -> list[tuple[str, int, int]]:
+    """(url, breaker state value, retries) of each upstream state `/health` shows."""
+    return [
+        (
+            str(u.get("url")),
+            BREAKER_STATES.get(str(u.get("circuit_breaker")), 0),
+            int(u.get("retries", 0)),
+        )
+        for u in upstreams
+        if isinstance(u, dict)
+    ]

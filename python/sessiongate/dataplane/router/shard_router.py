@@ -21,6 +21,7 @@ from sessiongate.dataplane.router.metrics import (
     RouterMetrics,
     WorkerGauge,
     engine_gauges,
+    reliability_gauges,
 )
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
@@ -467,6 +468,9 @@ class Router:
                 repins=channel.heartbeat.get("repins", 0) if channel else 0,
                 **_limit_gauges(channel.heartbeat if channel else {}),
                 upstreams=_upstream_gauges(channel.heartbeat) if channel else [],
+                upstream_reliability=(
+                    reliability_gauges(channel.heartbeat.get("upstreams", [])) if channel else []
+                ),
             )
             if channel is not None:
                 gauge.heartbeat_age_s = _heartbeat_age(channel, now)
