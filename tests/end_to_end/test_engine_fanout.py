@@ -233,6 +233,9 @@ def test_a_registered_engine_fans_out_and_counts(workers: str) -> None:
         port = free_port()
         argv = ["serve", "--port", str(port), "--workers", workers, "--front", "compiled"]
         argv += ["--backend", static.url, "--health-interval", "0.5"]
+        # Both engines must get requests to be counted: cache_aware (the default) would
+        # keep these identical bodies on one.
+        argv += ["--policy", "round_robin"]
         gateway = stack.enter_context(ServerProcess(argv, port, timeout=60))
         client = httpx.Client(base_url=gateway.url, timeout=30)
         setup = Setup(gateway, [static, registered])
