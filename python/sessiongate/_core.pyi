@@ -212,6 +212,10 @@ class EnginePolicy:
         """Requests in flight per engine, as reported through ``started``/``finished``."""
     def pick(self, headers: list[tuple[str, str]], body: bytes) -> int:
         """The engine index for a request with these headers and body."""
+    def record(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        """A request went to engine ``index`` without a pick (a pinned session family's
+        turn): learn it as a pick of ``index`` would (cache_aware's tree and work estimate;
+        the other policies keep nothing of it). IndexError out of range."""
     def started(self, index: int) -> None: ...
     def finished(self, index: int, cached_tokens: int | None = None) -> None: ...
     def set_load(self, index: int, load: int | None) -> None:

@@ -169,6 +169,38 @@ impl Policy for CacheAware {
         chosen
     }
 
+    fn record(&mut self, index: usize, request: &Request<'_>, engines: &mut EngineStates) {
+        let material = request.material(self.gateway);
+        let (key, owned);
+        let units: &[u32] = if self.gateway {
+            key = (false, None, None);
+            owned = gateway_units(material);
+            &owned
+        } else {
+            let ids = material.ids.as_deref();
+            key = (
+                ids.is_some(),
+                material.adapter.clone(),
+                material.extra_key.clone(),
+            );
+            ids.unwrap_or(&material.text)
+        };
+        let mut ids = self.ids;
+        let engine_count = self.engines;
+        let mut tree = self
+            .trees
+            .remove(&key)
+            .unwrap_or_else(|| PrefixTree::new(engine_count, &mut ids));
+        if !self.gateway {
+            let uncached = self.uncached(&tree, units, &[index]);
+            engines.work[index] += uncached[index] + 1;
+        }
+        self.clock += 1;
+        self.total[index] += tree.insert(units, index, self.clock, &mut ids);
+        self.ids = ids;
+        self.trees.insert(key, tree);
+    }
+
     fn evict(&mut self, _now: f64) {
         for tree in self.trees.values_mut() {
             for engine in 0..self.engines {

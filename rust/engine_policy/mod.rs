@@ -173,6 +173,9 @@ impl Rng {
 pub trait Policy: Send + Sync {
     /// An index of `engines` (one of its candidates).
     fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize;
+    /// `request` went to engine `index` without a pick (a pinned session family's turn):
+    /// learn it as a pick of `index` would (only cache_aware keeps anything of it).
+    fn record(&mut self, _index: usize, _request: &Request<'_>, _engines: &mut EngineStates) {}
     /// Trim state; `now` is seconds on a monotonic clock.
     fn evict(&mut self, _now: f64) {}
 }
@@ -381,6 +384,14 @@ impl Router {
         }
     }
 
+    /// See `Policy::record`; an index out of range is ignored.
+    pub fn record(&mut self, index: usize, headers: &dyn Headers, body: &[u8]) {
+        if index < self.engines.len() {
+            self.policy
+                .record(index, &Request::new(headers, body), &mut self.engines);
+        }
+    }
+
     pub fn started(&mut self, index: usize) {
         if let Some(n) = self.engines.in_flight.get_mut(index) {
             *n += 1;
@@ -466,6 +477,12 @@ impl PyEnginePolicy {
 
     fn pick(&mut self, headers: Vec<(String, String)>, body: &[u8]) -> usize {
         self.router.pick(&headers, body)
+    }
+
+    fn record(&mut self, index: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<()> {
+        let index = self.check(index)?;
+        self.router.record(index, &headers, body);
+        Ok(())
     }
 
     fn started(&mut self, index: i64) -> PyResult<()> {

@@ -160,6 +160,24 @@ def test_a_backlog_outweighs_a_cached_prefix_until_it_drains(impl: Any) -> None:
 
 
 @IMPLS
+def test_a_recorded_request_teaches_cache_aware_as_a_pick_would(impl: Any) -> None:
+    """A pinned session family's turn is no pick, but recorded: its prompt joins the
+    engine's tree (a stateless request sharing it follows) and its prefill counts as work
+    in flight there (an unrelated prompt goes elsewhere)."""
+    policy = impl("cache_aware", URLS[:2])
+    turn = body(input_ids=list(range(400)))
+    policy.record(1, [], turn)
+    policy.started(1)
+    assert policy.pick([], body(input_ids=[*range(400), 7, 8])) == 1
+    assert policy.pick([], body(input_ids=list(range(5000, 5100)))) == 0  # 401 units on 1
+    for name in ("round_robin", "least_in_flight", "manual"):
+        other = impl(name, URLS[:2])
+        other.record(1, [], turn)  # kept nothing of it
+    with pytest.raises(IndexError):
+        policy.record(2, [], turn)
+
+
+@IMPLS
 def test_token_ids_match_as_ids(impl: Any) -> None:
     """[12, 3] and [123] share no token; the Gateway's decimal text "12 3"/"123" shares "12"."""
     for name, same in [("cache_aware", False), ("cache_aware_gateway", True)]:

@@ -114,6 +114,7 @@ headers = st.lists(
 ops = st.one_of(
     st.tuples(st.just("pick"), headers, bodies(), st.booleans()),
     st.tuples(st.just("finished"), st.integers(0, 4)),
+    st.tuples(st.just("record"), st.integers(0, 4), headers, bodies()),
     st.tuples(st.just("load"), st.integers(0, 4), st.none() | st.integers(0, 20)),
     st.tuples(st.just("health"), st.integers(0, 4), st.booleans()),
     st.tuples(st.just("evict"), st.floats(0, 100)),
@@ -157,6 +158,9 @@ def test_rust_and_python_pick_alike(
         elif op[0] == "finished":
             rust.finished(op[1])
             py.finished(op[1])
+        elif op[0] == "record":
+            rust.record(op[1], op[2], op[3])
+            py.record(op[1], op[2], op[3])
         elif op[0] == "load":
             rust.set_load(op[1], op[2])
             py.set_load(op[1], op[2])

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from sessiongate.engine_routing.config import EngineRoutingConfig
 from sessiongate.engine_routing.policies import make_policy
 from sessiongate.engine_routing.policies.base import EngineStates, RoutingRequest
+from sessiongate.engine_routing.policies.cache_aware import CacheAware
 
 
 class EnginePolicy:
@@ -47,6 +48,14 @@ class EnginePolicy:
     def pick(self, headers: Sequence[tuple[str, str]], body: bytes) -> int:
         """The engine for a request with these headers and body."""
         return self.policy.pick(RoutingRequest(headers, body), self.engines)
+
+    def record(self, index: int, headers: Sequence[tuple[str, str]], body: bytes) -> None:
+        """A request with these headers and body went to engine `index` without a pick (a
+        pinned session family's turn): the policy learns it as a pick of `index` would
+        (only cache_aware keeps anything of it: its prefix tree and work estimate)."""
+        self._check(index)
+        if isinstance(self.policy, CacheAware):
+            self.policy.record(index, RoutingRequest(headers, body), self.engines)
 
     def started(self, index: int) -> None:
         self._check(index)

@@ -97,6 +97,9 @@ class NoEngine:
     def pick(self, headers: list[tuple[str, str]], body: bytes) -> int:
         raise Unavailable(NO_ENGINE)
 
+    def record(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        pass
+
     def started(self, index: int) -> None:
         pass
 
@@ -415,6 +418,8 @@ class UpstreamPool:
         pinned = self.pins.get(root_id)
         if pinned is not None and self._available(pinned, self.clock()):
             self.affinity_hits += 1
+            # Not a pick, but the policy learns it (cache_aware: the turn's prompt, its work).
+            self.engine_policy.record(pinned, list(headers), body)
             return pinned
         # Its engine is down: the policy's pick skips it, rendezvous's first healthy choice too.
         index = self._place(root_id, headers, body)

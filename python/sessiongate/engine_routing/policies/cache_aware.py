@@ -121,6 +121,16 @@ class CacheAware:
         self.total[chosen] += tree.insert(units, chosen, self.clock)
         return chosen
 
+    def record(self, index: int, request: RoutingRequest, engines: EngineStates) -> None:
+        """`request` went to engine `index` without a pick (a pinned session family's
+        turn): learn it as a pick of `index` would."""
+        tree_key, units = self._key(request.material)
+        tree = self._tree(tree_key)
+        if not self.gateway:
+            engines.work[index] += self._uncached(tree, units, [index])[index] + 1
+        self.clock += 1
+        self.total[index] += tree.insert(units, index, self.clock)
+
     def _gateway_choice(self, tree: PrefixTree, units: Units, candidates: list[int]) -> int:
         path = tree.match(units)
         if path and path[-1][0] / len(units) > self.threshold:
