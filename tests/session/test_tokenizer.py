@@ -462,6 +462,20 @@ def test_templates_that_raise(tmp_path: Path):
     for content in ("boom", "mutate"):  # an error inside jinja / the sandbox refusing a mutation
         with pytest.raises(TokenizerError, match="failed to render"):
             tok.render([{"role": "user", "content": content}], add_generation_prompt=False)
+    # A value of the wrong type (a hostile-input find: `true` where the template loops) is
+    # said as such, without the Python class name the client has no use for.
+    looping = load_tokenizer(
+        make_hf_dir(
+            tmp_path / "loop",
+            {
+                "chat_template": "{% for c in messages[0].content %}{{ c }}{% endfor %}",
+                "eos_token": "<|im_end|>",
+            },
+        )
+    )
+    with pytest.raises(TokenizerError, match="failed to render: a value of the wrong type") as e:
+        looping.render([{"role": "user", "content": True}], add_generation_prompt=False)
+    assert "TypeError" not in str(e.value)
 
 
 def test_non_append_only_generation_prompt_is_reported(tmp_path: Path):

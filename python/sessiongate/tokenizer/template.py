@@ -139,8 +139,12 @@ class CompiledTemplate:
         except TokenizerError:
             raise
         except Exception as exc:  # any failure inside a template is a template problem
+            # The client sees this: say what went wrong, not which Python class said it (a
+            # message field of the wrong type, e.g. `true` where the template loops, is a
+            # TypeError inside jinja2).
+            what = "a value of the wrong type: " if isinstance(exc, TypeError) else ""
             raise TokenizerError(
-                f"chat template from {self.origin} failed to render: {type(exc).__name__}: {exc}"
+                f"chat template from {self.origin} failed to render: {what}{exc or 'no detail'}"
             ) from exc
 
 
