@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from sessiongate.engine_routing import get_engine_policy
+from sessiongate.engines.policy import get_engine_policy
 
 URLS = [f"http://engine{i}:30000" for i in range(4)]
 POLICIES = ["round_robin", "least_in_flight", "power_of_two", "cache_aware", "cache_aware_gateway"]

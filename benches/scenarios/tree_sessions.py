@@ -36,11 +36,11 @@ import tracemalloc
 import urllib.request
 from typing import Any
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.protocol import CoreRequest
 from sessiongate.session.core import SessionCore
 from sessiongate.session.settings import SessionMode, SessionSettings
 from sessiongate.tokenizer import load_tokenizer
-from sessiongate.upstream import UpstreamPool
 
 
 async def call(
@@ -95,7 +95,7 @@ class Session:
 
 def new_core(url: str, mode: SessionMode) -> SessionCore:
     settings = SessionSettings(session_mode=mode, r3=True, r3_topk=2)
-    return SessionCore(load_tokenizer(None), UpstreamPool([url], timeout=60), settings)
+    return SessionCore(load_tokenizer(None), EnginePool([url], timeout=60), settings)
 
 
 async def cpu_ab(url: str, sessions: int, turns: int, retry: bool) -> dict[str, float]:

@@ -190,7 +190,7 @@ class BytesSink:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...
 
-# Engine routing (rust/engine_policy/; twin: sessiongate.engine_routing.router)
+# Engine routing (rust/engine_policy/; twin: sessiongate.engines.policy.engine_policy)
 
 @final
 class EnginePolicy:
@@ -336,10 +336,10 @@ class DispatchedRequest:
 def front_backoff_ms(
     attempt: int, initial_ms: int, max_ms: int, multiplier: float, jitter: float, sample: float
 ) -> int:
-    """The relay's retry backoff (``engine_routing.reliability.backoff_ms``'s twin)."""
+    """The relay's retry backoff (``engines.reliability.backoff_ms``'s twin)."""
 
 class FrontCircuitBreaker:
-    """The relay's circuit breaker (``engine_routing.reliability.CircuitBreaker``'s twin)."""
+    """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""
 
     def __init__(
         self,
@@ -356,7 +356,7 @@ class FrontCircuitBreaker:
     def opened(self) -> int: ...
 
 class FrontHealthCounter:
-    """The relay's probe thresholds (``engine_routing.reliability.HealthCounter``'s twin)."""
+    """The relay's probe thresholds (``engines.reliability.HealthCounter``'s twin)."""
 
     def __init__(self, failures: int = 3, successes: int = 2) -> None: ...
     def probe(self, passed: bool, healthy: bool) -> bool: ...

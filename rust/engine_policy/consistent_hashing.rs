@@ -22,7 +22,7 @@ impl ConsistentHashing {
     }
 }
 
-/// blake2b-64 of `key \0 url`, as `rendezvous_order` in `upstream/pool.py`.
+/// blake2b-64 of `key \0 url`, as `rendezvous_order` in `engines/pool.py`.
 fn weight(key: &[u8], url: &str) -> [u8; 8] {
     let mut hasher = Blake2b::<U8>::new();
     hasher.update(key);

@@ -1,6 +1,6 @@
 //! The routing key material of a request body, read with the crate's validating scanner
 //! (`json_scan.rs`) without building a document: the twin of `key_material` in
-//! `python/sessiongate/engine_routing/policies/base.py`. Units are the token ids or the
+//! `python/sessiongate/engines/policy/base.py`. Units are the token ids or the
 //! text's code points (as Python's `str` has them, lone surrogates included), collected into
 //! one vector per request, never one allocation per token.
 

@@ -2,7 +2,7 @@
 //! routing policy choosing among them (`rust/engine_policy/`, cache_aware by default), retries
 //! with backoff after a connect failure or a 429 / 503 reply head, a circuit breaker per
 //! engine (`reliability.rs`), and a health prober with failure / success thresholds.
-//! Mirrors `python/sessiongate/upstream/pool.py` and `client.py` for stateless traffic.
+//! Mirrors `python/sessiongate/engines/pool.py` and `client.py` for stateless traffic.
 
 use std::error::Error as StdError;
 use std::io;
@@ -568,7 +568,7 @@ impl Pool {
     }
 
     /// None when upstream `index` answers the health path with a 2xx in time, else why not
-    /// (the messages of `UpstreamClient.check`).
+    /// (the messages of `EngineClient.check`).
     async fn check(&self, index: usize) -> Option<String> {
         let upstream = &self.upstreams[index];
         let what = format!("GET {}{}", upstream.target.url, self.health_path);

@@ -207,7 +207,7 @@ def test_serve_validates_before_forwarding(tmp_path: Path) -> None:
 
 def test_the_routers_front_gets_serves_reliability_options(tmp_path: Path) -> None:
     """The compiled front in the router retries and breaks circuits as serve was told."""
-    from sessiongate.engine_routing.options import engine_routing_argv, reliability_settings
+    from sessiongate.engines.routing_options import engine_routing_argv, reliability_settings
     from sessiongate.front.compiled import front_options
 
     args, _, _ = forwarded(tmp_path)

@@ -16,7 +16,7 @@ from contextlib import ExitStack, contextmanager
 import httpx
 import pytest
 
-from sessiongate.upstream import rendezvous_order
+from sessiongate.engines.pool import rendezvous_order
 from support.procs import ServerProcess, free_port
 from support.raw_engine import RawEngine, recording_engine
 

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from sessiongate.engines.management import EngineManagement
+from sessiongate.engines.pool import EnginePool
 from sessiongate.engines.probe import ProbeResult
 from sessiongate.engines.registry import BadEngineUrl, EngineRegistry, engine_id, normalise_url
 from sessiongate.protocol import CoreRequest, Op
-from sessiongate.upstream.pool import UpstreamPool
 
 
 async def fake_probe(url: str) -> ProbeResult:
@@ -85,7 +85,7 @@ def test_dialects() -> None:
 
 def test_pool_set_urls_keeps_kept_engines_and_drops_removed_pins() -> None:
     async def scenario() -> None:
-        pool = UpstreamPool(["http://a:1", "http://b:2"])
+        pool = EnginePool(["http://a:1", "http://b:2"])
         kept = pool.clients[1]
         pool.healthy[1] = False
         pool.pins = {"fam-a": 0, "fam-b": 1}

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.errors import BadRequest, GatewayError
 from sessiongate.front.routes import classify
 from sessiongate.json_safety import MAX_JSON_DEPTH
@@ -27,7 +28,6 @@ from sessiongate.protocol import CoreReply, CoreRequest, parse_json_object
 from sessiongate.session.core import SessionCore
 from sessiongate.session.request_checks import check_turn_fields
 from sessiongate.tokenizer import load_tokenizer
-from sessiongate.upstream import UpstreamPool
 from support.procs import ServerProcess, free_port, mock_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -177,7 +177,7 @@ class CoreHarness:
 
     def __init__(self, upstream_url: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self.core = SessionCore(load_tokenizer(None), UpstreamPool([upstream_url], timeout=30))
+        self.core = SessionCore(load_tokenizer(None), EnginePool([upstream_url], timeout=30))
 
     def call(self, op: str, body: bytes = b"", session_id: str | None = None) -> CoreReply:
         request = CoreRequest(

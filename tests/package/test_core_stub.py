@@ -108,7 +108,7 @@ def test_extracted_reply_members_match() -> None:
 # `front_route`'s twin is `front/routes.py::front_decision` (tests/front/test_front_route_twin.py),
 # `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py),
 # `front_backoff_ms`'s, `FrontCircuitBreaker`'s and `FrontHealthCounter`'s are
-# `engine_routing/reliability.py`
+# `engines/reliability.py`
 # (tests/primitives/test_reliability_twin.py).
 FRONT_NAMES = frozenset(
     {
@@ -122,7 +122,7 @@ FRONT_NAMES = frozenset(
     }
 )
 # `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is
-# the specification in `sessiongate.engine_routing` (checked below).
+# the specification in `sessiongate.engines.policy` (checked below).
 NO_TWIN = FRONT_NAMES | {"build_info", "EnginePolicy"}
 
 
@@ -145,7 +145,7 @@ def test_python_twins_share_the_signatures() -> None:
 
 
 def test_engine_policy_twin_shares_the_signatures() -> None:
-    from sessiongate.engine_routing import PyEnginePolicy
+    from sessiongate.engines.policy import PyEnginePolicy
 
     members = _defined(_stub_class("EnginePolicy").body)
     assert _public(members) == _public(dir(PyEnginePolicy))

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sessiongate.engine_routing import get_engine_policy
-from sessiongate.engine_routing.policies.base import key_material
+from sessiongate.engines.policy import get_engine_policy
+from sessiongate.engines.policy.base import key_material
 
 IMPLS = pytest.mark.parametrize(
     "impl", [get_engine_policy("rust"), get_engine_policy("python")], ids=["rust", "python"]

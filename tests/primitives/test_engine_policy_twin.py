@@ -1,5 +1,5 @@
 """Engine routing policies: the Rust core (`_core.EnginePolicy`) and the pure-Python
-specification (`sessiongate.engine_routing`) must pick the same engine for every request of
+specification (`sessiongate.engines.policy`) must pick the same engine for every request of
 any sequence of requests, completions, load reports, health changes and trims, for every
 policy and any tunables (random policies seeded alike).
 
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sessiongate.engine_routing import POLICIES, get_engine_policy
+from sessiongate.engines.policy import POLICIES, get_engine_policy
 
 RUST = get_engine_policy("rust")
 PY = get_engine_policy("python")

@@ -1,5 +1,5 @@
 """The compiled front's retry backoff and circuit breaker (rust/front/reliability.rs) equal
-their specification (engine_routing/reliability.py): generated schedules and generated
+their specification (engines/reliability.py): generated schedules and generated
 sequences of outcomes on a generated clock get the same answers from both."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessiongate._core import FrontCircuitBreaker, FrontHealthCounter, front_backoff_ms
-from sessiongate.engine_routing.reliability import CircuitBreaker, HealthCounter, backoff_ms
+from sessiongate.engines.reliability import CircuitBreaker, HealthCounter, backoff_ms
 
 # Within what the flags take in practice and f64 represents exactly (below 2**53 ms).
 millis = st.integers(min_value=0, max_value=2**40)

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session import registry
 from sessiongate.session.core import SessionCore
@@ -27,7 +28,6 @@ from sessiongate.session.limit_options import (
 )
 from sessiongate.session.settings import SessionSettings
 from sessiongate.tokenizer import load_tokenizer
-from sessiongate.upstream import UpstreamPool
 from support.procs import ServerProcess, free_port, mock_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -235,7 +235,7 @@ def test_limits_show_per_worker_in_health_and_metrics(engine: ServerProcess) -> 
 
 def _core(engine: ServerProcess, **settings: Any) -> SessionCore:
     return SessionCore(
-        load_tokenizer(None), UpstreamPool([engine.url]), SessionSettings(r3=True, **settings)
+        load_tokenizer(None), EnginePool([engine.url]), SessionSettings(r3=True, **settings)
     )
 
 

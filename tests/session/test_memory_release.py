@@ -57,11 +57,11 @@ def test_a_due_trim_waits_for_a_quiet_spell(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessiongate.engines.pool import EnginePool
     from sessiongate.protocol import CoreRequest
     from sessiongate.session import core as core_module
     from sessiongate.session import registry
     from sessiongate.tokenizer import load_tokenizer
-    from sessiongate.upstream import UpstreamPool
 
     trims: list[int] = []
     monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
@@ -70,7 +70,7 @@ def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> 
 
     async def scenario() -> None:
         # Never contacted: creating sessions asks nothing of the upstream.
-        core = core_module.SessionCore(load_tokenizer(None), UpstreamPool(["http://127.0.0.1:9"]))
+        core = core_module.SessionCore(load_tokenizer(None), EnginePool(["http://127.0.0.1:9"]))
         core._trimmer = trimmer = FreedMemoryTrimmer(threshold=10, quiet=0.2)
         try:
             assert trimmer.freed(10)

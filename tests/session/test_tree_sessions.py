@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.formats.safetensors import decode as read_safetensors_file
 from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session import tree as tree_module
@@ -36,7 +37,6 @@ from sessiongate.session.tree_options import (
     session_mode_settings,
 )
 from sessiongate.tokenizer import load_tokenizer
-from sessiongate.upstream import UpstreamPool
 from support.procs import ServerProcess, mock_engine
 from support.samples import check_with_safetensors, decode_samples_payload
 
@@ -67,7 +67,7 @@ class Core:
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.core = SessionCore(
-            load_tokenizer(None), UpstreamPool([url], timeout=30), settings, None, store
+            load_tokenizer(None), EnginePool([url], timeout=30), settings, None, store
         )
         self.core.recover()
 
@@ -516,7 +516,7 @@ def test_hooks_are_checked_when_loaded(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tree postprocess hook"):
         SessionCore(
             TOKENIZER,
-            UpstreamPool(["http://127.0.0.1:9"], timeout=1),
+            EnginePool(["http://127.0.0.1:9"], timeout=1),
             replace(TREE, tree_postprocess_hook="nope"),
         )
 

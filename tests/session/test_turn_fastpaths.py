@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sessiongate import json_safety
+from sessiongate.engines.pool import EnginePool
 from sessiongate.errors import BadRequest, GatewayError, TitoMismatch
 from sessiongate.json_safety import NotUnicode, TooDeep, loads_checked
 from sessiongate.protocol import CoreRequest
@@ -41,7 +42,6 @@ from sessiongate.session_routing.base import RoutingContext, SessionRoutingMode
 from sessiongate.session_routing.stamper import SessionStamper
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from sessiongate.tokenizer.template import _ChatTemplateEnvironment, compile_template
-from sessiongate.upstream import UpstreamPool
 from support.procs import ServerProcess, mock_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -638,9 +638,7 @@ def test_turn_ids_reach_the_engine_and_the_record_exactly(
     # the record and a body-rewriting mode must see exactly the ids a list would give.
     tag = _TagMode() if mode else None
     stamper = SessionStamper(tag) if tag else None
-    core = SessionCore(
-        TOKENIZER, UpstreamPool([engine.url], timeout=30), SessionSettings(), stamper
-    )
+    core = SessionCore(TOKENIZER, EnginePool([engine.url], timeout=30), SessionSettings(), stamper)
     loop = asyncio.new_event_loop()
     try:
         history: list[dict[str, Any]] = [{"role": "user", "content": "a long task " * 200}]

@@ -16,8 +16,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
-from sessiongate.engine_routing.options import add_engine_routing_arguments
 from sessiongate.engines.options import add_engine_arguments
+from sessiongate.engines.routing_options import add_engine_routing_arguments
 from sessiongate.front.compiled import add_front_arguments
 from sessiongate.process.children import die_with_parent
 from sessiongate.session.core_options import add_upstream_arguments

@@ -28,10 +28,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sessiongate.engines.client import EngineClient, UpstreamError
+from sessiongate.engines.pool import NO_ENGINE
 from sessiongate.errors import GatewayError, Unavailable
 from sessiongate.protocol import CoreReply, CoreRequest, error_reply, json_reply
-from sessiongate.upstream.client import UpstreamClient, UpstreamError
-from sessiongate.upstream.pool import NO_ENGINE
 
 FLUSH_PATH = "/flush_cache"
 METRICS_PATH = "/engine_metrics"
@@ -66,7 +66,7 @@ async def _call(
 ) -> EngineAnswer:
     """One request to one engine, on a fresh client (nothing shared with the pools, so a
     slow engine holds none of their connections)."""
-    client = UpstreamClient(url, timeout=timeout, connect_timeout=min(timeout, CONNECT_TIMEOUT_S))
+    client = EngineClient(url, timeout=timeout, connect_timeout=min(timeout, CONNECT_TIMEOUT_S))
     answer = EngineAnswer(url)
     try:
         async with asyncio.timeout(timeout):

@@ -11,7 +11,7 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from sessiongate.upstream.client import UpstreamClient, UpstreamTransportError
+from sessiongate.engines.client import EngineClient, EngineTransportError
 
 # Each probe request's bound: an engine that takes longer than this to say it is healthy is
 # not ready yet (it is probed again on the health interval).
@@ -26,7 +26,7 @@ class ProbeResult:
 
 
 async def _get_json(
-    client: UpstreamClient, paths: tuple[str, ...]
+    client: EngineClient, paths: tuple[str, ...]
 ) -> tuple[dict[str, object] | None, str]:
     """The first of `paths` answering a JSON object, or None and what the last one said."""
     why = ""
@@ -38,7 +38,7 @@ async def _get_json(
                     body = await stream.read_all()
                 finally:
                     await stream.aclose()
-        except (UpstreamTransportError, TimeoutError) as exc:
+        except (EngineTransportError, TimeoutError) as exc:
             return None, f"GET {path} failed: {exc or type(exc).__name__}"
         if not 200 <= stream.status < 300:
             why = f"GET {path} answered {stream.status}"
@@ -56,7 +56,7 @@ async def _get_json(
 
 async def probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """One probe of the engine at `url` (a fresh client: nothing shared with the pools)."""
-    client = UpstreamClient(url, timeout=timeout, connect_timeout=timeout)
+    client = EngineClient(url, timeout=timeout, connect_timeout=timeout)
     try:
         problem = await client.check("/health", timeout=timeout)
         if problem is not None:

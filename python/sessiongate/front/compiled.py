@@ -30,8 +30,8 @@ from typing import Any
 
 import uvicorn
 
-from sessiongate.engine_routing.config import EngineRoutingConfig
-from sessiongate.engine_routing.reliability import ReliabilityConfig
+from sessiongate.engines.policy.config import EngineRoutingConfig
+from sessiongate.engines.reliability import ReliabilityConfig
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.front.http_server import QuietServer, serve_until_exit
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 # uvicorn's default idle time of a kept-alive connection (`timeout_keep_alive`).
 KEEPALIVE_TIMEOUT_S = 5.0
-# Upstream connect timeout, as the Python upstream client's (upstream/client.py).
+# Upstream connect timeout, as the Python upstream client's (engines/client.py).
 CONNECT_TIMEOUT_S = 10.0
 # A listen backlog for bursts of new connections (a load driver opening hundreds at once).
 LISTEN_BACKLOG = 2048
@@ -145,7 +145,7 @@ def _engine_routing(args: argparse.Namespace) -> EngineRoutingConfig:
     """`--policy` and its tunables when the process declares them, else the default."""
     if not hasattr(args, "policy"):
         return EngineRoutingConfig()
-    from sessiongate.engine_routing.options import engine_routing_settings
+    from sessiongate.engines.routing_options import engine_routing_settings
 
     return engine_routing_settings(args)
 
@@ -154,7 +154,7 @@ def _reliability(args: argparse.Namespace) -> ReliabilityConfig:
     """`--retry-*`, `--cb-*`, `--health-*` when the process declares them, else the default."""
     if not hasattr(args, "retry_max_retries"):
         return ReliabilityConfig()
-    from sessiongate.engine_routing.options import reliability_settings
+    from sessiongate.engines.routing_options import reliability_settings
 
     return reliability_settings(args)
 

@@ -12,14 +12,14 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from sessiongate.engine_routing.options import (
-    engine_routing_argv,
-)
 from sessiongate.engines.options import (
     add_engine_arguments,
     engine_argv,
     engine_env,
     engine_settings,
+)
+from sessiongate.engines.routing_options import (
+    engine_routing_argv,
 )
 from sessiongate.front.asgi import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, FrontendSettings
 from sessiongate.front.compiled import (

@@ -14,14 +14,14 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sessiongate.engine_routing import EngineRoutingConfig
-from sessiongate.engine_routing.options import (
+from sessiongate.engines.policy import EngineRoutingConfig
+from sessiongate.engines.reliability import ReliabilityConfig
+from sessiongate.engines.routing_options import (
     add_engine_routing_arguments,
     engine_routing_argv,
     engine_routing_settings,
     reliability_settings,
 )
-from sessiongate.engine_routing.reliability import ReliabilityConfig
 from sessiongate.session.core_options import (
     NO_BACKEND,
     add_core_arguments,

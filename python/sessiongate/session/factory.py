@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import sys
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.session.core import SessionCore
 from sessiongate.session.core_config import CoreConfig
 from sessiongate.session.store.records_store import RecordsStore
 from sessiongate.session_routing import load_mode
 from sessiongate.session_routing.stamper import SessionStamper
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
-from sessiongate.upstream import UpstreamPool
 
 
 def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) -> SessionCore:
@@ -24,7 +24,7 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
         tokenizer
         if tokenizer is not None
         else load_tokenizer(config.tokenizer, chat_template_path=config.chat_template_path),
-        UpstreamPool(
+        EnginePool(
             list(config.backends),
             timeout=config.timeout,
             health_interval=config.health_interval,

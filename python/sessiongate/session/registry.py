@@ -14,6 +14,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sessiongate.engines.pool import EnginePool
 from sessiongate.errors import (
     BadRequest,
     GatewayError,
@@ -33,7 +34,6 @@ from sessiongate.session.tree import SessionTree
 from sessiongate.session.tree_hooks import load_hook
 from sessiongate.session_routing.stamper import SessionStamper
 from sessiongate.tokenizer import ChatTokenizer
-from sessiongate.upstream import UpstreamPool
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class SessionRegistry:
     def __init__(
         self,
         tokenizer: ChatTokenizer,
-        upstream: UpstreamPool,
+        upstream: EnginePool,
         settings: SessionSettings | None = None,
         stamper: SessionStamper | None = None,
         store: RecordsStore | None = None,

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sessiongate.engines.client import EngineReply, EngineStream
 from sessiongate.errors import GatewayError, SessionNotFound, UpstreamError
 from sessiongate.http.forwarding import forwardable_headers
 from sessiongate.primitives import rewrite_request
@@ -44,7 +45,6 @@ from sessiongate.session.stream import (
     sse,
 )
 from sessiongate.session.tree import TreeNode, TreePlan, leading_id
-from sessiongate.upstream.client import UpstreamReply, UpstreamStream
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -201,7 +201,7 @@ class SessionTurns(SessionRegistry):
                     )
                     return CoreReply(200, SSE_HEADERS, stream=stream)
                 # An error status passes through; a 200 that is not a stream is a whole reply.
-                reply = UpstreamReply(upstream.status, upstream.headers, await upstream.read_all())
+                reply = EngineReply(upstream.status, upstream.headers, await upstream.read_all())
             else:
                 reply = await self.upstream.post_json(
                     session.root_id, self.settings.chat_path, turn.request_bytes, headers
@@ -414,7 +414,7 @@ class SessionTurns(SessionRegistry):
             turn.session.last_active = time.monotonic()
 
     async def _relay_turn(
-        self, turn: _Turn, upstream: UpstreamStream, client_wants_usage: bool
+        self, turn: _Turn, upstream: EngineStream, client_wants_usage: bool
     ) -> AsyncIterator[bytes]:
         """The client's SSE stream of a relayed turn; records the turn at its end.
 
@@ -442,7 +442,7 @@ class SessionTurns(SessionRegistry):
         finally:
             await self._end_relay(turn, upstream)
 
-    async def _end_relay(self, turn: _Turn, upstream: UpstreamStream) -> None:
+    async def _end_relay(self, turn: _Turn, upstream: EngineStream) -> None:
         """Ends a relayed turn once, from the relay's own end or from its reply stream's
         `aclose` when the relay never started."""
         if turn.ended:

@@ -98,7 +98,7 @@ def engine_gauges(
     front: Mapping[str, Any] | None = None,
 ) -> list[EngineGauge]:
     """`engines`: (url, healthy) of the set, as the engine registry knows it; `counts`: each
-    pool's `[{"url", "in_flight", "sent"}]` (`UpstreamPool.engine_counts`, the workers'
+    pool's `[{"url", "in_flight", "sent"}]` (`EnginePool.engine_counts`, the workers'
     heartbeats); `front`: the compiled front's stats, whose `upstreams` carry the same two
     numbers for the stateless requests it relays itself. Counts of engines no longer in the
     set are left out."""

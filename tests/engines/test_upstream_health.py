@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
-from sessiongate.upstream import UpstreamPool, UpstreamUnreachable
+from sessiongate.engines.client import EngineUnreachable
+from sessiongate.engines.pool import EnginePool
 from support.procs import ServerProcess, free_port, mock_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -127,11 +128,11 @@ def test_request_transport_failure_marks_down_and_success_marks_up() -> None:
     body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
 
     async def scenario() -> None:
-        pool = UpstreamPool([engine.url], health_interval=3600)
+        pool = EnginePool([engine.url], health_interval=3600)
         try:
             assert (await pool.post_json(None, "/v1/chat/completions", body)).status == 200
             engine.stop()
-            with pytest.raises(UpstreamUnreachable):
+            with pytest.raises(EngineUnreachable):
                 await pool.post_json(None, "/v1/chat/completions", body)
             assert pool.status()["upstream"] == "down"
             (state,) = pool.upstream_states()

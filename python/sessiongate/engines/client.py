@@ -1,7 +1,7 @@
 """An async HTTP client to one upstream base URL, on the lean keep-alive client.
 
 Transport failures become `UpstreamError` (502) naming the upstream and what failed
-(`UpstreamUnreachable` when the connection could not be made, so nothing was sent); HTTP
+(`EngineUnreachable` when the connection could not be made, so nothing was sent); HTTP
 statuses are returned as they are, because non-200 replies pass through to the client.
 """
 
@@ -25,7 +25,7 @@ MAX_UPSTREAM_REPLY = 2 << 30
 _IDENTITY = ("accept-encoding", "identity")
 
 
-class UpstreamTransportError(UpstreamError):
+class EngineTransportError(UpstreamError):
     """The exchange with the upstream failed below HTTP (connect, reset, cut reply, timeout)."""
 
     def __init__(self, message: str, *, base_url: str, timed_out: bool = False) -> None:
@@ -36,7 +36,7 @@ class UpstreamTransportError(UpstreamError):
         self.timed_out = timed_out
 
 
-class UpstreamUnreachable(UpstreamTransportError):
+class EngineUnreachable(EngineTransportError):
     """The connection could not be made: nothing was sent, so a retry elsewhere is safe."""
 
     def __init__(self, message: str, *, base_url: str) -> None:
@@ -44,14 +44,14 @@ class UpstreamUnreachable(UpstreamTransportError):
 
 
 @dataclass(frozen=True)
-class UpstreamReply:
+class EngineReply:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
 
 
 @dataclass
-class UpstreamStream:
+class EngineStream:
     """A reply whose body is relayed as it arrives; `aclose()` must be called."""
 
     status: int
@@ -110,7 +110,7 @@ class UpstreamStream:
             await self.exchange.aclose()
 
 
-class UpstreamClient:
+class EngineClient:
     def __init__(
         self, base_url: str, *, timeout: float = 600.0, connect_timeout: float = 10.0
     ) -> None:
@@ -126,8 +126,8 @@ class UpstreamClient:
             f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {detail})"
         )
         if isinstance(exc, ConnectFailed):
-            return UpstreamUnreachable(message, base_url=self.base_url)
-        return UpstreamTransportError(
+            return EngineUnreachable(message, base_url=self.base_url)
+        return EngineTransportError(
             message, base_url=self.base_url, timed_out=isinstance(exc, TimeoutError)
         )
 
@@ -153,7 +153,7 @@ class UpstreamClient:
 
     async def post_json(
         self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
-    ) -> UpstreamReply:
+    ) -> EngineReply:
         all_headers = [("content-type", "application/json"), _IDENTITY, *headers]
         try:
             async with (
@@ -165,7 +165,7 @@ class UpstreamClient:
                 content = await response.read()
         except (HttpError, OSError, TimeoutError) as exc:
             raise self._error("POST", path, exc) from exc
-        return UpstreamReply(
+        return EngineReply(
             status=response.status,
             headers=relayable_reply_headers(response.headers.items()),
             body=content,
@@ -179,7 +179,7 @@ class UpstreamClient:
         query: str = "",
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
-    ) -> UpstreamStream:
+    ) -> EngineStream:
         url = self.base_url + path + (f"?{query}" if query else "")
         exchange = contextlib.AsyncExitStack()
         try:
@@ -198,7 +198,7 @@ class UpstreamClient:
         except BaseException:
             await exchange.aclose()
             raise
-        return UpstreamStream(
+        return EngineStream(
             status=response.status,
             headers=relayable_reply_headers(response.headers.items()),
             response=response,

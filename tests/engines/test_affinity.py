@@ -11,7 +11,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from sessiongate.upstream import rendezvous_order
+from sessiongate.engines.pool import rendezvous_order
 from support.procs import ServerProcess, free_port
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).

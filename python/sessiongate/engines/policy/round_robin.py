@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessiongate.engine_routing.policies.base import EngineStates, RoutingRequest
+from sessiongate.engines.policy.base import EngineStates, RoutingRequest
 
 
 class RoundRobin:

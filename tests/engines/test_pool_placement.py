@@ -1,4 +1,4 @@
-"""Where `UpstreamPool` places a session family: by the engine routing policy from the
+"""Where `EnginePool` places a session family: by the engine routing policy from the
 family's first call (then pinned for its life), by rendezvous hashing of the root id under
 round_robin, and off a down engine by the policy again. No engine process: the pool's clients
 are replaced by fakes that record what they were sent and can hold a call in flight."""
@@ -10,15 +10,15 @@ import json
 
 import pytest
 
-from sessiongate.engine_routing import EngineRoutingConfig
-from sessiongate.upstream import UpstreamPool, rendezvous_order
-from sessiongate.upstream.client import UpstreamReply, UpstreamUnreachable
+from sessiongate.engines.client import EngineReply, EngineUnreachable
+from sessiongate.engines.policy import EngineRoutingConfig
+from sessiongate.engines.pool import EnginePool, rendezvous_order
 
 URLS = ["http://e0:1", "http://e1:1", "http://e2:1"]
 
 
 class FakeClient:
-    """Stands in for an `UpstreamClient`: answers 200, or refuses the connection, and holds
+    """Stands in for an `EngineClient`: answers 200, or refuses the connection, and holds
     each call until `release` is set (so a test can keep requests in flight)."""
 
     def __init__(self, url: str) -> None:
@@ -30,19 +30,19 @@ class FakeClient:
 
     async def post_json(
         self, path: str, body: bytes, headers: list[tuple[str, str]]
-    ) -> UpstreamReply:
+    ) -> EngineReply:
         if self.refuse:
-            raise UpstreamUnreachable("connection refused", base_url=self.base_url)
+            raise EngineUnreachable("connection refused", base_url=self.base_url)
         self.sent.append(body)
         await self.release.wait()
-        return UpstreamReply(200, [], b"{}")
+        return EngineReply(200, [], b"{}")
 
     async def aclose(self) -> None:
         pass
 
 
-def pool_with(policy: str, urls: list[str] = URLS) -> tuple[UpstreamPool, list[FakeClient]]:
-    pool = UpstreamPool(urls, engine_routing=EngineRoutingConfig(policy=policy))
+def pool_with(policy: str, urls: list[str] = URLS) -> tuple[EnginePool, list[FakeClient]]:
+    pool = EnginePool(urls, engine_routing=EngineRoutingConfig(policy=policy))
     fakes = [FakeClient(u) for u in urls]
     pool.clients = fakes  # type: ignore[assignment]
     return pool, fakes

@@ -44,15 +44,15 @@ from __future__ import annotations
 
 from itertools import count
 
-from sessiongate.engine_routing.config import EngineRoutingConfig
-from sessiongate.engine_routing.policies.base import (
+from sessiongate.engines.policy.base import (
     EngineStates,
     KeyMaterial,
     RoutingRequest,
     Units,
     least,
 )
-from sessiongate.engine_routing.policies.tree import PrefixTree
+from sessiongate.engines.policy.config import EngineRoutingConfig
+from sessiongate.engines.policy.prefix_tree import PrefixTree
 
 TreeKey = tuple[bool, str | None, str | None]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sessiongate.engine_routing.policies.base import EngineStates, Rng, RoutingRequest
+from sessiongate.engines.policy.base import EngineStates, Rng, RoutingRequest
 
 
 class RandomPick:

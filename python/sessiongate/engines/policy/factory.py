@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import os
 
-from sessiongate.engine_routing.config import EngineRoutingConfig
-from sessiongate.engine_routing.policies.base import EngineStates, Policy, RoutingRequest
-from sessiongate.engine_routing.policies.cache_aware import CacheAware
-from sessiongate.engine_routing.policies.consistent_hashing import ConsistentHashing
-from sessiongate.engine_routing.policies.least_in_flight import LeastInFlight
-from sessiongate.engine_routing.policies.manual import Manual
-from sessiongate.engine_routing.policies.power_of_two import PowerOfTwo
-from sessiongate.engine_routing.policies.random_pick import RandomPick
-from sessiongate.engine_routing.policies.round_robin import RoundRobin
+from sessiongate.engines.policy.base import EngineStates, Policy, RoutingRequest
+from sessiongate.engines.policy.cache_aware import CacheAware
+from sessiongate.engines.policy.config import EngineRoutingConfig
+from sessiongate.engines.policy.consistent_hashing import ConsistentHashing
+from sessiongate.engines.policy.least_in_flight import LeastInFlight
+from sessiongate.engines.policy.manual import Manual
+from sessiongate.engines.policy.power_of_two import PowerOfTwo
+from sessiongate.engines.policy.random_pick import RandomPick
+from sessiongate.engines.policy.round_robin import RoundRobin
 
 __all__ = ["EngineStates", "Policy", "RoutingRequest", "make_policy"]
 

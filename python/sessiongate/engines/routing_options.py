@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from sessiongate.engine_routing.config import (
+from sessiongate.engines.policy.config import (
     ASSIGNMENT_MODES,
     DEFAULT_POLICY,
     POLICIES,
     TIE_BREAKS,
     EngineRoutingConfig,
 )
-from sessiongate.engine_routing.reliability import ReliabilityConfig
+from sessiongate.engines.reliability import ReliabilityConfig
 
 _DEFAULTS = EngineRoutingConfig()
 

@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Sequence
 from itertools import count
 
-from sessiongate.engine_routing.policies.base import Units
+from sessiongate.engines.policy.base import Units
 
 
 class Node:

@@ -3,7 +3,7 @@
 `X-SMG-Target-Worker: N` sends the request to engine N when it exists and is healthy (else
 the header is ignored). Otherwise the key is `X-SMG-Routing-Key`, else the first of
 `Authorization`, `X-Forwarded-For`, `Cookie` present: the first candidate in the key's
-rendezvous order over the engine URLs (blake2b, as the session pins of `upstream/pool.py`),
+rendezvous order over the engine URLs (blake2b, as the session pins of `engines/pool.py`),
 so an engine going down moves only its own keys. Without any key, a random candidate.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sessiongate.engine_routing.policies.base import (
+from sessiongate.engines.policy.base import (
     IMPLICIT_KEY_HEADERS,
     ROUTING_KEY_HEADER,
     TARGET_WORKER_HEADER,

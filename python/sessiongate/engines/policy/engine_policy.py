@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sessiongate.engine_routing.config import EngineRoutingConfig
-from sessiongate.engine_routing.policies import make_policy
-from sessiongate.engine_routing.policies.base import EngineStates, RoutingRequest
-from sessiongate.engine_routing.policies.cache_aware import CacheAware
+from sessiongate.engines.policy.base import EngineStates, RoutingRequest
+from sessiongate.engines.policy.cache_aware import CacheAware
+from sessiongate.engines.policy.config import EngineRoutingConfig
+from sessiongate.engines.policy.factory import make_policy
 
 
 class EnginePolicy:

@@ -1,5 +1,5 @@
 """The circuit breaker, the backoff schedule and the health thresholds as decisions of a fake
-clock (engine_routing/reliability.py), and the upstream pool using them against scripted
+clock (engines/reliability.py), and the upstream pool using them against scripted
 clients: no timing, no sockets, no processes."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from sessiongate.engine_routing import EngineRoutingConfig
-from sessiongate.engine_routing.reliability import (
+from sessiongate.engines.client import EngineReply, EngineUnreachable
+from sessiongate.engines.policy import EngineRoutingConfig
+from sessiongate.engines.pool import EnginePool
+from sessiongate.engines.reliability import (
     CLOSED,
     HALF_OPEN,
     OPEN,
@@ -19,7 +21,6 @@ from sessiongate.engine_routing.reliability import (
     ReliabilityConfig,
     backoff_ms,
 )
-from sessiongate.upstream import UpstreamPool, UpstreamReply, UpstreamUnreachable
 
 
 def test_defaults_are_the_gateways() -> None:
@@ -122,21 +123,21 @@ class Clock:
 
 
 class Scripted:
-    """Stands in for an `UpstreamClient`: answers each POST with the next scripted status
-    (or raises `UpstreamUnreachable` for "refused"), then 200."""
+    """Stands in for an `EngineClient`: answers each POST with the next scripted status
+    (or raises `EngineUnreachable` for "refused"), then 200."""
 
     def __init__(self, url: str, script: list[int | str]) -> None:
         self.base_url = url
         self.script = list(script)
         self.posts = 0
 
-    async def post_json(self, path: str, body: bytes, headers: object = ()) -> UpstreamReply:
+    async def post_json(self, path: str, body: bytes, headers: object = ()) -> EngineReply:
         self.posts += 1
         step = self.script.pop(0) if self.script else 200
         if step == "refused":
-            raise UpstreamUnreachable(f"{self.base_url}: refused", base_url=self.base_url)
+            raise EngineUnreachable(f"{self.base_url}: refused", base_url=self.base_url)
         assert isinstance(step, int)
-        return UpstreamReply(status=step, headers=[], body=b"{}")
+        return EngineReply(status=step, headers=[], body=b"{}")
 
     async def aclose(self) -> None:
         pass
@@ -150,15 +151,15 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
 
-    monkeypatch.setattr("sessiongate.upstream.pool.asyncio.sleep", sleep)
+    monkeypatch.setattr("sessiongate.engines.pool.asyncio.sleep", sleep)
     yield waits
 
 
 def make_pool(
     scripts: list[list[int | str]], clock: Clock, **config: object
-) -> tuple[UpstreamPool, list[Scripted]]:
+) -> tuple[EnginePool, list[Scripted]]:
     urls = [f"http://e{i}:1" for i in range(len(scripts))]
-    pool = UpstreamPool(
+    pool = EnginePool(
         urls,
         reliability=ReliabilityConfig(retry_jitter_factor=0.0, **config),  # type: ignore[arg-type]
         clock=clock,

@@ -3,7 +3,7 @@ a tie). Load is what the engine's `/get_load` last reported, else its requests i
 
 from __future__ import annotations
 
-from sessiongate.engine_routing.policies.base import EngineStates, Rng, RoutingRequest
+from sessiongate.engines.policy.base import EngineStates, Rng, RoutingRequest
 
 
 class PowerOfTwo:

@@ -4,7 +4,7 @@ lowest index, as there, or (`tie_break="round_robin"`) to the tied engines in tu
 
 from __future__ import annotations
 
-from sessiongate.engine_routing.policies.base import EngineStates, RoutingRequest, least
+from sessiongate.engines.policy.base import EngineStates, RoutingRequest, least
 
 
 class LeastInFlight:

@@ -10,14 +10,14 @@ last use is known to the resolution of the eviction interval (the time of the la
 
 from __future__ import annotations
 
-from sessiongate.engine_routing.config import EngineRoutingConfig
-from sessiongate.engine_routing.policies.base import (
+from sessiongate.engines.policy.base import (
     ROUTING_KEY_HEADER,
     EngineStates,
     Rng,
     RoutingRequest,
     least,
 )
+from sessiongate.engines.policy.config import EngineRoutingConfig
 
 MAX_CANDIDATES = 2
 

@@ -13,7 +13,7 @@ pick among the others, or the next upstream in its rendezvous order) and retries
 request once.
 
 Stateless requests (no family) go where the engine routing policy says (`--policy`,
-`sessiongate.engine_routing`; `cache_aware` over the available upstreams by default), which
+`sessiongate.engines.policy`; `cache_aware` over the available upstreams by default), which
 is told every request's start and end (a family's turns too) and each upstream's
 availability: healthy, and its circuit breaker not open.
 
@@ -47,8 +47,15 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
-from sessiongate.engine_routing import EnginePolicy, EngineRoutingConfig
-from sessiongate.engine_routing.reliability import (
+from sessiongate.engines.client import (
+    EngineClient,
+    EngineReply,
+    EngineStream,
+    EngineTransportError,
+    EngineUnreachable,
+)
+from sessiongate.engines.policy import EnginePolicy, EngineRoutingConfig
+from sessiongate.engines.reliability import (
     OPEN,
     RETRYABLE_STATUSES,
     STATE_NAMES,
@@ -58,13 +65,6 @@ from sessiongate.engine_routing.reliability import (
     backoff_ms,
 )
 from sessiongate.errors import Unavailable
-from sessiongate.upstream.client import (
-    UpstreamClient,
-    UpstreamReply,
-    UpstreamStream,
-    UpstreamTransportError,
-    UpstreamUnreachable,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ NO_ENGINE = "no engine registered yet"
 # better, and rendezvous keeps a family on one engine across worker processes and restarts.
 RENDEZVOUS_PLACEMENT = frozenset({"round_robin"})
 
-Sent = TypeVar("Sent", UpstreamReply, UpstreamStream)
+Sent = TypeVar("Sent", EngineReply, EngineStream)
 
 
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
@@ -113,7 +113,7 @@ class NoEngine:
         pass
 
 
-class UpstreamPool:
+class EnginePool:
     def __init__(
         self,
         urls: Sequence[str],
@@ -131,11 +131,11 @@ class UpstreamPool:
         self.timeout = timeout
         # Clients of engines removed by `set_urls`, closed with the pool: a request in flight
         # on one still holds it (the drain).
-        self._retired: list[UpstreamClient] = []
+        self._retired: list[EngineClient] = []
         self.urls = [u.rstrip("/") for u in urls]
         if len(set(self.urls)) != len(self.urls):
             raise ValueError(f"upstream URLs must be distinct: {self.urls}")
-        self.clients = [UpstreamClient(u, timeout=timeout) for u in self.urls]
+        self.clients = [EngineClient(u, timeout=timeout) for u in self.urls]
         # Assumed up until a probe or a request says otherwise, so a gateway started next to
         # its engine is not reported down for its first health interval.
         self.healthy = [True] * len(self.urls)
@@ -224,7 +224,7 @@ class UpstreamPool:
         elif error is None and up:
             self.last_error[index] = None
 
-    def _index_of(self, client: UpstreamClient) -> int | None:
+    def _index_of(self, client: EngineClient) -> int | None:
         """Where `client` is in the current set; None once its engine was removed."""
         for index, current in enumerate(self.clients):
             if current is client:
@@ -240,7 +240,7 @@ class UpstreamPool:
         if len(set(new_urls)) != len(new_urls):
             raise ValueError(f"upstream URLs must be distinct: {new_urls}")
         old_index = {url: index for index, url in enumerate(self.urls)}
-        clients: list[UpstreamClient] = []
+        clients: list[EngineClient] = []
         healthy: list[bool] = []
         last_error: list[str | None] = []
         model_info: list[dict[str, object] | None] = []
@@ -250,7 +250,7 @@ class UpstreamPool:
         for url in new_urls:
             index = old_index.get(url)
             if index is None:
-                clients.append(UpstreamClient(url, timeout=self.timeout))
+                clients.append(EngineClient(url, timeout=self.timeout))
                 healthy.append(True)
                 last_error.append(None)
                 model_info.append(None)
@@ -287,7 +287,7 @@ class UpstreamPool:
             self.engine_policy.set_healthy(index, self._available(index, now))
         logger.warning("upstream set is now %s", ", ".join(new_urls) or "(empty)")
 
-    def _mark_client(self, client: UpstreamClient, error: str | None) -> None:
+    def _mark_client(self, client: EngineClient, error: str | None) -> None:
         index = self._index_of(client)
         if index is not None:
             self._mark(index, error)
@@ -322,7 +322,7 @@ class UpstreamPool:
                 logger.warning("upstream %s: circuit breaker half-open", self.urls[index])
                 self.engine_policy.set_healthy(index, self.healthy[index])
 
-    def _outcome(self, client: UpstreamClient, success: bool) -> None:
+    def _outcome(self, client: EngineClient, success: bool) -> None:
         """Count one attempt's outcome in its engine's breaker (a removed engine's: none)."""
         index = self._index_of(client)
         if index is None:
@@ -428,7 +428,7 @@ class UpstreamPool:
         self.pins[root_id] = index
         return index
 
-    def _transport_failed(self, client: UpstreamClient, exc: UpstreamTransportError) -> None:
+    def _transport_failed(self, client: EngineClient, exc: EngineTransportError) -> None:
         self._outcome(client, False)
         # A timed-out request says the engine is slow, not that it is gone; the probe (with
         # its own short timeout) decides whether it is answering at all.
@@ -480,7 +480,7 @@ class UpstreamPool:
             client = self.clients[index]
             try:
                 sent = await send(index)
-            except UpstreamUnreachable:
+            except EngineUnreachable:
                 # `send` marked the upstream down.
                 if last:
                     raise
@@ -526,10 +526,10 @@ class UpstreamPool:
         path: str,
         body: bytes,
         headers: Iterable[tuple[str, str]] = (),
-    ) -> UpstreamReply:
+    ) -> EngineReply:
         header_list = list(headers)
 
-        async def send(index: int) -> UpstreamReply:
+        async def send(index: int) -> EngineReply:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
             policy.started(index)
             self.sent[self.urls[index]] += 1
@@ -538,25 +538,25 @@ class UpstreamPool:
             finally:
                 policy.finished(index)
 
-        async def discard(reply: UpstreamReply) -> None:
+        async def discard(reply: EngineReply) -> None:
             pass
 
         return await self._with_retries(root_id, header_list, body, send, discard)
 
     async def _post_json(
         self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
-    ) -> UpstreamReply:
+    ) -> EngineReply:
         """One attempt on upstream `index`, recording what it says about the upstream."""
         client = self.clients[index]
         try:
             reply = await client.post_json(path, body, headers)
-        except UpstreamTransportError as exc:
+        except EngineTransportError as exc:
             self._transport_failed(client, exc)
             raise
         self._answered_by(client, reply.status)
         return reply
 
-    def _answered_by(self, client: UpstreamClient, status: int) -> None:
+    def _answered_by(self, client: EngineClient, status: int) -> None:
         # A 5xx counts against the engine's breaker, a 4xx is the client's doing.
         self._outcome(client, status < 500)
         index = self._index_of(client)
@@ -572,10 +572,10 @@ class UpstreamPool:
         query: str = "",
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
-    ) -> UpstreamStream:
+    ) -> EngineStream:
         header_list = list(headers)
 
-        async def attempt(index: int) -> UpstreamStream:
+        async def attempt(index: int) -> EngineStream:
             client = self.clients[index]
             # In flight from the request until its stream is closed; on the policy of this
             # moment (a change of the engine set builds a new one).
@@ -588,14 +588,14 @@ class UpstreamPool:
                 )
             except BaseException as exc:
                 policy.finished(index)
-                if isinstance(exc, UpstreamTransportError):
+                if isinstance(exc, EngineTransportError):
                     self._transport_failed(client, exc)
                 raise
             stream.exchange.callback(policy.finished, index)
             self._answered_by(client, stream.status)
             return stream
 
-        async def discard(stream: UpstreamStream) -> None:
+        async def discard(stream: EngineStream) -> None:
             # Only its head was read: nothing of it reached the client.
             await stream.aclose()
 
@@ -615,7 +615,7 @@ class UpstreamPool:
         client = self.clients[index]
         try:
             stream = await client.open_stream("GET", "/model_info")
-        except UpstreamTransportError:
+        except EngineTransportError:
             return None  # the turn itself will meet (and report) the same failure
         try:
             body = await stream.read_all() if stream.status == 200 else b""

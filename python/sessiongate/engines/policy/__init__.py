@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from sessiongate.engine_routing.config import (
+from sessiongate.engines.policy.config import (
     DEFAULT_POLICY,
     POLICIES,
     EngineRoutingConfig,
 )
-from sessiongate.engine_routing.router import EnginePolicy as PyEnginePolicy
+from sessiongate.engines.policy.engine_policy import EnginePolicy as PyEnginePolicy
 
 __all__ = [
     "DEFAULT_POLICY",
