@@ -63,6 +63,7 @@ from sessiongate.engines.reliability import (
     HealthCounter,
     ReliabilityConfig,
     backoff_ms,
+    new_breaker,
 )
 from sessiongate.errors import Unavailable
 
@@ -153,7 +154,7 @@ class EnginePool:
         self.health_path = health_path or self.reliability.health_check_endpoint
         # The breakers' clock (a test's fake one).
         self.clock = clock
-        self.breakers = [self.reliability.breaker() for _ in self.urls]
+        self.breakers = [new_breaker(self.reliability) for _ in self.urls]
         self.probes = [self._health_counter() for _ in self.urls]
         # Retries caused by each engine (its connect error, 429 or 503), for /metrics.
         self.retries = [0] * len(self.urls)
@@ -254,7 +255,7 @@ class EnginePool:
                 healthy.append(True)
                 last_error.append(None)
                 model_info.append(None)
-                breakers.append(self.reliability.breaker())
+                breakers.append(new_breaker(self.reliability))
                 probes.append(self._health_counter())
                 retries.append(0)
             else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from sessiongate.engines.policy.config import (
+from sessiongate.config.engines import (
     DEFAULT_POLICY,
     POLICIES,
     EngineRoutingConfig,
