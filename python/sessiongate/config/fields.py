@@ -166,3 +166,14 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def field_type(cls: type, name: str) -> Any:
     return _hints(cls)[name]
+
+
+def flag_of(cls: type, name: str) -> str:
+    """The flag of option field `name` of section `cls`, for the messages that name it (so
+    the flag is written once, where it is declared)."""
+    for field in dataclasses.fields(cls):
+        if field.name == name:
+            meta = option_of(field)
+            if meta is not None:
+                return meta.flag
+    raise KeyError(f"{cls.__name__} has no option {name!r}")

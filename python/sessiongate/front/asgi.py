@@ -14,11 +14,13 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessiongate.config.fields import flag_of
 from sessiongate.config.front import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_SESSION_HEADERS,
+    FrontConfig,
 )
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.errors import (
@@ -60,8 +62,8 @@ def frontend_settings(config: GatewayConfig) -> FrontendSettings:
     if front.max_body_bytes < 1:
         raise SystemExit("--max-body-bytes must be >= 1")
     for flag, value in (
-        ("--header-timeout", front.header_timeout),
-        ("--body-timeout", front.body_timeout),
+        (flag_of(FrontConfig, "header_timeout"), front.header_timeout),
+        (flag_of(FrontConfig, "body_timeout"), front.body_timeout),
     ):
         if not (value > 0 and math.isfinite(value)):
             raise SystemExit(f"{flag} must be a finite number of seconds > 0")

@@ -12,8 +12,10 @@ from contextlib import contextmanager
 
 from sessiongate.config.cli import add_options, config_from_args
 from sessiongate.config.engines import MOCK_BACKEND
+from sessiongate.config.fields import flag_of
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.config.launch import RouterLaunch
+from sessiongate.config.workers import WorkersConfig
 from sessiongate.front.asgi import frontend_settings
 from sessiongate.front.compiled import front_unsupported
 from sessiongate.mock_engine.cli import embedded_argv, embedded_r3_topk
@@ -114,12 +116,9 @@ def run(args: argparse.Namespace) -> int:
                 "--records-dir belongs to the workers: give each `sessiongate worker` its own"
             )
         return run_remote(config)
-    for flag, value in (
-        ("--secret-file", workers.secret_file),
-        ("--tls-ca", workers.tls_ca),
-        ("--tls-server-name", workers.tls_server_name),
-    ):
-        if value:
+    for name in ("secret_file", "tls_ca", "tls_server_name"):
+        if getattr(workers, name):
+            flag = flag_of(WorkersConfig, name)
             raise SystemExit(f"{flag} applies to --worker-endpoints only")
     if workers.tls_insecure:
         raise SystemExit("--tls-insecure applies to --worker-endpoints only")

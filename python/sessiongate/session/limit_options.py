@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sessiongate.config.fields import flag_of
 from sessiongate.config.records import AUTO, LimitsConfig
 
 # Share of the machine's memory (or its cgroup limit) that the records of all local workers
@@ -56,7 +57,8 @@ def auto_records_bytes(workers: int) -> int:
 
 def records_budget(limits: LimitsConfig, workers: int = 1) -> int:
     """--max-records-bytes in bytes (`auto` sized for `workers` on this machine)."""
-    return memory_option(limits.max_records_bytes, "--max-records-bytes", workers)
+    flag = flag_of(LimitsConfig, "max_records_bytes")
+    return memory_option(limits.max_records_bytes, flag, workers)
 
 
 def memory_option(value: object, flag: str, workers: int = 1) -> int:

@@ -19,7 +19,7 @@ from sessiongate.session_routing.modes import (
     SessionIdHeader,
     SmgRoutingKey,
 )
-from sessiongate.session_routing.registry import (
+from sessiongate.session_routing.mode_registry import (
     ENTRY_POINT_GROUP,
     ModeInfo,
     OptionInfo,

@@ -9,13 +9,14 @@ import json
 from pathlib import Path
 from typing import cast
 
+from sessiongate.config.fields import flag_of
 from sessiongate.config.records import AUTO, RecordsConfig
 from sessiongate.session.limit_options import memory_option
 from sessiongate.session.store.records_store import MANIFEST, Durability, StoreSettings
 
 
 def memory_budget(records: RecordsConfig, workers: int = 1) -> int:
-    return memory_option(records.memory or AUTO, "--records-memory", workers)
+    return memory_option(records.memory or AUTO, flag_of(RecordsConfig, "memory"), workers)
 
 
 def check_store_options(records: RecordsConfig) -> None:
@@ -25,8 +26,8 @@ def check_store_options(records: RecordsConfig) -> None:
     given = [
         flag
         for flag, value in (
-            ("--records-durability", records.durability),
-            ("--records-memory", records.memory),
+            (flag_of(RecordsConfig, "durability"), records.durability),
+            (flag_of(RecordsConfig, "memory"), records.memory),
         )
         if value is not None
     ]
