@@ -83,8 +83,10 @@ def test_print_config_shows_the_files_values_and_the_flags_win(tmp_path: Path) -
     assert effective["limits"]["max_sessions"] == 5  # the flag wins over the file
     assert effective["records"]["dir"] == str(tmp_path / "records")
     assert effective["workers"]["count"] == 1
-    # Options the file left out keep their defaults.
-    assert effective["engines"]["routing"]["cache_threshold"] == 0.3
+    # Options the file left out keep their defaults; the routing table is the chosen
+    # policy's variant (round_robin reads no tunable).
+    assert effective["engines"]["reliability"]["cb_failure_threshold"] == 10
+    assert set(effective["engines"]["routing"]) == {"policy"}
     # Reading the printed file back gives the same configuration.
     again = tmp_path / "again.toml"
     again.write_text(shown.stdout)
@@ -127,6 +129,10 @@ def test_a_gateway_behaves_by_its_file(tmp_path: Path) -> None:
         ("[engines.routing]\npolicy = 'fastest'\n", "engines.routing.policy (--policy) must be"),
         ("[engines.routing]\ncache_threshold = 2.0\n", "[engines.routing] cache_threshold must"),
         ("[workers]\nlisten = '127.0.0.1:0'\n", "workers.listen (--listen) is not an option of"),
+        (
+            "[engines.routing]\npolicy = 'round_robin'\ncache_threshold = 0.5\n",
+            "engines.routing.cache_threshold does not apply to policy 'round_robin'",
+        ),
         ("[front\n", "is not valid TOML"),
     ],
 )

@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from sessiongate.config.engines import DEFAULT_POLICY, POLICY_TUNABLES
 from sessiongate.config.fields import ConfigError, Leaf
 from sessiongate.config.gateway import SCHEMA_LEAVES, GatewayConfig, build
 
@@ -183,6 +184,20 @@ def _merge(values: dict[str, Any], data: dict[str, Any], command: str, where: st
     walk(data, ())
     # Unknown keys and tables: build() reports them with the file's name.
     build(GatewayConfig, data, (), where)
+    _check_policy_variant(data, values, where)
+
+
+def _check_policy_variant(data: dict[str, Any], values: dict[str, Any], where: str) -> None:
+    """A file's [engines.routing] table holds the policy and only the tunables it reads."""
+    table = data.get("engines", {}).get("routing", {})
+    policy = values.get("engines", {}).get("routing", {}).get("policy", DEFAULT_POLICY)
+    reads = POLICY_TUNABLES.get(policy, ())
+    for key in table:
+        if key != "policy" and key not in reads:
+            raise ConfigError(
+                f"{where}: engines.routing.{key} does not apply to policy {policy!r} "
+                f"(it reads: {', '.join(reads) or 'nothing'})"
+            )
 
 
 def _put(values: dict[str, Any], path: Sequence[str], value: Any) -> None:

@@ -29,6 +29,27 @@ POLICIES = (
 DEFAULT_POLICY = "cache_aware"
 ASSIGNMENT_MODES = ("random", "min_load", "min_group")
 TIE_BREAKS = ("index", "round_robin")
+# The tunables each policy reads: its variant of the [engines.routing] table. A file that
+# sets another policy's tunable is refused (config/cli.py); on the command line such flags
+# are accepted and ignored, as the Gateway accepts them, so a command line can switch
+# policies without dropping flags.
+_CACHE_AWARE_TUNABLES = (
+    "cache_threshold",
+    "balance_abs_threshold",
+    "balance_rel_threshold",
+    "eviction_interval_secs",
+    "max_tree_size",
+)
+POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
+    "round_robin": (),
+    "random": ("seed",),
+    "power_of_two": ("seed",),
+    "least_in_flight": ("tie_break",),
+    "cache_aware": _CACHE_AWARE_TUNABLES,
+    "cache_aware_gateway": _CACHE_AWARE_TUNABLES,
+    "manual": ("assignment_mode", "max_idle_secs", "eviction_interval_secs", "seed"),
+    "consistent_hashing": ("seed",),
+}
 # The policies that keep state a periodic `evict` trims.
 EVICTING_POLICIES = frozenset({"cache_aware", "cache_aware_gateway", "manual"})
 
@@ -46,9 +67,9 @@ ADMIN_KEY_ENV = "SESSIONGATE_ADMIN_KEY"
 )
 @dataclass(frozen=True)
 class EngineRoutingConfig:
-    """How stateless requests choose an engine (docs/routing.md, "Engine routing"). One flat
-    set of tunables: each says which policies read it, and the others ignore it (as the
-    Gateway's flags do), so a command line can switch policies without dropping flags."""
+    """How stateless requests choose an engine (docs/routing.md, "Engine routing"): the
+    policy and its variant's tunables (POLICY_TUNABLES). Every tunable is a field, so the
+    command line keeps the Gateway's flat flags; the policy reads only its own."""
 
     policy: str = option(
         "--policy",

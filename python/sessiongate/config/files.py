@@ -7,6 +7,7 @@ import json
 import tomllib
 from typing import Any
 
+from sessiongate.config.engines import POLICY_TUNABLES
 from sessiongate.config.fields import ConfigError, leaves, section_types
 from sessiongate.config.gateway import GatewayConfig, value_at
 
@@ -35,6 +36,10 @@ def _render_section(
 ) -> None:
     own = [leaf for leaf in leaves(cls, path) if len(leaf.path) == len(path) + 1]
     own = [leaf for leaf in own if command in leaf.option.commands and not leaf.option.hidden]
+    if path == ("engines", "routing"):
+        # The chosen policy's variant: its name and the tunables it reads.
+        reads = POLICY_TUNABLES.get(config.engines.routing.policy, ())
+        own = [leaf for leaf in own if leaf.path[-1] == "policy" or leaf.path[-1] in reads]
     if own and path:
         lines += ["", f"[{'.'.join(path)}]"]
     for leaf in own:
