@@ -300,6 +300,41 @@ impl<'a> Scanner<'a> {
         Ok(Key { start, text })
     }
 
+    /// The members of the object at the cursor (at its `{`), in order, with their spans:
+    /// `member` reads each one's value (the cursor at it, its key given) and says whether the
+    /// member is to be removed. The splicing primitives' one member loop.
+    pub fn members(
+        &mut self,
+        mut member: impl FnMut(&mut Self, &Key) -> Scan<bool>,
+    ) -> Scan<Vec<Member>> {
+        let mut members = Vec::new();
+        if self.object_start()? {
+            return Ok(members);
+        }
+        loop {
+            let key = self.key()?;
+            let remove = member(self, &key)?;
+            members.push(Member {
+                key_start: key.start,
+                value_end: self.pos,
+                remove,
+            });
+            if !self.object_next()? {
+                return Ok(members);
+            }
+        }
+    }
+
+    /// The members of the object at the cursor, those whose key is one of `names` marked
+    /// for removal.
+    pub fn members_removing<N: AsRef<[u8]>>(&mut self, names: &[N]) -> Scan<Vec<Member>> {
+        self.members(|sc, key| {
+            let remove = names.iter().any(|name| sc.key_is(key, name.as_ref()));
+            sc.value()?;
+            Ok(remove)
+        })
+    }
+
     /// After a member's value: true if another member follows (cursor at its key),
     /// false at the end of the object (`}` consumed).
     pub fn object_next(&mut self) -> Scan<bool> {

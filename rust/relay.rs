@@ -991,24 +991,12 @@ fn scan_request(s: &[u8], names: &[Vec<u8>]) -> Scan<RequestScan> {
     sc.ws();
     let kind = sc.kind()?;
     let open = sc.pos;
-    let mut members = Vec::new();
-    if kind != Kind::Object {
+    let members = if kind == Kind::Object {
+        sc.members_removing(names)?
+    } else {
         sc.value()?;
-    } else if !sc.object_start()? {
-        loop {
-            let key = sc.key()?;
-            let remove = names.iter().any(|name| sc.key_is(&key, name));
-            sc.value()?;
-            members.push(Member {
-                key_start: key.start,
-                value_end: sc.pos,
-                remove,
-            });
-            if !sc.object_next()? {
-                break;
-            }
-        }
-    }
+        Vec::new()
+    };
     sc.finish()?;
     Ok(RequestScan {
         kind,
