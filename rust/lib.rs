@@ -11,6 +11,7 @@ pub mod gil;
 pub mod hash;
 pub mod json_scan;
 pub mod json_write;
+pub mod options;
 pub mod types;
 
 // Primitives: one `register` each.
