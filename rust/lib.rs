@@ -25,6 +25,9 @@ pub mod relay;
 pub mod shard;
 pub mod stamp;
 
+// Test hooks: internals exported for the tests only.
+pub mod testing;
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -37,5 +40,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bytes_sink::register(m)?;
     front::register(m)?;
     engine_policy::register(m)?;
+    testing::register(m)?;
     Ok(())
 }

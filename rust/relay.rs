@@ -966,10 +966,11 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
     })
 }
 
-/// Test hook: None when the Rust scanner accepts `body` as JSON, else why it does not.
+/// Test hook (`rust/testing.rs`): None when the Rust scanner accepts `body` as JSON, else
+/// why it does not.
 #[pyfunction]
-fn _json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-    let input = Input::get(body, "_json_reject", "body")?;
+pub(crate) fn json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let input = Input::get(body, "json_reject", "body")?;
     let data = input.as_slice();
     Ok(maybe_unlocked(py, data.len(), || validate(data))
         .err()
@@ -1286,7 +1287,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExtractedReply>()?;
     m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
     m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
-    m.add_function(wrap_pyfunction!(_json_reject, m)?)?;
     Ok(())
 }
 

@@ -831,9 +831,10 @@ fn nvext_session_control<'py>(
     Ok(out)
 }
 
-/// Test hook: `RESERVED_HEADER_NAMES` as compiled in (compared with primitives/header_names.py).
+/// Test hook (`rust/testing.rs`): `RESERVED_HEADER_NAMES` as compiled in (compared with
+/// primitives/header_names.py).
 #[pyfunction]
-fn _reserved_header_names(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+pub(crate) fn reserved_header_names(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
     PyTuple::new(py, RESERVED_HEADER_NAMES)
 }
 
@@ -841,7 +842,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HeaderStamper>()?;
     install_stamp(m.py())?;
     m.add_function(wrap_pyfunction!(nvext_session_control, m)?)?;
-    m.add_function(wrap_pyfunction!(_reserved_header_names, m)?)?;
     Ok(())
 }
 

@@ -305,10 +305,10 @@ impl HealthCounter {
     }
 }
 
-/// The backoff schedule, for the twin test.
+/// Test hook (`rust/testing.rs`): the backoff schedule, for the twin test.
 #[pyfunction]
 #[pyo3(signature = (attempt, initial_ms, max_ms, multiplier, jitter, sample))]
-fn front_backoff_ms(
+pub(crate) fn front_backoff_ms(
     attempt: u32,
     initial_ms: u64,
     max_ms: u64,
@@ -319,9 +319,9 @@ fn front_backoff_ms(
     backoff_ms(attempt, initial_ms, max_ms, multiplier, jitter, sample)
 }
 
-/// The breaker, for the twin test.
+/// Test hook (`rust/testing.rs`): the breaker, for the twin test.
 #[pyclass(name = "FrontCircuitBreaker", module = "sessiongate._core")]
-struct PyBreaker {
+pub(crate) struct PyBreaker {
     inner: Breaker,
 }
 
@@ -365,9 +365,9 @@ impl PyBreaker {
     }
 }
 
-/// The probe thresholds, for the twin test.
+/// Test hook (`rust/testing.rs`): the probe thresholds, for the twin test.
 #[pyclass(name = "FrontHealthCounter", module = "sessiongate._core")]
-struct PyHealthCounter {
+pub(crate) struct PyHealthCounter {
     inner: HealthCounter,
     config: Config,
 }
@@ -395,13 +395,6 @@ impl PyHealthCounter {
     fn reset(&mut self) {
         self.inner.reset();
     }
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyBreaker>()?;
-    m.add_class::<PyHealthCounter>()?;
-    m.add_function(wrap_pyfunction!(front_backoff_ms, m)?)?;
-    Ok(())
 }
 
 #[cfg(test)]
