@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import random
@@ -66,6 +65,7 @@ from sessiongate.engines.reliability import (
     new_breaker,
 )
 from sessiongate.errors import Unavailable
+from sessiongate.hashing import rendezvous_weight
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +81,8 @@ Sent = TypeVar("Sent", EngineReply, EngineStream)
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
     """Indices of `urls` from most to least preferred for `key` (stable across processes)."""
 
-    def weight(index: int) -> bytes:
-        return hashlib.blake2b(f"{key}\x00{urls[index]}".encode(), digest_size=8).digest()
-
-    return sorted(range(len(urls)), key=weight, reverse=True)
+    raw = key.encode()
+    return sorted(range(len(urls)), key=lambda i: rendezvous_weight(raw, urls[i]), reverse=True)
 
 
 class NoEngine:
