@@ -18,6 +18,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -122,20 +123,27 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
     return app
 
 
+@dataclass(frozen=True, slots=True)
+class _AdmittedChat:
+    """A chat request past the refusals: its completion, prefix-cache hit, abort event and
+    step-scheduler job (None when sleeps pace it)."""
+
+    req: ChatRequest
+    completion: Completion
+    cached: int
+    abort: asyncio.Event
+    job: Job | None
+
+
+# eq=False: the route objects keep identity equality and hashing, as plain classes have.
+@dataclass(eq=False)
 class OpenAIChatRoute:
     """`/v1/chat/completions`: refusals, fault injection, generation, pacing and the reply."""
 
-    def __init__(
-        self,
-        config: MockEngineConfig,
-        state: EngineState,
-        generator: CompletionGenerator,
-        scheduler: StepScheduler | None,
-    ) -> None:
-        self.config = config
-        self.state = state
-        self.generator = generator
-        self.scheduler = scheduler
+    config: MockEngineConfig
+    state: EngineState
+    generator: CompletionGenerator
+    scheduler: StepScheduler | None
 
     async def chat(self, request: Request) -> Response:
         state = self.state
@@ -159,10 +167,11 @@ class OpenAIChatRoute:
         abort = asyncio.Event()
         state.running[req.rid] = abort
         job = self._submit(req, completion, cached, abort)
+        admitted = _AdmittedChat(req, completion, cached, abort, job)
 
         if req.stream:
-            return await self._stream(req, completion, cached, abort, job)
-        return await self._reply(req, completion, cached, abort, job, received)
+            return await self._stream(admitted)
+        return await self._reply(admitted, received)
 
     async def _read_body(self, request: Request) -> dict[str, Any] | Response:
         """The JSON object of the request (recorded for /mock/requests), or the 400 refusing it."""
@@ -259,17 +268,18 @@ class OpenAIChatRoute:
         self.state.count_prompt(completion.prompt_tokens, cached, req.lora)
         return None
 
-    async def _stream(
-        self,
-        req: ChatRequest,
-        completion: Completion,
-        cached: int,
-        abort: asyncio.Event,
-        job: Job | None,
-    ) -> Response:
+    async def _stream(self, admitted: _AdmittedChat) -> Response:
         state = self.state
         state.streams += 1
-        events = stream_events(req, completion, cached, state, abort, self.scheduler, job)
+        events = stream_events(
+            admitted.req,
+            admitted.completion,
+            admitted.cached,
+            state,
+            admitted.abort,
+            self.scheduler,
+            admitted.job,
+        )
         # serving_chat.py `_handle_streaming_request` waits for the first chunk (the
         # role chunk, with the first token) before the 200 goes out.
         try:
@@ -286,16 +296,11 @@ class OpenAIChatRoute:
             body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    async def _reply(
-        self,
-        req: ChatRequest,
-        completion: Completion,
-        cached: int,
-        abort: asyncio.Event,
-        job: Job | None,
-        received: float,
-    ) -> Response:
+    async def _reply(self, admitted: _AdmittedChat, received: float) -> Response:
         """The non-stream reply, once the scheduler or the sleeps say it is generated."""
+        req, job = admitted.req, admitted.job
+        # Both change below: an abort shortens the completion, the scheduler finds the hit.
+        completion, cached = admitted.completion, admitted.cached
         state = self.state
         config = self.config
         scheduler = self.scheduler
@@ -307,7 +312,7 @@ class OpenAIChatRoute:
                 cached = job.cached
             else:
                 delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
-                status = await interruptible_sleep(state, delay_ms / 1000, abort)
+                status = await interruptible_sleep(state, delay_ms / 1000, admitted.abort)
             if status == "closing":
                 return error_response("mock engine is shutting down", "InternalServerError", 503)
             if status == "abort" and job is not None:
@@ -330,12 +335,12 @@ class OpenAIChatRoute:
         return PartsResponse(reply)
 
 
+@dataclass(eq=False)
 class SGLangServerRoutes:
     """SGLang http_server.py's health, model and control routes (/generate is NativeRoutes)."""
 
-    def __init__(self, config: MockEngineConfig, state: EngineState) -> None:
-        self.config = config
-        self.state = state
+    config: MockEngineConfig
+    state: EngineState
 
     async def health(self, request: Request) -> Response:
         # http_server.py `health_generate` (also GET /health): a 200 with an empty body once
@@ -392,12 +397,12 @@ class SGLangServerRoutes:
         )
 
 
+@dataclass(eq=False)
 class MockAdminRoutes:
     """The mock's own /mock/* routes: abort scheduling, recorded requests, counters."""
 
-    def __init__(self, state: EngineState, scheduler: StepScheduler | None) -> None:
-        self.state = state
-        self.scheduler = scheduler
+    state: EngineState
+    scheduler: StepScheduler | None
 
     async def abort_next(self, request: Request) -> Response:
         state = self.state
