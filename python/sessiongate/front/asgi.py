@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sessiongate.errors import (
+    BodyTimeout,
     GatewayError,
     PayloadTooLarge,
-    SessionNotFound,
+    RouteNotFound,
     Unauthorized,
 )
 from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
@@ -47,12 +48,6 @@ class FrontendSettings:
     # The key of the engine management routes (`--admin-key`); None: they take `api_key`
     # like every other route (docs/api.md, "Engine management").
     admin_key: str | None = None
-
-
-class BodyTimeout(GatewayError):
-    """The client stopped sending its body: answered 408 and the connection closed."""
-
-    status = 408
 
 
 async def _read_body(
@@ -177,7 +172,7 @@ class GatewayApp:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op is Op.DOCS:
                 # Only the HTTP server can serve these (FastAPI, above).
-                raise SessionNotFound(f"{path} is served by the HTTP server only")
+                raise RouteNotFound(f"{path} is served by the HTTP server only")
             if route.op is not Op.HEALTH:
                 self._check_auth(headers, route.op)
             body = await read_body()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sessiongate.errors import GatewayError
+from sessiongate.errors import StoreWriteFailed
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.entry_file import (
     HEADER,
@@ -57,12 +57,6 @@ MANIFEST = "store.json"
 def session_file_name(session_id: str) -> str:
     """Ids are any visible ASCII up to 256 characters: hashed into a safe file name."""
     return hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest() + ".rec"
-
-
-class StoreWriteFailed(GatewayError):
-    """The records directory refused a write (disk full, permissions): nothing recorded."""
-
-    status = 507
 
 
 @dataclass(frozen=True)
@@ -443,4 +437,4 @@ class ResidentRecords:
         return freed
 
 
-__all__ = ["DURABILITIES", "RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]
+__all__ = ["DURABILITIES", "RecordsStore", "SpilledRecord", "StoreSettings"]
