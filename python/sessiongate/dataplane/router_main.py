@@ -24,6 +24,7 @@ from sessiongate.session.core_options import add_upstream_arguments
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.placement.remote import RemoteSettings
+    from sessiongate.dataplane.router.shard_router import RemoteConnector, Router
     from sessiongate.dataplane.transport.tcp import Endpoint
 
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
     from sessiongate.front.routes import session_header_names
+    from sessiongate.gateway.shell import GatewayShell
     from sessiongate.session.core_options import backend_list
 
     if not die_with_parent():
@@ -76,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="router: %(levelname)s %(message)s")
     fds = [int(fd) for fd in args.worker_fds.split(",")] if args.worker_fds else []
     remote_settings, endpoints = _remote_settings(args) if args.worker_endpoints else (None, [])
-    router = Router(len(fds) or len(endpoints))
     # The key travels by environment, not argv, so it does not show in `ps`.
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
     engines = engine_settings(args, router=True)
@@ -92,16 +93,22 @@ def run(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, header_timeout=args.header_timeout)
     if args.body_timeout is not None:
         settings = dataclasses.replace(settings, body_timeout=args.body_timeout)
-    app = GatewayApp(router.handle, settings)
     protocol = gateway_protocol(settings.header_timeout)
     # `--backend none` (not --worker-endpoints, whose engines only the workers know).
     registered = not backends and not args.worker_endpoints
     door = open_front_door(
         args, settings, backends, LATENCY_BUCKETS, who="router", registered=registered
     )
-    if door is not None:
-        router.front_stats = door.stats
-        router.on_engines_changed = door.use_engines
+    router = Router(
+        len(fds) or len(endpoints), remotes=_remote_connector(remote_settings, endpoints)
+    )
+    # The static engines are the workers' --backend (the same argv); with remote workers
+    # the router knows none, and sends a set only once one registers.
+    registry = EngineRegistry(
+        backends, placeholder=engines.placeholder, interval=args.health_interval
+    )
+    gateway = GatewayShell(router, registry, front=door)
+    app = GatewayApp(gateway.handle, settings)
     port = door.port if door is not None else args.port
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
     control = socket.socket(fileno=args.control_fd)
@@ -118,35 +125,34 @@ def run(args: argparse.Namespace) -> int:
         write_modules_report()
 
     async def main() -> int:
-        # The static engines are the workers' --backend (the same argv); with remote workers
-        # the router knows none, and sends a set only once one registers.
-        registry = EngineRegistry(
-            backends, placeholder=engines.placeholder, interval=args.health_interval
-        )
-        router.use_engines(registry)
-        registry.start()
+        gateway.start()
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
-        if remote_settings is not None:
-            from sessiongate.dataplane.placement.remote import RemoteWorker
-
-            remotes = [
-                RemoteWorker(router, index, endpoint, remote_settings)
-                for index, endpoint in enumerate(endpoints)
-            ]
-            router.remotes = remotes
-            for remote in remotes:
-                remote.start()
+        router.start()
         watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
         try:
             return await serve_with_front(
                 server, door, default_port=args.port, on_started=on_started
             )
         finally:
-            await router.aclose()
+            await gateway.aclose()
             write_modules_report()
 
     return asyncio.run(main())
+
+
+def _remote_connector(
+    settings: RemoteSettings | None, endpoints: list[Endpoint]
+) -> RemoteConnector | None:
+    """The connectors of remote worker slots, one per endpoint; None for local workers."""
+    if settings is None:
+        return None
+    from sessiongate.dataplane.placement.remote import RemoteWorker
+
+    def connect(router: Router, index: int) -> RemoteWorker:
+        return RemoteWorker(router, index, endpoints[index], settings)
+
+    return connect
 
 
 def _remote_settings(args: argparse.Namespace) -> tuple[RemoteSettings, list[Endpoint]]:

@@ -125,7 +125,6 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()
         self.latency: dict[str, _Histogram] = {}
-        self.worker_restarts = 0
 
     def observe(self, op: str, status: int, seconds: float) -> None:
         self.requests[(op, status)] += 1
@@ -136,10 +135,13 @@ class RouterMetrics:
         workers: Sequence[WorkerGauge],
         front: Mapping[str, Any] | None = None,
         engines: Sequence[EngineGauge] = (),
+        *,
+        worker_restarts: int = 0,
     ) -> bytes:
         """`front`: the compiled front's counters (`_core.CompiledFront.stats`), whose
         stateless proxy requests never reach this process's handler: counted as op "proxy".
-        `engines`: the per-engine gauges (`engine_gauges`)."""
+        `engines`: the per-engine gauges (`engine_gauges`); `worker_restarts`: workers
+        replaced after they exited."""
         requests, latency = self.requests, self.latency
         if front:
             requests, latency = _with_front(requests, latency, front)
@@ -292,7 +294,7 @@ class RouterMetrics:
             "sessiongate_worker_restarts_total",
             "counter",
             "Workers replaced after they exited.",
-            [("", self.worker_restarts)],
+            [("", worker_restarts)],
         )
         return ("\n".join(lines) + "\n").encode()
 
