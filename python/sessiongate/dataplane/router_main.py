@@ -61,7 +61,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
     from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
     from sessiongate.engines.options import engine_settings
     from sessiongate.engines.registry import EngineRegistry
@@ -70,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
     from sessiongate.front.routes import session_header_names
+    from sessiongate.gateway.metrics import LATENCY_BUCKETS
     from sessiongate.gateway.shell import GatewayShell
     from sessiongate.session.core_options import backend_list
 

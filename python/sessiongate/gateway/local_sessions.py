@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sessiongate.dataplane.router.metrics import WorkerGauge, reliability_gauges
+from sessiongate.gateway.metrics import WorkerGauge, reliability_gauges
 from sessiongate.protocol import CoreReply, CoreRequest
 
 if TYPE_CHECKING:

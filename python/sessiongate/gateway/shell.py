@@ -16,11 +16,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from sessiongate.dataplane.router.metrics import RouterMetrics, WorkerGauge, engine_gauges
 from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import GatewayError, RouteNotFound
+from sessiongate.gateway.metrics import RouterMetrics, WorkerGauge, engine_gauges
 from sessiongate.protocol import CoreReply, CoreRequest, Op, error_reply
 
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]

@@ -16,13 +16,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.compiled import open_front_door, serve_with_front
 from sessiongate.front.http_protocol import gateway_protocol
 from sessiongate.front.http_server import QuietServer, uvicorn_config
 from sessiongate.gateway.local_sessions import LocalSessions
+from sessiongate.gateway.metrics import LATENCY_BUCKETS
 from sessiongate.gateway.shell import GatewayShell
 from sessiongate.process.children import listen_problem
 from sessiongate.session.core_config import CoreConfig

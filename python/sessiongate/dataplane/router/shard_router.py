@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiongate.dataplane.router.metrics import WorkerGauge, reliability_gauges
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
@@ -31,6 +30,7 @@ from sessiongate.errors import (
     Unavailable,
     UpstreamError,
 )
+from sessiongate.gateway.metrics import WorkerGauge, reliability_gauges
 from sessiongate.primitives import (
     FrameTooLarge,
     new_session_id,
