@@ -338,7 +338,7 @@ def _links_into(tree: SessionTree, turn: TurnEntry) -> bool:
 
 
 def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
-    """Apply one committed turn to a session, as SessionCore._commit did."""
+    """Apply one committed turn to a session, as its commit did (session/turn_commit.py)."""
     if session.tree is not None and turn.tree is not None:
         replay_tree_turn(session, session.tree, turn, record)
         return
