@@ -104,6 +104,9 @@ RemoteConnector = Callable[["Router", int], RemoteSlot]
 
 
 class Router:
+    """The sessions are in workers: a `SessionBackend` (gateway/shell.py) over one channel
+    per worker slot."""
+
     def __init__(self, worker_count: int, *, remotes: RemoteConnector | None = None) -> None:
         """`remotes`: the workers are remote (TCP), each slot kept connected by the
         connector it builds; None: local workers, whose channels the supervisor hands over."""
