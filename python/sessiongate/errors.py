@@ -1,4 +1,10 @@
-"""Errors the session core raises; each carries its HTTP status (docs/api.md)."""
+"""Every error the gateway answers over HTTP, each with its status (docs/api.md).
+
+One module, so a status has one class wherever it is raised (the front's routing, the engine
+routes, the session core, the records store) and a handler can catch a whole family
+(`NotFound`) without knowing which part raised it. The exceptions shared with the Rust core
+are apart, in `primitives/errors.py`: they are not HTTP answers.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +31,34 @@ class Unauthorized(GatewayError):
     status = 401
 
 
-class SessionNotFound(GatewayError):
+class NotFound(GatewayError):
+    """404: the thing a request names does not exist (a route, an engine, a session)."""
+
     status = 404
+
+
+class SessionNotFound(NotFound):
+    """No such session: never created, deleted, expired, or closing."""
+
+
+class RouteNotFound(NotFound):
+    """No route answers this method and path in this process."""
+
+
+class EngineNotFound(NotFound):
+    """No engine of the registry has this id or URL (the engine management routes)."""
+
+
+class MethodNotAllowed(GatewayError):
+    """The path exists but not with this method; the message names the ones it takes."""
+
+    status = 405
+
+
+class BodyTimeout(GatewayError):
+    """The client stopped sending its body: answered 408 and the connection closed."""
+
+    status = 408
 
 
 class Conflict(GatewayError):
@@ -38,6 +70,25 @@ class Conflict(GatewayError):
 
 class PayloadTooLarge(GatewayError):
     status = 413
+
+
+class MatcherError(GatewayError):
+    """A matcher loaded by import path raised or returned a non-bool: a configuration error
+    (500), never a match or a mismatch."""
+
+    status = 500
+
+
+class RecordsFileError(GatewayError):
+    """A record's file could not be read (removed underneath, an I/O error)."""
+
+    status = 500
+
+
+class StoreWriteFailed(GatewayError):
+    """The records directory refused a write (disk full, permissions): nothing recorded."""
+
+    status = 507
 
 
 class TitoMismatch(GatewayError):

@@ -78,6 +78,36 @@ class CoreRequest:
     # Header-identified sessions (POST /v1/chat/completions) are created on first use.
     auto_create: bool = False
 
+    def to_meta(self) -> dict[str, Any]:
+        """The request less its body, as the JSON meta of a worker REQUEST frame (the body
+        travels beside it as bytes); `from_meta` reads it back."""
+        meta: dict[str, Any] = {
+            "op": self.op,
+            "session_id": self.session_id,
+            "path": self.path,
+            "method": self.method,
+            "query": self.query,
+            "headers": [list(h) for h in self.headers],
+        }
+        if self.auto_create:
+            meta["auto_create"] = True
+        return meta
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, Any], body: bytes) -> CoreRequest:
+        """The request a worker REQUEST frame carries: its meta (`to_meta`) and body. The op
+        stays the text that came, so a name this side does not know reaches the handler."""
+        return cls(
+            op=str(meta["op"]),
+            session_id=meta.get("session_id"),
+            path=str(meta.get("path", "")),
+            method=str(meta.get("method", "GET")),
+            query=str(meta.get("query", "")),
+            headers=[(str(k), str(v)) for k, v in meta.get("headers", [])],
+            body=body,
+            auto_create=bool(meta.get("auto_create", False)),
+        )
+
 
 @dataclass
 class CoreReply:

@@ -10,6 +10,7 @@ from typing import Any, cast
 from sessiongate.dataplane.router.shard_router import Router
 from sessiongate.dataplane.router.worker_channel import WorkerChannel
 from sessiongate.engines.registry import EngineRegistry
+from sessiongate.gateway.shell import GatewayShell
 from sessiongate.protocol import CoreReply, CoreRequest, Op
 
 
@@ -39,17 +40,19 @@ class RecordingChannel:
 def test_a_restarted_workers_first_request_waits_for_the_engine_set() -> None:
     async def main() -> RecordingChannel:
         router = Router(1)
-        registry = EngineRegistry([])
-        registry.engines.clear()
-        registry.changed = True  # engines registered since start-up
-        router.use_engines(registry)
+        registry = EngineRegistry(["http://127.0.0.1:9"])
+        gateway = GatewayShell(router, registry)
         first = RecordingChannel(0)
         router.attach(cast(WorkerChannel, first))
+        # The engines changed since start-up (the one --backend engine went): the registry
+        # tells the gateway, which sends the set to the live worker.
+        await registry.remove(next(iter(registry.engines)))
+        assert [op for op, _ in first.sent] == [Op.SET_ENGINES]
         await asyncio.sleep(0.1)
         restarted = RecordingChannel(0)
         router.attach(cast(WorkerChannel, restarted), restarted=True)
         # Sent at once, before the push task has even run.
-        reply = await router.handle(CoreRequest(Op.PROXY, path="/generate", method="POST"))
+        reply = await gateway.handle(CoreRequest(Op.PROXY, path="/generate", method="POST"))
         assert reply.status == 200
         return restarted
 

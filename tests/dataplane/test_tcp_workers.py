@@ -443,12 +443,15 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         address = Endpoint("127.0.0.1", listener.getsockname()[1])
         server = WorkerServer(fake_core(), secret, None)
         accepting = asyncio.create_task(server.accept_forever(listener))
-        router = Router(1)
-        remote = RemoteWorker(
-            router, 0, Endpoint("127.0.0.1", free_port()), RemoteSettings(secret=secret)
+        dead = Endpoint("127.0.0.1", free_port())
+        router = Router(
+            1,
+            remotes=lambda router, index: RemoteWorker(router, index, dead, RemoteSettings(secret)),
         )
-        router.remotes = [remote]
-        remote.start()
+        assert router.remotes is not None
+        remote = router.remotes[0]
+        assert isinstance(remote, RemoteWorker)
+        router.start()
         await until(lambda: remote.connect_failures >= 2, "the dead address is retried")
         assert remote.state == "connecting" and "refused" in router.down_reason(0)
         down = await router.handle(CoreRequest(op="get", session_id="a" * 32))
@@ -465,7 +468,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         server.current.conn.close()
         server.boot_id = "another-process"
         await until(lambda: remote.connections == 2 and remote.state == "up", "reconnected")
-        assert (remote.reconnects, remote.restarts, router.metrics.worker_restarts) == (1, 1, 1)
+        assert (remote.reconnects, remote.restarts, router.worker_restarts) == (1, 1, 1)
 
         await router.aclose()
         accepting.cancel()

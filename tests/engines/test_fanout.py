@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from sessiongate.dataplane.router.metrics import RouterMetrics, engine_gauges
 from sessiongate.engines.fanout import Metric, handle_fanout, merge_metrics
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
+from sessiongate.gateway.metrics import RouterMetrics, engine_gauges
 from sessiongate.protocol import CoreReply, CoreRequest, Op
 
 A, B = "http://a:1", "http://b:2"

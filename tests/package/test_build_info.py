@@ -10,7 +10,7 @@ import pytest
 
 from sessiongate import __version__, _core
 from sessiongate.build import build_labels
-from sessiongate.dataplane.router.metrics import RouterMetrics
+from sessiongate.gateway.metrics import RouterMetrics
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs

@@ -17,7 +17,7 @@ import pytest
 from sessiongate.config.records import LimitsConfig
 from sessiongate.engines.pool import EnginePool
 from sessiongate.protocol import CoreReply, CoreRequest
-from sessiongate.session import registry
+from sessiongate.session import session_table
 from sessiongate.session.core import SessionCore
 from sessiongate.session.limit_options import (
     AUTO,
@@ -317,13 +317,13 @@ def test_budget_and_cap_replies_carry_retry_after(engine: ServerProcess) -> None
 def test_expiry_keeps_a_bounded_record_of_expired_ids(
     engine: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(registry, "EXPIRED_IDS_KEPT", 2)  # read where sessions expire
+    monkeypatch.setattr(session_table, "EXPIRED_IDS_KEPT", 2)  # read where sessions expire
     ended: list[tuple[str, str]] = []
 
     async def scenario() -> None:
         # No background expiry here: the test moves the clock itself.
         core = _core(engine, session_ttl=30.0, header_session_ttl=0)
-        core.end_hooks.append(lambda session_id, reason: ended.append((session_id, reason)))
+        core.table.end_hooks.append(lambda session_id, reason: ended.append((session_id, reason)))
         try:
             ids = [json.loads((await _call(core, "create")).body)["session_id"] for _ in range(3)]
             header = await core.handle(
@@ -335,13 +335,13 @@ def test_expiry_keeps_a_bounded_record_of_expired_ids(
                 )
             )
             assert header.status == 200
-            assert await core.expire_idle(time.monotonic() + 10) == 0
+            assert await core.table.expire_idle(time.monotonic() + 10) == 0
             # Header sessions follow --header-session-ttl (off here), not --session-ttl.
-            assert await core.expire_idle(time.monotonic() + 31) == 3
+            assert await core.table.expire_idle(time.monotonic() + 31) == 3
             assert list(core.sessions) == ["header-session"]
             assert ended == [(session_id, "expired") for session_id in ids]
             assert core.sessions_expired == 3
-            assert list(core.expired_ids) == ids[1:]  # the oldest is forgotten
+            assert list(core.table.expired_ids) == ids[1:]  # the oldest is forgotten
             gone = await _call(core, "get", ids[2])
             assert gone.status == 404
             assert json.loads(gone.body) == {"error": f"session {ids[2]} expired after 30 s idle"}

@@ -60,26 +60,25 @@ def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> 
     from sessiongate.engines.pool import EnginePool
     from sessiongate.protocol import CoreRequest
     from sessiongate.session import core as core_module
-    from sessiongate.session import registry
+    from sessiongate.session import freed_memory
     from sessiongate.tokenizer import load_tokenizer
 
     trims: list[int] = []
     monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
-    # Patched where the core's registry calls it.
-    monkeypatch.setattr(registry, "release_free_memory", lambda: bool(trims.append(1)) or True)
+    # Patched where the core's trims call it.
+    monkeypatch.setattr(freed_memory, "release_free_memory", lambda: bool(trims.append(1)) or True)
 
     async def scenario() -> None:
         # Never contacted: creating sessions asks nothing of the upstream.
         core = core_module.SessionCore(load_tokenizer(None), EnginePool(["http://127.0.0.1:9"]))
-        core._trimmer = trimmer = FreedMemoryTrimmer(threshold=10, quiet=0.2)
+        core.memory.trimmer = trimmer = FreedMemoryTrimmer(threshold=10, quiet=0.2)
         try:
-            assert trimmer.freed(10)
-            core._background(core._trim_freed_memory())
+            assert core.memory.freed(10)  # due: the trim starts, and waits for quiet
             for _ in range(5):  # a request every 0.1 s: the trim keeps waiting
                 await core.handle(CoreRequest(op="create", body=b"{}"))
                 await asyncio.sleep(0.1)
                 assert not trims
-            await asyncio.wait(core._tasks, timeout=2)
+            await asyncio.wait(core.memory.tasks, timeout=2)
             assert trims == [1] and trimmer.trims == 1 and not trimmer.running
         finally:
             await core.aclose()

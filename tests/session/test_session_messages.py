@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessiongate.errors import BadRequest
+from sessiongate.errors import BadRequest, MatcherError
 from sessiongate.session.messages import (
     DEFAULT_MATCHER,
     MATCHERS,
-    MatcherError,
     loose_tool_call_match,
     messages_match,
     plan_history,

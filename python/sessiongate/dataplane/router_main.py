@@ -22,6 +22,7 @@ from sessiongate.process.children import die_with_parent
 if TYPE_CHECKING:
     from sessiongate.config.launch import RouterLaunch
     from sessiongate.dataplane.placement.remote import RemoteSettings
+    from sessiongate.dataplane.router.shard_router import RemoteConnector, Router
     from sessiongate.dataplane.transport.tcp import Endpoint
 
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
@@ -34,13 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sessiongate.config.launch import RouterLaunch, read_launch
-    from sessiongate.dataplane.router.metrics import LATENCY_BUCKETS
     from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
     from sessiongate.engines.registry import EngineRegistry
     from sessiongate.front.asgi import GatewayApp, frontend_settings
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
     from sessiongate.front.http_server import QuietServer, uvicorn_config
+    from sessiongate.gateway.metrics import LATENCY_BUCKETS
+    from sessiongate.gateway.shell import GatewayShell
     from sessiongate.session.core_options import engine_urls
 
     if not die_with_parent():
@@ -50,10 +52,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=config.log_level.upper(), format="router: %(levelname)s %(message)s")
     fds = list(launch.worker_fds)
     remote_settings, endpoints = _remote_settings(launch) if launch.worker_endpoints else (None, [])
-    router = Router(len(fds) or len(endpoints))
     settings = frontend_settings(config)
     backends = engine_urls(config.engines, embedded_mock=False)  # `--backend none`: []
-    app = GatewayApp(router.handle, settings)
     protocol = gateway_protocol(settings.header_timeout)
     # `--backend none` (not --worker-endpoints, whose engines only the workers know).
     registered = not backends and not launch.worker_endpoints
@@ -65,9 +65,18 @@ def run(args: argparse.Namespace) -> int:
         who="router",
         registered=registered,
     )
-    if door is not None:
-        router.front_stats = door.stats
-        router.on_engines_changed = door.use_engines
+    router = Router(
+        len(fds) or len(endpoints), remotes=_remote_connector(remote_settings, endpoints)
+    )
+    # The static engines are the workers' (the same configuration); with remote workers the
+    # router knows none, and sends a set only once one registers.
+    registry = EngineRegistry(
+        backends,
+        placeholder=launch.engines_placeholder,
+        interval=config.engines.health_interval,
+    )
+    gateway = GatewayShell(router, registry, front=door)
+    app = GatewayApp(gateway.handle, settings)
     host = config.listen.host
     port = door.port if door is not None else launch.port
     server = QuietServer(uvicorn_config(app, host, port, config.log_level, protocol))
@@ -85,37 +94,34 @@ def run(args: argparse.Namespace) -> int:
         write_modules_report()
 
     async def main() -> int:
-        # The static engines are the workers' --backend (the same argv); with remote workers
-        # the router knows none, and sends a set only once one registers.
-        registry = EngineRegistry(
-            backends,
-            placeholder=launch.engines_placeholder,
-            interval=config.engines.health_interval,
-        )
-        router.use_engines(registry)
-        registry.start()
+        gateway.start()
         for index, fd in enumerate(fds):
             router.attach(await open_channel(index, socket.socket(fileno=fd)))
-        if remote_settings is not None:
-            from sessiongate.dataplane.placement.remote import RemoteWorker
-
-            remotes = [
-                RemoteWorker(router, index, endpoint, remote_settings)
-                for index, endpoint in enumerate(endpoints)
-            ]
-            router.remotes = remotes
-            for remote in remotes:
-                remote.start()
+        router.start()
         watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
         try:
             return await serve_with_front(
                 server, door, default_port=launch.port, on_started=on_started
             )
         finally:
-            await router.aclose()
+            await gateway.aclose()
             write_modules_report()
 
     return asyncio.run(main())
+
+
+def _remote_connector(
+    settings: RemoteSettings | None, endpoints: list[Endpoint]
+) -> RemoteConnector | None:
+    """The connectors of remote worker slots, one per endpoint; None for local workers."""
+    if settings is None:
+        return None
+    from sessiongate.dataplane.placement.remote import RemoteWorker
+
+    def connect(router: Router, index: int) -> RemoteWorker:
+        return RemoteWorker(router, index, endpoints[index], settings)
+
+    return connect
 
 
 def _remote_settings(launch: RouterLaunch) -> tuple[RemoteSettings, list[Endpoint]]:

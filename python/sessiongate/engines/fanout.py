@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from sessiongate.engines.client import EngineClient, UpstreamError
 from sessiongate.engines.pool import NO_ENGINE
-from sessiongate.errors import GatewayError, Unavailable
+from sessiongate.errors import GatewayError, MethodNotAllowed, Unavailable
 from sessiongate.protocol import CoreReply, CoreRequest, error_reply, json_reply
 
 FLUSH_PATH = "/flush_cache"
@@ -47,10 +47,6 @@ REPLY_QUOTE = 200
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 ENGINE_LABEL = "worker_addr"  # the Gateway's label (the framework's scraper reads it)
 UP_METRIC = "sessiongate_engine_metrics_up"
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
 
 
 @dataclass

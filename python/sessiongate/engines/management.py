@@ -21,19 +21,11 @@ from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from sessiongate.engines.registry import BadEngineUrl, Engine, EngineRegistry
-from sessiongate.errors import BadRequest, GatewayError, SessionNotFound
+from sessiongate.errors import BadRequest, EngineNotFound, GatewayError, MethodNotAllowed
 from sessiongate.protocol import CoreReply, CoreRequest, error_reply, json_reply, parse_json_object
 
 # Registration bodies are a URL and two small fields.
 MAX_BODY = 64 * 1024
-
-
-class EngineNotFound(SessionNotFound):
-    """404, like every unknown resource of the gateway."""
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
 
 
 def _query_value(query: str, *names: str) -> str | None:

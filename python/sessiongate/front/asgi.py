@@ -24,9 +24,10 @@ from sessiongate.config.front import (
 )
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.errors import (
+    BodyTimeout,
     GatewayError,
     PayloadTooLarge,
-    SessionNotFound,
+    RouteNotFound,
     Unauthorized,
 )
 from sessiongate.front.routes import DOCS_PATHS, classify, session_header_names
@@ -78,12 +79,6 @@ def frontend_settings(config: GatewayConfig) -> FrontendSettings:
         body_timeout=front.body_timeout,
         admin_key=admin_key or None,
     )
-
-
-class BodyTimeout(GatewayError):
-    """The client stopped sending its body: answered 408 and the connection closed."""
-
-    status = 408
 
 
 async def _read_body(
@@ -208,7 +203,7 @@ class GatewayApp:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op is Op.DOCS:
                 # Only the HTTP server can serve these (FastAPI, above).
-                raise SessionNotFound(f"{path} is served by the HTTP server only")
+                raise RouteNotFound(f"{path} is served by the HTTP server only")
             if route.op is not Op.HEALTH:
                 self._check_auth(headers, route.op)
             body = await read_body()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
 from sessiongate.config.front import DEFAULT_SESSION_HEADERS, NO_SESSION_HEADER
-from sessiongate.errors import BadRequest, GatewayError, SessionNotFound
+from sessiongate.errors import BadRequest, GatewayError, MethodNotAllowed, RouteNotFound
 from sessiongate.primitives import validate_session_id
 from sessiongate.protocol import Op
 
@@ -46,10 +46,6 @@ DISPATCH_METHODS = ("GET", "POST", "DELETE")
 # What RFC 3986 allows in an origin-form target (path and query). Targets with anything else
 # go to the Python HTTP server, whose parser decides what they mean.
 _TARGET_CHARS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/?%")
-
-
-class MethodNotAllowed(GatewayError):
-    status = 405
 
 
 @dataclass(frozen=True)
@@ -131,7 +127,7 @@ def classify(
         rest = path[len("/sessions/") :]
         quoted_id, slash, sub_path = rest.partition("/")
         if not quoted_id:
-            raise SessionNotFound("missing session id in the path")
+            raise RouteNotFound("missing session id in the path")
         session_id: str | None = decode_path_id(quoted_id)
         if not slash:
             if method == "GET":
@@ -167,7 +163,7 @@ def classify(
     if path in FANOUT_PATHS:
         # The method is checked by the handler, as for the engine routes.
         return Route(Op.FANOUT)
-    raise SessionNotFound(f"no route for {method} {path}")
+    raise RouteNotFound(f"no route for {method} {path}")
 
 
 def served_by_front(

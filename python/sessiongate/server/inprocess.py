@@ -13,103 +13,22 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from sessiongate.config.gateway import GatewayConfig
-from sessiongate.dataplane.router.metrics import (
-    LATENCY_BUCKETS,
-    RouterMetrics,
-    WorkerGauge,
-    engine_gauges,
-    reliability_gauges,
-)
-from sessiongate.dataplane.router.shard_router import METRICS_HEADERS
-from sessiongate.engines.fanout import handle_fanout
-from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.compiled import open_front_door, serve_with_front
 from sessiongate.front.http_protocol import gateway_protocol
 from sessiongate.front.http_server import QuietServer, uvicorn_config
+from sessiongate.gateway.local_sessions import LocalSessions
+from sessiongate.gateway.metrics import LATENCY_BUCKETS
+from sessiongate.gateway.shell import GatewayShell
 from sessiongate.process.children import listen_problem
-from sessiongate.protocol import CoreReply, CoreRequest, Op
-from sessiongate.session.core import SessionCore
 from sessiongate.session.core_config import CoreConfig
 from sessiongate.session.factory import build_core
 
 WATCH_INTERVAL_S = 0.2
-
-
-class InProcessGateway:
-    """The front end's handler: the session core, plus `/metrics` and request timing."""
-
-    def __init__(self, core: SessionCore, *, placeholder: bool = False) -> None:
-        self.core = core
-        # The engine set is this process's: registrations go straight to the core's pool.
-        self.engines = EngineRegistry(
-            core.upstream.urls,
-            placeholder=placeholder,
-            on_change=self._engines_changed,
-            interval=core.upstream.health_interval,
-        )
-        self.management = EngineManagement(self.engines)
-        # Called with the new set on each change (the compiled front relays to it).
-        self.on_engines_changed: Callable[[list[str]], None] | None = None
-        self.metrics = RouterMetrics()
-        # The compiled front's counters, when it serves the port (its proxy requests never
-        # reach this handler).
-        self.front_stats: Callable[[], dict[str, Any]] | None = None
-
-    async def handle(self, request: CoreRequest) -> CoreReply:
-        started = time.perf_counter()
-        if request.op is Op.METRICS:
-            front = self.front_stats() if self.front_stats is not None else None
-            engines = engine_gauges(
-                [(e.url, e.healthy) for e in self.engines.listing() if e.admitted],
-                [self.core.upstream.engine_counts()],
-                front,
-            )
-            body = self.metrics.render([self.gauge()], front, engines)
-            reply = CoreReply(200, list(METRICS_HEADERS), body)
-        elif request.op is Op.ENGINES:
-            reply = await self.management.handle(request)
-        elif request.op is Op.FANOUT:
-            reply = await handle_fanout(request, self.engines.urls())
-        elif request.op is Op.SET_ENGINES:
-            # Only the registry sets the engines; a client cannot name this op.
-            reply = CoreReply(404, [], b"")
-        else:
-            reply = await self.core.handle(request)
-        self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
-        return reply
-
-    async def _engines_changed(self, urls: list[str]) -> None:
-        if self.on_engines_changed is not None:
-            self.on_engines_changed(urls)
-        self.core.upstream.set_urls(urls)
-
-    def gauge(self) -> WorkerGauge:
-        """The core as the one always-up worker 0 of the metrics."""
-        sessions = self.core.sessions.values()
-        pool = self.core.upstream
-        return WorkerGauge(
-            index=0,
-            up=True,
-            sessions=len(sessions),
-            inflight=sum(session.inflight for session in sessions),
-            bytes_relayed=0,
-            affinity_hits=self.core.upstream.affinity_hits,
-            repins=self.core.upstream.repins,
-            upstreams=list(zip(pool.urls, pool.healthy, strict=True)),
-            upstream_reliability=reliability_gauges(pool.upstream_states()),
-            records_bytes=self.core.records_bytes,
-            max_records_bytes=self.core.settings.max_records_bytes,
-            max_sessions=self.core.settings.max_sessions,
-            sessions_expired=self.core.sessions_expired,
-            rejected=dict(self.core.rejected),
-        )
 
 
 def run_in_process(
@@ -140,11 +59,12 @@ def run_in_process(
     listen_port = port
     port = door.port if door is not None else port
     core = build_core(config)
-    # With the embedded mock (`watched`), the first registered engine replaces it.
-    gateway = InProcessGateway(core, placeholder=bool(watched))
-    if door is not None:
-        gateway.front_stats = door.stats
-        gateway.on_engines_changed = door.use_engines
+    # The engine set is this process's: registrations go straight to the core's pool. With
+    # the embedded mock (`watched`), the first registered engine replaces it.
+    engines = EngineRegistry(
+        core.upstream.urls, placeholder=bool(watched), interval=core.upstream.health_interval
+    )
+    gateway = GatewayShell(LocalSessions(core), engines, front=door)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, host, port, log_level, protocol))
@@ -173,7 +93,7 @@ def run_in_process(
         # Probe the upstreams from the start, not from the first request: /health must say
         # the engine is down even before any traffic.
         core.start()
-        gateway.engines.start()
+        gateway.start()
         watcher = asyncio.create_task(watch()) if watched else None
         try:
             code = await serve_with_front(server, door, on_started=ready, default_port=listen_port)
@@ -185,8 +105,7 @@ def run_in_process(
         finally:
             if watcher is not None:
                 watcher.cancel()
-            await gateway.engines.aclose()
-            await core.aclose()
+            await gateway.aclose()
         return 1 if lost else code
 
     return asyncio.run(main())

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from sessiongate.errors import BadRequest, GatewayError
+from sessiongate.errors import BadRequest, MatcherError
 
 Message = dict[str, Any]
 # (stored, replayed) -> whether the replayed message continues the stored history.
@@ -382,13 +382,6 @@ _ACCEPT_EQUAL: tuple[MessageMatcher, ...] = (
     loose_tool_call_match,
     role_content_only_match,
 )
-
-
-class MatcherError(GatewayError):
-    """A matcher loaded by import path raised or returned a non-bool: a configuration error
-    (500), never a match or a mismatch."""
-
-    status = 500
 
 
 def _checked(matcher: Callable[..., object], name: str) -> MessageMatcher:

@@ -1,5 +1,5 @@
-"""Read operations of the session core: health, a session's records (GET), its trajectory
-file and its trainer samples. Each works on a consistent snapshot taken under the session
+"""Read operations of the session core: a session's records (GET), its trajectory file and
+its trainer samples. Each works on a consistent snapshot taken under the session
 lock and does the heavy assembly off the event loop, so reads never block turns for long.
 """
 
@@ -13,51 +13,35 @@ from typing import Any
 from urllib.parse import quote
 
 from sessiongate.errors import BadRequest, GatewayError
-from sessiongate.protocol import (
-    JSON_HEADERS,
-    CoreReply,
-    CoreRequest,
-    json_reply,
-    parse_json_object,
-    upstream_required,
-)
-from sessiongate.session.registry import SessionRegistry
+from sessiongate.protocol import JSON_HEADERS, CoreReply, CoreRequest, parse_json_object
 from sessiongate.session.samples import build_samples_payload
+from sessiongate.session.session_table import SessionTable
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.spilled import SpilledRecord, pin_files
+from sessiongate.session.tito import TitoEngine
 from sessiongate.session.trajectory import build_trajectory
 from sessiongate.session.tree_export import (
     TreeSnapshot,
     tree_samples_payload,
     tree_trajectory_parts,
 )
+from sessiongate.session.tree_hooks import load_hook
 
 # Session dumps at least this large are streamed in parts instead of joined.
 STREAM_GET_ABOVE = 1024 * 1024
 
 
-class SessionReads(SessionRegistry):
+class SessionReads:
     """What reads a session without changing it."""
 
-    async def _health(self, request: CoreRequest) -> CoreReply:
-        document: dict[str, object] = {
-            "status": "ok",
-            "sessions": len(self.sessions),
-            "turns_recorded": self.turns_recorded,
-            "turns_aborted": self.turns_aborted,
-            "r3_missing_turns": self.r3_missing_turns,
-            "relay_buffered_turns": self.relay_buffered_turns,
-            **self.limits_status(),
-            **self.upstream.status(),  # "upstream": "ok" | "down", "upstreams": [...]
-        }
-        status = 200
-        if self.upstream.all_down:
-            # 200 by default: restarting the gateway cannot fix the engine and would drop every
-            # session's records (docs/reliability.md, "Upstream outages").
-            document["status"] = "degraded"
-            document["reason"] = self.upstream.down_reason()
-            status = 503 if upstream_required(request.query) else 200
-        return json_reply(status, document)
+    def __init__(self, table: SessionTable, tito: TitoEngine) -> None:
+        self.table = table
+        self.tito = tito
+        settings = table.settings
+        # Tree sessions' sample selection (loaded in any mode: recovered sessions may be
+        # trees); a bad hook fails the core's construction, before it serves anything.
+        self.pick_hook = load_hook("pick", settings.tree_pick_hook)
+        self.postprocess_hook = load_hook("postprocess", settings.tree_postprocess_hook)
 
     async def _snapshot(
         self, request: CoreRequest
@@ -66,7 +50,7 @@ class SessionReads(SessionRegistry):
         fresh render of its history gives (computed off the event loop). A tree session's
         records and ids are its active path's (ending at the latest committed node), and the
         whole tree comes too (`metadata.tree`, and the snapshot)."""
-        session = self._open_session(self._session_id(request))
+        session = self.table.open_session(self.table.session_id(request))
         tree: TreeSnapshot | None = None
         async with session.lock:
             if session.tree is not None:
@@ -93,7 +77,7 @@ class SessionReads(SessionRegistry):
             metadata["tree"] = tree.table
         return session, records, accumulated, metadata, tree
 
-    async def _get(self, request: CoreRequest) -> CoreReply:
+    async def get(self, request: CoreRequest) -> CoreReply:
         session, records, accumulated, tito, _ = await self._snapshot(request)
         metadata: dict[str, Any] = {
             "accumulated_token_ids": accumulated,
@@ -110,7 +94,7 @@ class SessionReads(SessionRegistry):
         # Large sessions go out record by record: never one buffer the size of the dump.
         return CoreReply(200, list(JSON_HEADERS), stream=parts, coalesce=True)
 
-    async def _trajectory(self, request: CoreRequest) -> CoreReply:
+    async def trajectory(self, request: CoreRequest) -> CoreReply:
         session, records, accumulated, metadata, tree = await self._snapshot(request)
         if tree is not None:
             # One trajectory per leaf the pick hook keeps, in its order.
@@ -121,7 +105,7 @@ class SessionReads(SessionRegistry):
                 metadata,
                 self.tito,
                 pick=self.pick_hook,
-                r3_topk=self.settings.r3_topk,
+                r3_topk=self.table.settings.r3_topk,
             )
         else:
             parts = await asyncio.to_thread(
@@ -130,7 +114,7 @@ class SessionReads(SessionRegistry):
                 records,
                 accumulated,
                 metadata,
-                r3_topk=self.settings.r3_topk,
+                r3_topk=self.table.settings.r3_topk,
             )
         headers = [
             ("content-type", "application/octet-stream"),
@@ -148,7 +132,7 @@ class SessionReads(SessionRegistry):
 
         return CoreReply(200, headers, stream=stream(), coalesce=True)
 
-    async def _samples(self, request: CoreRequest) -> CoreReply:
+    async def samples(self, request: CoreRequest) -> CoreReply:
         """Trainer-ready samples, assembled here as the rollout framework's session server
         does (docs/samples.md)."""
         max_seq_len: int | None = None
@@ -179,8 +163,8 @@ class SessionReads(SessionRegistry):
                     pick=self.pick_hook,
                     postprocess=self.postprocess_hook,
                     max_seq_len=max_seq_len,
-                    r3_topk=self.settings.r3_topk,
-                    indexer_topk=self.settings.indexer_topk,
+                    r3_topk=self.table.settings.r3_topk,
+                    indexer_topk=self.table.settings.indexer_topk,
                 ),
                 tree,
                 session_metadata,
@@ -195,8 +179,8 @@ class SessionReads(SessionRegistry):
             tokenizer=self.tito.tokenizer,
             max_trim_tokens=self.tito.max_trim_tokens,
             max_seq_len=max_seq_len,
-            r3_topk=self.settings.r3_topk,
-            indexer_topk=self.settings.indexer_topk,
+            r3_topk=self.table.settings.r3_topk,
+            indexer_topk=self.table.settings.indexer_topk,
         )
         return CoreReply(200, [("content-type", "application/octet-stream")], payload)
 

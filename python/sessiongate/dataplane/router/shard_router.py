@@ -1,7 +1,11 @@
-"""The router: the only HTTP listener. Finds each request's worker by
+"""The router: the sessions are in workers. Finds each request's worker by
 `shard(shard_key(id), N)`, relays the reply bytes verbatim, never parses a body (the tiny
 `POST /sessions` body aside, to place a child on its root's worker), and answers `/health`
-and `/metrics` itself from the channels' state, never behind session work.
+itself from the channels' state, never behind session work.
+
+It is the sharded layout's `SessionBackend` (gateway/shell.py): the gateway shell in front
+of it answers `/metrics` (from `gauges`) and the engine routes, and hands it each change of
+the engine set (`use_engines`), which it sends to every worker.
 """
 
 from __future__ import annotations
@@ -13,30 +17,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sessiongate.dataplane.router.metrics import (
-    EngineGauge,
-    RouterMetrics,
-    WorkerGauge,
-    engine_gauges,
-    reliability_gauges,
-)
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
-from sessiongate.engines.fanout import handle_fanout
-from sessiongate.engines.management import EngineManagement
-from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import (
     BadRequest,
     GatewayError,
     PayloadTooLarge,
-    SessionNotFound,
     Unavailable,
     UpstreamError,
 )
+from sessiongate.gateway.metrics import WorkerGauge, reliability_gauges
 from sessiongate.primitives import (
     FrameTooLarge,
     new_session_id,
@@ -80,7 +74,6 @@ MAX_CREATE_BODY = 64 * 1024
 MINT_ATTEMPTS = 32
 # Heartbeat silence after which new sessions are minted onto other workers (10 beats).
 AVOID_FOR_NEW_SESSIONS_AFTER = 10 * HEARTBEAT_INTERVAL
-METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
 
 class RemoteSlot(Protocol):
@@ -102,58 +95,58 @@ class RemoteSlot(Protocol):
     def status(self) -> dict[str, Any]: ...
     def reason(self) -> str: ...
     def set_endpoint(self, endpoint: Endpoint) -> None: ...
+    def start(self) -> None: ...
     async def aclose(self) -> None: ...
 
 
+# Builds the connector of remote (TCP) worker slot `index` of a router.
+RemoteConnector = Callable[["Router", int], RemoteSlot]
+
+
 class Router:
-    def __init__(self, worker_count: int) -> None:
+    """The sessions are in workers: a `SessionBackend` (gateway/shell.py) over one channel
+    per worker slot."""
+
+    def __init__(self, worker_count: int, *, remotes: RemoteConnector | None = None) -> None:
+        """`remotes`: the workers are remote (TCP), each slot kept connected by the
+        connector it builds; None: local workers, whose channels the supervisor hands over."""
         if worker_count < 1:
             raise ValueError("the router needs at least one worker")
         self.channels: list[WorkerChannel | None] = [None] * worker_count
         # Connectors of remote (TCP) workers, one per slot; None for local workers.
-        self.remotes: Sequence[RemoteSlot] | None = None
-        self.metrics = RouterMetrics()
+        self.remotes: Sequence[RemoteSlot] | None = (
+            [remotes(self, index) for index in range(worker_count)] if remotes else None
+        )
+        self.worker_restarts = 0
         self._round_robin = itertools.count()
         # The supervisor's per-run token, echoed on /health so its readiness check knows the
         # answer came from this router and not from another process on the port.
         self.instance = os.environ.get(INSTANCE_ENV) or None
-        # The compiled front's counters (front/compiled.py), when it serves the port.
-        self.front_stats: Callable[[], dict[str, Any]] | None = None
-        # The engine registry lives here, not in the workers: registrations survive a
-        # worker's restart, and every worker's pool gets the same set (`use_engines`).
-        self.engines: EngineRegistry | None = None
-        self.management: EngineManagement | None = None
-        # Called with the new set on each change (the compiled front relays to it).
-        self.on_engines_changed: Callable[[list[str]], None] | None = None
+        # The engine set as last changed at run time (None: still the workers' --backend).
+        # The registry lives in this process, not in the workers: registrations survive a
+        # worker's restart, and every worker's pool gets the same set.
+        self._engine_set: list[str] | None = None
         self._engine_pushes: set[asyncio.Task[None]] = set()
         # Per worker slot, the engine set being sent to a (re)attached worker: its requests
         # wait for it, so none reaches the worker before the live set does.
         self._engine_sync: dict[int, asyncio.Task[None]] = {}
 
-    def use_engines(self, registry: EngineRegistry) -> None:
-        """Own `registry`: answer the management routes from it and send its set to every
-        worker on each change and whenever a worker (re)connects."""
-        self.engines = registry
-        self.management = EngineManagement(registry)
-        registry.on_change = self._engines_changed
+    def start(self) -> None:
+        """Start keeping the remote workers' slots connected (local ones need nothing)."""
+        for remote in self.remotes or []:
+            remote.start()
 
-    async def _engines_changed(self, urls: list[str]) -> None:
-        if self.on_engines_changed is not None:
-            self.on_engines_changed(urls)
+    async def use_engines(self, urls: list[str]) -> None:
+        """The engine set changed: send it to every live worker now, and to every worker
+        that (re)connects from now on."""
+        self._engine_set = list(urls)
         channels = [c for c in self.channels if c is not None and c.up]
         await asyncio.gather(*(self._send_engines(c, urls) for c in channels))
 
     async def _send_engines(self, channel: WorkerChannel, urls: list[str]) -> None:
-        meta: dict[str, Any] = {
-            "op": Op.SET_ENGINES,
-            "session_id": None,
-            "path": "",
-            "method": "POST",
-            "query": "",
-            "headers": [],
-        }
+        request = CoreRequest(Op.SET_ENGINES, method="POST")
         try:
-            reply = await channel.request(meta, json.dumps({"urls": urls}).encode())
+            reply = await channel.request(request.to_meta(), json.dumps({"urls": urls}).encode())
         except (WorkerLost, WorkerFailed) as exc:
             # It gets the set again when it is back (attach).
             logger.warning("could not send the engine set to worker %d: %s", channel.index, exc)
@@ -173,16 +166,16 @@ class Router:
         remote worker's reconnect is not a restart)."""
         old = self.channels[channel.index]
         if restarted if restarted is not None else old is not None:
-            self.metrics.worker_restarts += 1
+            self.worker_restarts += 1
         if old is not None:
             asyncio.get_running_loop().create_task(old.aclose())
         self.channels[channel.index] = channel
         channel.start()
-        if self.engines is not None and self.engines.changed:
+        if self._engine_set is not None:
             # A restarted (or reconnected) worker starts from its --backend argv: give it the
             # live set before anything else (`_handle` waits for this task).
             task = asyncio.get_running_loop().create_task(
-                self._send_engines(channel, self.engines.urls())
+                self._send_engines(channel, self._engine_set)
             )
             self._engine_pushes.add(task)
             task.add_done_callback(self._engine_pushes.discard)
@@ -191,31 +184,15 @@ class Router:
     # -- handle -----------------------------------------------------------------------
 
     async def handle(self, request: CoreRequest) -> CoreReply:
-        started = time.perf_counter()
+        """`/health` from the channels' state; any other request relayed to its worker."""
         try:
-            reply = await self._handle(request)
+            return await self._handle(request)
         except GatewayError as error:
-            reply = error_reply(error)
-        self.metrics.observe(request.op, reply.status, time.perf_counter() - started)
-        return reply
+            return error_reply(error)
 
     async def _handle(self, request: CoreRequest) -> CoreReply:
         if request.op is Op.HEALTH:
             return self.health(request.query)
-        if request.op is Op.METRICS:
-            front = self.front_stats() if self.front_stats is not None else None
-            body = self.metrics.render(self.gauges(), front, self.engine_gauges(front))
-            return CoreReply(200, list(METRICS_HEADERS), body)
-        if request.op is Op.ENGINES:
-            if self.management is None:
-                raise SessionNotFound(f"no route for {request.method} {request.path}")
-            return await self.management.handle(request)
-        if request.op is Op.FANOUT:
-            if self.engines is None:
-                raise SessionNotFound(f"no route for {request.method} {request.path}")
-            return await handle_fanout(request, self.engines.urls())
-        if request.op is Op.SET_ENGINES:
-            raise SessionNotFound("the engine set is the router's to send")
         if request.op is Op.CREATE:
             request.session_id = self._mint_session_id(request.body)
         index = self._owner(request.session_id, request.headers)
@@ -225,16 +202,6 @@ class Router:
                 f"{self.describe(index)} is down ({self.down_reason(index)}); its sessions are "
                 "unavailable until it is back"
             )
-        meta: dict[str, Any] = {
-            "op": request.op,
-            "session_id": request.session_id,
-            "path": request.path,
-            "method": request.method,
-            "query": request.query,
-            "headers": [list(h) for h in request.headers],
-        }
-        if request.auto_create:
-            meta["auto_create"] = True
         sync = self._engine_sync.get(index)
         if sync is not None:
             if not sync.done():
@@ -243,7 +210,7 @@ class Router:
             if self._engine_sync.get(index) is sync:
                 del self._engine_sync[index]
         try:
-            return await channel.request(meta, request.body)
+            return await channel.request(request.to_meta(), request.body)
         except WorkerLost as exc:
             lost = ""
             if request.session_id and request.op is not Op.CREATE:
@@ -485,24 +452,17 @@ class Router:
             gauges.append(gauge)
         return gauges
 
-    def engine_gauges(self, front: Mapping[str, Any] | None) -> list[EngineGauge]:
-        """Per engine of the set: the workers' counts (last heartbeats) and the compiled
-        front's, summed; health as the registry's probes say."""
-        if self.engines is None:
-            return []
+    def engine_counts(self) -> list[list[dict[str, Any]]]:
+        """Per live worker, its pool's per-engine counts (its last heartbeat)."""
         # A worker that is down has no request in flight any more; its sent count comes back
         # from zero with its replacement (a counter reset, as Prometheus reads one).
-        counts = [
+        return [
             [e for e in channel.heartbeat.get("engines", []) if isinstance(e, dict)]
             for channel in self.channels
             if channel is not None and channel.up
         ]
-        listed = [(e.url, e.healthy) for e in self.engines.listing() if e.admitted]
-        return engine_gauges(listed, counts, front)
 
     async def aclose(self) -> None:
-        if self.engines is not None:
-            await self.engines.aclose()
         for remote in self.remotes or []:
             await remote.aclose()
         for channel in self.channels:

@@ -73,19 +73,6 @@ async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
         yield bytes(buffer)
 
 
-def _request_from(meta: dict[str, Any], body: bytes) -> CoreRequest:
-    return CoreRequest(
-        op=str(meta["op"]),
-        session_id=meta.get("session_id"),
-        path=str(meta.get("path", "")),
-        method=str(meta.get("method", "GET")),
-        query=str(meta.get("query", "")),
-        headers=[(str(k), str(v)) for k, v in meta.get("headers", [])],
-        body=body,
-        auto_create=bool(meta.get("auto_create", False)),
-    )
-
-
 class RouterGone(Exception):
     """The channel to the router failed while sending."""
 
@@ -151,7 +138,7 @@ class WorkerLoop:
         reply: CoreReply | None = None
         try:
             meta, body = decode_envelope(payload)
-            reply = await self.handler(_request_from(meta, bytes(body)))
+            reply = await self.handler(CoreRequest.from_meta(meta, bytes(body)))
             await self._send_reply(request_id, reply)
         except asyncio.CancelledError:
             pass

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from sessiongate.errors import GatewayError
+from sessiongate.errors import StoreWriteFailed
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.entry_file import (
     HEADER,
@@ -57,12 +57,6 @@ MANIFEST = "store.json"
 def session_file_name(session_id: str) -> str:
     """Ids are any visible ASCII up to 256 characters: hashed into a safe file name."""
     return hashlib.blake2b(session_id.encode(), digest_size=16).hexdigest() + ".rec"
-
-
-class StoreWriteFailed(GatewayError):
-    """The records directory refused a write (disk full, permissions): nothing recorded."""
-
-    status = 507
 
 
 @dataclass(frozen=True)
@@ -344,7 +338,7 @@ def _links_into(tree: SessionTree, turn: TurnEntry) -> bool:
 
 
 def replay_turn(session: Session, turn: TurnEntry, record: TurnRecord) -> None:
-    """Apply one committed turn to a session, as SessionCore._commit did."""
+    """Apply one committed turn to a session, as its commit did (session/turn_commit.py)."""
     if session.tree is not None and turn.tree is not None:
         replay_tree_turn(session, session.tree, turn, record)
         return
@@ -443,4 +437,4 @@ class ResidentRecords:
         return freed
 
 
-__all__ = ["RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]
+__all__ = ["RecordsStore", "SpilledRecord", "StoreSettings"]

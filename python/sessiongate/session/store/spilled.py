@@ -15,18 +15,12 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sessiongate.errors import GatewayError
+from sessiongate.errors import RecordsFileError
 from sessiongate.session.state import TurnRecord
 from sessiongate.session.store.entry_file import read_exact, read_range
 
 _BODIES = ("request", "response", "routed_experts", "indexer_topk")
 CHUNK = 1 << 20
-
-
-class RecordsFileError(GatewayError):
-    """A record's file could not be read (removed underneath, an I/O error)."""
-
-    status = 500
 
 
 class OpenFile:

@@ -2,16 +2,18 @@
 closed and expired, and the limits that refuse new ones (docs/reliability.md, "Limits").
 
 Kept apart from what reads a session and from the turn so that every path that adds or ends
-a session, and so every change of the counts the limits read, is in one file.
+a session, and so every change of the counts the limits read, is in one file. The other parts
+of the core (reads.py, turn.py) are given the table and find their sessions through it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from sessiongate.engines.pool import EnginePool
@@ -23,17 +25,13 @@ from sessiongate.errors import (
     TooManySessions,
 )
 from sessiongate.primitives import new_session_id, shard_key, validate_session_id
-from sessiongate.process.memory import FreedMemoryTrimmer, release_free_memory
-from sessiongate.protocol import CoreReply, CoreRequest, Op, json_reply, parse_json_object
-from sessiongate.session.messages import resolve_matcher
+from sessiongate.protocol import CoreReply, CoreRequest, json_reply, parse_json_object
+from sessiongate.session.freed_memory import FreedMemory
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session
 from sessiongate.session.store.records_store import RecordsStore, RecoveryReport
-from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tree import SessionTree
-from sessiongate.session.tree_hooks import load_hook
 from sessiongate.session_routing.stamper import SessionStamper
-from sessiongate.tokenizer import ChatTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -42,49 +40,33 @@ logger = logging.getLogger(__name__)
 EXPIRED_IDS_KEPT = 100_000
 
 
-class SessionRegistry:
-    """Sessions of one worker by id, their lifecycle and limits; the state every part of
-    the core shares."""
+class SessionTable:
+    """Sessions of one worker by id, their lifecycle and limits: the part of the core every
+    other part finds its sessions through."""
 
     def __init__(
         self,
-        tokenizer: ChatTokenizer,
+        settings: SessionSettings,
         upstream: EnginePool,
-        settings: SessionSettings | None = None,
+        memory: FreedMemory,
+        *,
         stamper: SessionStamper | None = None,
         store: RecordsStore | None = None,
     ) -> None:
-        self.settings = settings or SessionSettings()
+        # Replaced as a whole (`dataclasses.replace`) by a worker server that learns more
+        # about its deployment; every part reads it from here.
+        self.settings = settings
         # Durable records (--records-dir), or None: in memory only.
         self.store = store
         # Stamps session identity for an external router (None: no session routing mode).
         self.stamper = stamper
-        self.tito = TitoEngine(
-            tokenizer,
-            max_trim_tokens=self.settings.max_trim_tokens,
-            chat_template_kwargs=self.settings.chat_template_kwargs,
-            boundary_stop_tokens=self.settings.boundary_stop_tokens,
-            end_of_turn_token=self.settings.end_of_turn_token,
-        )
+        # Told when a root session ends, so its family is placed again.
         self.upstream = upstream
+        self.memory = memory
         self.sessions: dict[str, Session] = {}
-        self.matcher = resolve_matcher(self.settings.message_matcher)
-        # Tree sessions' sample selection (loaded in any mode: recovered sessions may be trees).
-        self.pick_hook = load_hook("pick", self.settings.tree_pick_hook)
-        self.postprocess_hook = load_hook("postprocess", self.settings.tree_postprocess_hook)
-        self.turns_recorded = 0
-        self.turns_aborted = 0
-        # Turns recorded without R3 under --r3-missing warn.
-        self.r3_missing_turns = 0
-        # Streamed turns served buffered under --stream-upstream relay because the engine's
-        # stream drops logprobs (/health's relay_buffered_turns).
-        self.relay_buffered_turns = 0
         # Bytes of every stored TurnRecord (TurnRecord.size) over all sessions, kept up to
         # date by each commit and close so the budget check never scans the sessions.
         self.records_bytes = 0
-        # Freed records go back to the OS in batches (process/memory.py).
-        self._trimmer = FreedMemoryTrimmer()
-        self._tasks: set[asyncio.Future[None]] = set()
         # Requests refused by a limit, by reason ("max_sessions", "records_budget").
         self.rejected: Counter[str] = Counter()
         self.sessions_expired = 0
@@ -93,16 +75,9 @@ class SessionRegistry:
         # Called as hook(session_id, reason) exactly once per session when it ends.
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
-        # Operation name -> handler, bound once (the class that assembles the core says).
-        self._ops = self.operations()
-
-    def operations(self) -> dict[str, Callable[[CoreRequest], Awaitable[CoreReply]]]:
-        """The operations this core answers, by `CoreRequest.op`."""
-        return {Op.CREATE: self._create, Op.DELETE: self._delete}
 
     def start(self) -> None:
-        """Background work that needs a running loop (idempotent)."""
-        self.upstream.start()
+        """Idle expiry, which needs a running loop (idempotent)."""
         ttls = [t for t in (self.settings.header_session_ttl, self.settings.session_ttl) if t > 0]
         if ttls and self._expiry is None:
             self._expiry = asyncio.create_task(self._expire_idle_sessions(min(ttls)))
@@ -119,7 +94,17 @@ class SessionRegistry:
                 self.stamper.register(session.session_id, session.parent_id)
         return self.store.recovery
 
-    def _session_id(self, request: CoreRequest) -> str:
+    async def aclose(self) -> None:
+        """Shutdown: stop expiry, then end every session (hooks fire once each)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+        for session in list(self.sessions.values()):
+            await self.close(session, "shutdown")
+
+    def session_id(self, request: CoreRequest) -> str:
+        """The request's session id, checked (400 when missing or invalid)."""
         if request.session_id is None:
             raise BadRequest(f"operation {request.op!r} needs a session id")
         try:
@@ -127,10 +112,12 @@ class SessionRegistry:
         except ValueError as exc:
             raise BadRequest(f"invalid session id: {exc}") from exc
 
-    def _open_session(self, session_id: str) -> Session:
+    def open_session(self, session_id: str) -> Session:
+        """The live session `session_id` (404 when unknown, expired or closing), kept
+        alive by this request."""
         session = self.sessions.get(session_id)
         if session is None:
-            raise self._not_found(session_id)
+            raise self.not_found(session_id)
         if session.closing:
             raise SessionNotFound(f"session {session_id} is closing")
         # Any request naming a session keeps it alive: a trainer fetching records between
@@ -138,13 +125,14 @@ class SessionRegistry:
         session.last_active = time.monotonic()
         return session
 
-    def _not_found(self, session_id: str) -> SessionNotFound:
+    def not_found(self, session_id: str) -> SessionNotFound:
+        """The 404 for an unknown id, saying so when it expired."""
         ttl = self.expired_ids.get(session_id)
         if ttl is not None:
             return SessionNotFound(f"session {session_id} expired after {ttl:g} s idle")
         return SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
 
-    def _add_session(
+    def add_session(
         self, session_id: str, parent: Session | None, *, from_header: bool = False
     ) -> Session:
         limit = self.settings.max_sessions
@@ -175,7 +163,7 @@ class SessionRegistry:
         return session
 
     def _forget_session(self, session: Session) -> None:
-        """Undo _add_session for a session whose OPEN entry could not be written."""
+        """Undo add_session for a session whose OPEN entry could not be written."""
         self.sessions.pop(session.session_id, None)
         parent = self.sessions.get(session.parent_id) if session.parent_id else None
         if parent is not None and session.session_id in parent.children:
@@ -215,7 +203,7 @@ class SessionRegistry:
             "records_write_errors": store.write_errors,
         }
 
-    def _check_records_budget(self) -> None:
+    def check_records_budget(self) -> None:
         """Refuse a new turn while the records fill the budget. Turns already past this
         check still record their replies, so the total can pass the budget by the replies
         in flight: refusing them after the upstream did the work would waste it, and the
@@ -230,7 +218,7 @@ class SessionRegistry:
                 "fetch and delete finished sessions"
             )
 
-    async def _create(self, request: CoreRequest) -> CoreReply:
+    async def create(self, request: CoreRequest) -> CoreReply:
         parent: Session | None = None
         if request.body.strip():
             document = parse_json_object(request.body, "request body")
@@ -238,14 +226,14 @@ class SessionRegistry:
             if parent_id is not None:
                 if not isinstance(parent_id, str):
                     raise BadRequest("field 'parent_session_id' must be a string")
-                parent = self._open_session(parent_id)
+                parent = self.open_session(parent_id)
         if request.session_id is not None:
-            session_id = self._session_id(request)
+            session_id = self.session_id(request)
             if session_id in self.sessions:
                 raise BadRequest(f"session {session_id} already exists")
         else:
             session_id = new_session_id(parent.session_id if parent else None)
-        session = self._add_session(session_id, parent)
+        session = self.add_session(session_id, parent)
         if session.opened is not None and self.store is not None:
             try:
                 await self.store.settle(session.opened)
@@ -254,11 +242,11 @@ class SessionRegistry:
                 raise
         return json_reply(200, {"session_id": session_id})
 
-    async def _delete(self, request: CoreRequest) -> CoreReply:
-        await self._close(self._open_session(self._session_id(request)), "deleted")
+    async def delete(self, request: CoreRequest) -> CoreReply:
+        await self.close(self.open_session(self.session_id(request)), "deleted")
         return CoreReply(204, [])
 
-    async def _close(self, session: Session, reason: str) -> None:
+    async def close(self, session: Session, reason: str) -> None:
         """Every terminal path of a session (delete, idle expiry, shutdown) ends here."""
         session.closing = True
         # Wait for an in-flight turn so its reply is not cut off and nothing half-commits.
@@ -270,8 +258,7 @@ class SessionRegistry:
             self.store.resident.drop(session.records)
             if reason != "shutdown":  # a shutdown keeps the files: the next start recovers
                 await self.store.settle(self.store.remove(session.session_id))
-        if self._trimmer.freed(session.records_bytes, idle=not self.sessions):
-            self._background(self._trim_freed_memory())
+        self.memory.freed(session.records_bytes, idle=not self.sessions)
         if session.parent_id is None:
             # A child talking later is placed again (the same engine under rendezvous
             # placement; the policy's pick otherwise: docs/routing.md, "Session families").
@@ -283,21 +270,6 @@ class SessionRegistry:
                 hook(session.session_id, reason)
             except Exception:  # a hook must not break session bookkeeping
                 logger.exception("session end hook failed for %s", session.session_id)
-
-    async def _trim_freed_memory(self) -> None:
-        try:
-            # Not while requests keep coming: their turns would reuse these pages warm.
-            while (delay := self._trimmer.wait()) > 0:
-                await asyncio.sleep(delay)
-            await asyncio.to_thread(release_free_memory)
-        finally:
-            self._trimmer.done()
-
-    def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(work)
-        # Keep a reference until done: the loop holds tasks only weakly.
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _expire_idle_sessions(self, shortest_ttl: float) -> None:
         # A session outlives its TTL by at most a quarter of it (30 s at most).
@@ -324,7 +296,7 @@ class SessionRegistry:
                 and session.inflight == 0
                 and now - session.last_active > ttl
             ):
-                await self._close(session, "expired")
+                await self.close(session, "expired")
                 self.sessions_expired += 1
                 expired += 1
                 self.expired_ids[session.session_id] = ttl

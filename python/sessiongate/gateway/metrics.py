@@ -1,4 +1,5 @@
-"""Router metrics in the Prometheus text exposition format (no client library needed)."""
+"""Gateway metrics in the Prometheus text exposition format (no client library needed): one
+renderer for both layouts, the in-process core being the one worker of its gauges."""
 
 from __future__ import annotations
 
@@ -125,7 +126,6 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, int]] = Counter()
         self.latency: dict[str, _Histogram] = {}
-        self.worker_restarts = 0
 
     def observe(self, op: str, status: int, seconds: float) -> None:
         self.requests[(op, status)] += 1
@@ -136,165 +136,193 @@ class RouterMetrics:
         workers: Sequence[WorkerGauge],
         front: Mapping[str, Any] | None = None,
         engines: Sequence[EngineGauge] = (),
+        *,
+        worker_restarts: int = 0,
     ) -> bytes:
         """`front`: the compiled front's counters (`_core.CompiledFront.stats`), whose
         stateless proxy requests never reach this process's handler: counted as op "proxy".
-        `engines`: the per-engine gauges (`engine_gauges`)."""
+        `engines`: the per-engine gauges (`engine_gauges`); `worker_restarts`: workers
+        replaced after they exited."""
         requests, latency = self.requests, self.latency
         if front:
             requests, latency = _with_front(requests, latency, front)
         lines: list[str] = []
-        _family(
-            lines,
-            "sessiongate_build_info",
-            "gauge",
-            "1, labelled with the package version and the Rust core's build.",
-            [(",".join(f'{k}="{_label(v)}"' for k, v in build_labels().items()), 1)],
-        )
-        _family(
-            lines,
-            "sessiongate_requests_total",
-            "counter",
-            "Requests answered by the router, by operation and status.",
-            [(f'op="{op}",status="{st}"', n) for (op, st), n in sorted(requests.items())],
-        )
-        samples: list[tuple[str, float]] = []
-        for op, hist in sorted(latency.items()):
-            for bound, count in zip(LATENCY_BUCKETS, hist.counts, strict=True):
-                samples.append((f'op="{op}",le="{bound}"', count))  # counts are cumulative
-            samples.append((f'op="{op}",le="+Inf"', hist.count))
-        _family(
-            lines,
-            "sessiongate_request_duration_seconds",
-            "histogram",
-            "Time from request to the reply's status line.",
-            samples,
-            suffix="_bucket",
-        )
-        for op, hist in sorted(latency.items()):
-            lines.append(f'sessiongate_request_duration_seconds_sum{{op="{op}"}} {hist.total:.6f}')
-            lines.append(f'sessiongate_request_duration_seconds_count{{op="{op}"}} {hist.count}')
-        per_worker = {
-            "sessiongate_worker_up": ("gauge", "1 when the worker's channel is open and beating."),
-            "sessiongate_worker_sessions": ("gauge", "Live sessions (last heartbeat)."),
-            "sessiongate_worker_inflight": ("gauge", "Requests being handled (last heartbeat)."),
-            "sessiongate_bytes_relayed_total": ("counter", "Reply body bytes relayed."),
-            "sessiongate_worker_stalled": (
-                "gauge",
-                "1 when the worker is connected but has sent no heartbeat for two beats.",
-            ),
-        }
-        values = {
-            "sessiongate_worker_up": lambda w: int(w.up),
-            "sessiongate_worker_sessions": lambda w: w.sessions,
-            "sessiongate_worker_inflight": lambda w: w.inflight,
-            "sessiongate_bytes_relayed_total": lambda w: w.bytes_relayed,
-            "sessiongate_worker_stalled": lambda w: int(w.stalled),
-        }
-        for name, (kind, text) in per_worker.items():
-            _family(
-                lines, name, kind, text, [(f'worker="{w.index}"', values[name](w)) for w in workers]
-            )
-        _family(
-            lines,
-            "sessiongate_worker_heartbeat_age_seconds",
-            "gauge",
-            "Seconds since the worker's last heartbeat (absent before the first).",
-            [
-                (f'worker="{w.index}"', round(w.heartbeat_age_s, 3))
-                for w in workers
-                if w.heartbeat_age_s is not None
-            ],
-        )
-        _family(
-            lines,
-            "sessiongate_upstream_affinity_hits_total",
-            "counter",
-            "Turns sent to the upstream their session tree was already pinned to.",
-            [(f'worker="{w.index}"', w.affinity_hits) for w in workers],
-        )
-        _family(
-            lines,
-            "sessiongate_upstream_repins_total",
-            "counter",
-            "Session trees moved to another upstream after theirs failed.",
-            [(f'worker="{w.index}"', w.repins) for w in workers],
-        )
-        _family(
-            lines,
-            "sessiongate_upstream_up",
-            "gauge",
-            "1 when the upstream answers (health probe or last request), by worker and URL.",
-            [
-                (f'worker="{w.index}",url="{_label(url)}"', int(up))
-                for w in workers
-                for url, up in w.upstreams
-            ],
-        )
-        _engine_families(lines, engines)
-        _family(
-            lines,
-            "sessiongate_upstream_circuit_breaker_state",
-            "gauge",
-            "The upstream's circuit breaker: 0 closed, 1 open, 2 half-open, by worker and URL.",
-            [
-                (f'worker="{w.index}",url="{_label(url)}"', state)
-                for w in workers
-                for url, state, _ in w.upstream_reliability
-            ],
-        )
-        _family(
-            lines,
-            "sessiongate_upstream_retries_total",
-            "counter",
-            "Requests sent again after the upstream refused a connection or answered 429 / 503.",
-            [
-                (f'worker="{w.index}",url="{_label(url)}"', retries)
-                for w in workers
-                for url, _, retries in w.upstream_reliability
-            ],
-        )
+        _request_families(lines, requests, latency)
+        _worker_families(lines, workers)
+        _upstream_families(lines, workers, engines)
         _limits_families(lines, workers)
         if front:
             _front_families(lines, front)
-        remote = [w for w in workers if w.address is not None]
-        if remote:
-            _family(
-                lines,
-                "sessiongate_worker_info",
-                "gauge",
-                "Remote workers: address, transport and connection state (value 1).",
-                [
-                    (
-                        f'worker="{w.index}",address="{w.address}",transport="{w.transport}",'
-                        f'state="{w.state}"',
-                        1,
-                    )
-                    for w in remote
-                ],
-            )
-            _family(
-                lines,
-                "sessiongate_worker_reconnects_total",
-                "counter",
-                "Connections to a remote worker re-established after the first.",
-                [(f'worker="{w.index}",address="{w.address}"', w.reconnects) for w in remote],
-            )
-            _family(
-                lines,
-                "sessiongate_worker_connect_failures_total",
-                "counter",
-                "Failed connection attempts to a remote worker (refused, timed out, handshake).",
-                [(f'worker="{w.index}",address="{w.address}"', w.connect_failures) for w in remote],
-            )
+        _remote_families(lines, workers)
         _family(
             lines,
             "sessiongate_worker_restarts_total",
             "counter",
             "Workers replaced after they exited.",
-            [("", self.worker_restarts)],
+            [("", worker_restarts)],
         )
         return ("\n".join(lines) + "\n").encode()
+
+
+def _request_families(
+    lines: list[str], requests: Mapping[tuple[str, int], int], latency: Mapping[str, _Histogram]
+) -> None:
+    """The build, and the requests answered by operation and status, with their latency."""
+    _family(
+        lines,
+        "sessiongate_build_info",
+        "gauge",
+        "1, labelled with the package version and the Rust core's build.",
+        [(",".join(f'{k}="{_label(v)}"' for k, v in build_labels().items()), 1)],
+    )
+    _family(
+        lines,
+        "sessiongate_requests_total",
+        "counter",
+        "Requests answered by the router, by operation and status.",
+        [(f'op="{op}",status="{st}"', n) for (op, st), n in sorted(requests.items())],
+    )
+    samples: list[tuple[str, float]] = []
+    for op, hist in sorted(latency.items()):
+        for bound, count in zip(LATENCY_BUCKETS, hist.counts, strict=True):
+            samples.append((f'op="{op}",le="{bound}"', count))  # counts are cumulative
+        samples.append((f'op="{op}",le="+Inf"', hist.count))
+    _family(
+        lines,
+        "sessiongate_request_duration_seconds",
+        "histogram",
+        "Time from request to the reply's status line.",
+        samples,
+        suffix="_bucket",
+    )
+    for op, hist in sorted(latency.items()):
+        lines.append(f'sessiongate_request_duration_seconds_sum{{op="{op}"}} {hist.total:.6f}')
+        lines.append(f'sessiongate_request_duration_seconds_count{{op="{op}"}} {hist.count}')
+
+
+def _worker_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:
+    """Each worker's liveness and load (the in-process core is worker 0)."""
+    per_worker = {
+        "sessiongate_worker_up": ("gauge", "1 when the worker's channel is open and beating."),
+        "sessiongate_worker_sessions": ("gauge", "Live sessions (last heartbeat)."),
+        "sessiongate_worker_inflight": ("gauge", "Requests being handled (last heartbeat)."),
+        "sessiongate_bytes_relayed_total": ("counter", "Reply body bytes relayed."),
+        "sessiongate_worker_stalled": (
+            "gauge",
+            "1 when the worker is connected but has sent no heartbeat for two beats.",
+        ),
+    }
+    values = {
+        "sessiongate_worker_up": lambda w: int(w.up),
+        "sessiongate_worker_sessions": lambda w: w.sessions,
+        "sessiongate_worker_inflight": lambda w: w.inflight,
+        "sessiongate_bytes_relayed_total": lambda w: w.bytes_relayed,
+        "sessiongate_worker_stalled": lambda w: int(w.stalled),
+    }
+    for name, (kind, text) in per_worker.items():
+        _family(
+            lines, name, kind, text, [(f'worker="{w.index}"', values[name](w)) for w in workers]
+        )
+    _family(
+        lines,
+        "sessiongate_worker_heartbeat_age_seconds",
+        "gauge",
+        "Seconds since the worker's last heartbeat (absent before the first).",
+        [
+            (f'worker="{w.index}"', round(w.heartbeat_age_s, 3))
+            for w in workers
+            if w.heartbeat_age_s is not None
+        ],
+    )
+
+
+def _upstream_families(
+    lines: list[str], workers: Sequence[WorkerGauge], engines: Sequence[EngineGauge]
+) -> None:
+    """The upstreams as each worker's pool sees them, and the engines of the set."""
+    _family(
+        lines,
+        "sessiongate_upstream_affinity_hits_total",
+        "counter",
+        "Turns sent to the upstream their session tree was already pinned to.",
+        [(f'worker="{w.index}"', w.affinity_hits) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_upstream_repins_total",
+        "counter",
+        "Session trees moved to another upstream after theirs failed.",
+        [(f'worker="{w.index}"', w.repins) for w in workers],
+    )
+    _family(
+        lines,
+        "sessiongate_upstream_up",
+        "gauge",
+        "1 when the upstream answers (health probe or last request), by worker and URL.",
+        [
+            (f'worker="{w.index}",url="{_label(url)}"', int(up))
+            for w in workers
+            for url, up in w.upstreams
+        ],
+    )
+    _engine_families(lines, engines)
+    _family(
+        lines,
+        "sessiongate_upstream_circuit_breaker_state",
+        "gauge",
+        "The upstream's circuit breaker: 0 closed, 1 open, 2 half-open, by worker and URL.",
+        [
+            (f'worker="{w.index}",url="{_label(url)}"', state)
+            for w in workers
+            for url, state, _ in w.upstream_reliability
+        ],
+    )
+    _family(
+        lines,
+        "sessiongate_upstream_retries_total",
+        "counter",
+        "Requests sent again after the upstream refused a connection or answered 429 / 503.",
+        [
+            (f'worker="{w.index}",url="{_label(url)}"', retries)
+            for w in workers
+            for url, _, retries in w.upstream_reliability
+        ],
+    )
+
+
+def _remote_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:
+    """Remote (TCP) workers' addresses and connections; nothing without one."""
+    remote = [w for w in workers if w.address is not None]
+    if not remote:
+        return
+    _family(
+        lines,
+        "sessiongate_worker_info",
+        "gauge",
+        "Remote workers: address, transport and connection state (value 1).",
+        [
+            (
+                f'worker="{w.index}",address="{w.address}",transport="{w.transport}",'
+                f'state="{w.state}"',
+                1,
+            )
+            for w in remote
+        ],
+    )
+    _family(
+        lines,
+        "sessiongate_worker_reconnects_total",
+        "counter",
+        "Connections to a remote worker re-established after the first.",
+        [(f'worker="{w.index}",address="{w.address}"', w.reconnects) for w in remote],
+    )
+    _family(
+        lines,
+        "sessiongate_worker_connect_failures_total",
+        "counter",
+        "Failed connection attempts to a remote worker (refused, timed out, handshake).",
+        [(f'worker="{w.index}",address="{w.address}"', w.connect_failures) for w in remote],
+    )
 
 
 def _label(value: str) -> str:
