@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
     from sessiongate.engines.options import engine_settings
     from sessiongate.engines.registry import EngineRegistry
+    from sessiongate.engines.routing_options import reliability_settings
     from sessiongate.front.asgi import FrontendSettings, GatewayApp
     from sessiongate.front.compiled import open_front_door, serve_with_front
     from sessiongate.front.http_protocol import gateway_protocol
@@ -120,9 +121,16 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         # The static engines are the workers' --backend (the same argv); with remote workers
         # the router knows none, and sends a set only once one registers.
+        reliability = reliability_settings(args)
         registry = EngineRegistry(
-            backends, placeholder=engines.placeholder, interval=args.health_interval
+            backends,
+            placeholder=engines.placeholder,
+            interval=args.health_interval,
+            health_path=reliability.health_check_endpoint,
+            health_timeout=reliability.health_check_timeout_secs,
         )
+        if door is not None:
+            registry.feed(door.probed)  # the front's one prober (it runs none itself)
         router.use_engines(registry)
         registry.start()
         for index, fd in enumerate(fds):

@@ -47,13 +47,18 @@ class InProcessGateway:
 
     def __init__(self, core: SessionCore, *, placeholder: bool = False) -> None:
         self.core = core
-        # The engine set is this process's: registrations go straight to the core's pool.
+        # The engine set is this process's: registrations go straight to the core's pool,
+        # and the registry's prober is the core pool's too (one probe per engine).
+        pool = core.upstream
         self.engines = EngineRegistry(
-            core.upstream.urls,
+            pool.urls,
             placeholder=placeholder,
             on_change=self._engines_changed,
-            interval=core.upstream.health_interval,
+            interval=pool.health_interval,
+            health_path=pool.health_path,
+            health_timeout=pool.reliability.health_check_timeout_secs,
         )
+        pool.fed_by(self.engines.feed)
         self.management = EngineManagement(self.engines)
         # Called with the new set on each change (the compiled front relays to it).
         self.on_engines_changed: Callable[[list[str]], None] | None = None
@@ -142,6 +147,7 @@ def run_in_process(
     if door is not None:
         gateway.front_stats = door.stats
         gateway.on_engines_changed = door.use_engines
+        gateway.engines.feed(door.probed)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
