@@ -341,6 +341,22 @@ def front_backoff_ms(
 ) -> int:
     """The relay's retry backoff (``engines.reliability.backoff_ms``'s twin)."""
 
+def front_transport_error_text(method: str, url: str, path: str, kind: str, detail: str) -> str:
+    """The relay's 502 text (``engines.client.transport_error_text``'s twin)."""
+
+def front_connect_failed_text(host: str, port: int, why: str) -> str:
+    """``http.client.connect_failed_text``'s twin."""
+
+def front_connect_timed_out(seconds: float) -> str:
+    """``http.client.connect_timed_out``'s twin (Python's ``str(float)``)."""
+
+def front_url_hostname(host: str) -> str:
+    """The host of an authority as ``urlsplit(url).hostname`` gives it."""
+
+def front_retry_target(order: list[int], failed: int, available: list[bool]) -> int | None:
+    """Where the relay retries after a connect failure (``engines.pool.retry_target``'s
+    twin)."""
+
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""
 

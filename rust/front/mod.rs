@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 mod conn;
 mod dispatch;
+mod failure;
 mod head;
 mod hop;
 mod reliability;
@@ -498,5 +499,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(front_route, m)?)?;
     m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
     reliability::register(m)?;
+    failure::register(m)?;
     Ok(())
 }

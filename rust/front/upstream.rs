@@ -23,6 +23,9 @@ use hyper_util::client::legacy::{Client, Error as ClientError};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::watch;
 
+use super::failure::{
+    connect_failed_text, connect_timed_out, retry_target, transport_error_text, url_hostname,
+};
 use super::hop::{connection_named, forwarded};
 use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
@@ -429,16 +432,9 @@ impl Pool {
         }
     }
 
-    /// Where to retry after `failed` could not be connected to (`pool.py::_failed(None, i)`).
+    /// Where to retry after `failed` could not be connected to (`failure.rs`).
     fn retry_target(&self, failed: usize) -> Option<usize> {
-        if self.upstreams.len() == 1 {
-            return None;
-        }
-        let order = self.retry_order.iter().copied();
-        order
-            .clone()
-            .find(|&i| i != failed && self.available(i))
-            .or_else(|| order.clone().find(|&i| i != failed))
+        retry_target(&self.retry_order, failed, |i| self.available(i))
     }
 
     /// Send `request` and wait for the reply head; Err is the 502 message. A connect failure
@@ -510,11 +506,8 @@ impl Pool {
     ) -> Result<Response<Incoming>, Failure> {
         let upstream = &self.upstreams[index];
         let message = |kind: &str, detail: &str| {
-            format!(
-                "upstream transport error: {method} {}{} failed ({kind}: {detail})",
-                upstream.target.url,
-                path_and_query.path()
-            )
+            let path = path_and_query.path();
+            transport_error_text(method.as_str(), &upstream.target.url, path, kind, detail)
         };
         let uri = upstream
             .uri(path_and_query)
@@ -622,11 +615,6 @@ fn io_text(error: &io::Error) -> String {
     }
 }
 
-/// Python's `str(float)` for the common values a timeout takes ("10.0", "0.5").
-fn py_float(seconds: f64) -> String {
-    format!("{seconds:?}")
-}
-
 /// The exception-like kind and detail of a failed exchange, for the 502 and probe messages.
 fn describe(
     error: &(dyn StdError + 'static),
@@ -637,19 +625,13 @@ fn describe(
         let port = target.authority.port_u16().unwrap_or(80);
         let why = match find::<io::Error>(error) {
             Some(e) if e.kind() == io::ErrorKind::TimedOut => {
-                format!(
-                    "timed out after {}s",
-                    py_float(connect_timeout.as_secs_f64())
-                )
+                connect_timed_out(connect_timeout.as_secs_f64())
             }
             Some(e) => io_text(e),
             None => innermost(error),
         };
-        let host = target.authority.host();
-        return (
-            "ConnectFailed",
-            format!("cannot connect to {host}:{port}: {why}"),
-        );
+        let host = url_hostname(target.authority.host());
+        return ("ConnectFailed", connect_failed_text(&host, port, &why));
     }
     if let Some(e) = find::<io::Error>(error) {
         return ("ConnectionError", io_text(e));

@@ -109,7 +109,9 @@ def test_extracted_reply_members_match() -> None:
 # `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py),
 # `front_backoff_ms`'s, `FrontCircuitBreaker`'s and `FrontHealthCounter`'s are
 # `engines/reliability.py`
-# (tests/primitives/test_reliability_twin.py).
+# (tests/primitives/test_reliability_twin.py), and the failure texts' and `front_retry_target`'s
+# are in `engines/client.py`, `http/client.py` and `engines/pool.py`
+# (tests/engines/test_engine_client_twin.py).
 FRONT_NAMES = frozenset(
     {
         "CompiledFront",
@@ -119,6 +121,11 @@ FRONT_NAMES = frozenset(
         "front_backoff_ms",
         "FrontCircuitBreaker",
         "FrontHealthCounter",
+        "front_transport_error_text",
+        "front_connect_failed_text",
+        "front_connect_timed_out",
+        "front_url_hostname",
+        "front_retry_target",
     }
 )
 # `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is

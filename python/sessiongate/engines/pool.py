@@ -90,6 +90,17 @@ def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
     return sorted(range(len(urls)), key=weight, reverse=True)
 
 
+def retry_target(order: Sequence[int], failed: int, available: Sequence[bool]) -> int | None:
+    """Where a stateless request goes after engine `failed` could not be connected to: the
+    first engine of `order` (the rendezvous order of the empty key) other than `failed` that
+    is available, else the first other one; None with a single engine. Twinned by
+    `rust/front/failure.rs`, so both fronts retry on the same engine."""
+    if len(order) <= 1:
+        return None
+    others = [index for index in order if index != failed]
+    return next((index for index in others if available[index]), others[0] if others else None)
+
+
 class NoEngine:
     """The engine policy of an empty engine set (`--backend none` before a registration):
     nothing to pick, nothing to count (the Rust policy needs at least one engine)."""
@@ -465,18 +476,18 @@ class EnginePool:
     ) -> int | None:
         """Re-pin the family off `index` (already marked down); the upstream to retry on, if
         any. A stateless request retries on the next engine in the rendezvous order of the
-        empty key (as the compiled front does)."""
+        empty key (`retry_target`, the compiled front's choice too)."""
         if len(self.urls) <= 1 or index >= len(self.urls):
             return None
         if root_id is None:
-            retry = self._choose("", avoid=index)
-        else:
-            retry = self._place(root_id, headers, body, avoid=index)
+            now = self.clock()
+            available = [self._available(i, now) for i in range(len(self.urls))]
+            return retry_target(rendezvous_order("", self.urls), index, available)
+        retry = self._place(root_id, headers, body, avoid=index)
         if retry == index:
             return None
-        if root_id is not None:
-            self.pins[root_id] = retry
-            self.repins += 1
+        self.pins[root_id] = retry
+        self.repins += 1
         return retry
 
     def forget(self, root_id: str) -> None:
