@@ -8,20 +8,16 @@
 //! Every function matches the pure-Python twin (`python/sessiongate/primitives/_py_frame.py`)
 //! in results, exception classes and messages (the shared classes: `rust/error.rs`).
 
-use std::fmt::Write as _;
-
-use pyo3::exceptions::{PyRecursionError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{
-    PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PySlice, PyString, PyTuple,
-};
+use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyTuple};
 use pyo3::{ffi, intern};
 
 use crate::buffer::{new_bytes, Filler, Input};
 use crate::error::SharedError;
 use crate::gil::maybe_unlocked;
-use crate::json_scan::push_code_point;
-use crate::json_write::{write_i64, write_json_str};
+use crate::json_scan::{read_py, ReadFail, Reject, TOO_DEEP};
+use crate::json_write::write_py_dict;
 use crate::types::{int_arg, type_name, IntArg};
 
 pub const FRAME_REQUEST: u8 = 1;
@@ -437,194 +433,8 @@ impl FrameDecoder {
 }
 
 // ---------------------------------------------------------------------------------------
-// Envelope: JSON meta written and read directly from / to Python objects
-
-/// Appends `obj` as compact JSON exactly like
-/// `json.dumps(obj, separators=(",", ":"), ensure_ascii=False)` (CPython's C encoder).
-struct JsonWriter {
-    out: Vec<u8>,
-    /// Containers being written, for CPython's "Circular reference detected" check.
-    path: Vec<*mut ffi::PyObject>,
-}
-
-impl JsonWriter {
-    fn value(&mut self, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = obj.as_ptr();
-        // Same order of checks as the C encoder: None, True, False, str, int, float, ...
-        if obj.is_none() {
-            self.out.extend_from_slice(b"null");
-        } else if ptr == unsafe { ffi::Py_True() } {
-            self.out.extend_from_slice(b"true");
-        } else if ptr == unsafe { ffi::Py_False() } {
-            self.out.extend_from_slice(b"false");
-        } else if let Ok(s) = obj.downcast::<PyString>() {
-            write_json_str(&mut self.out, s.to_str()?);
-        } else if obj.is_instance_of::<PyInt>() {
-            write_int(&mut self.out, obj)?;
-        } else if let Ok(f) = obj.downcast::<PyFloat>() {
-            write_float(&mut self.out, f)?;
-        } else if let Ok(list) = obj.downcast::<PyList>() {
-            self.array(ptr, list.iter())?;
-        } else if let Ok(tuple) = obj.downcast::<PyTuple>() {
-            self.array(ptr, tuple.iter())?;
-        } else if let Ok(dict) = obj.downcast::<PyDict>() {
-            self.dict(dict)?;
-        } else {
-            return Err(PyTypeError::new_err(format!(
-                "Object of type {} is not JSON serializable",
-                type_name(obj)
-            )));
-        }
-        Ok(())
-    }
-
-    fn array<'py>(
-        &mut self,
-        ptr: *mut ffi::PyObject,
-        items: impl Iterator<Item = Bound<'py, PyAny>>,
-    ) -> PyResult<()> {
-        self.enter(ptr)?;
-        self.out.push(b'[');
-        for (i, item) in items.enumerate() {
-            if i > 0 {
-                self.out.push(b',');
-            }
-            self.value(&item)?;
-        }
-        self.out.push(b']');
-        self.path.pop();
-        Ok(())
-    }
-
-    fn enter(&mut self, ptr: *mut ffi::PyObject) -> PyResult<()> {
-        if self.path.contains(&ptr) {
-            return Err(PyValueError::new_err("Circular reference detected"));
-        }
-        if self.path.len() >= MAX_JSON_DEPTH {
-            return Err(PyRecursionError::new_err(
-                "maximum recursion depth exceeded while encoding a JSON object",
-            ));
-        }
-        self.path.push(ptr);
-        Ok(())
-    }
-
-    fn dict(&mut self, dict: &Bound<'_, PyDict>) -> PyResult<()> {
-        let py = dict.py();
-        self.enter(dict.as_ptr())?;
-        self.out.push(b'{');
-        let mut first = true;
-        let mut entry = |w: &mut Self, key: Bound<'_, PyAny>, value: Bound<'_, PyAny>| {
-            if !first {
-                w.out.push(b',');
-            }
-            first = false;
-            w.key(&key)?;
-            w.out.push(b':');
-            w.value(&value)
-        };
-        if dict.is_exact_instance_of::<PyDict>() {
-            for (key, value) in dict.iter() {
-                entry(self, key, value)?;
-            }
-        } else {
-            // Subclasses go through items(), as the C encoder's PyMapping_Items does.
-            for item in dict.call_method0(intern!(py, "items"))?.try_iter()? {
-                let (key, value): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item?.extract()?;
-                entry(self, key, value)?;
-            }
-        }
-        self.out.push(b'}');
-        self.path.pop();
-        Ok(())
-    }
-
-    fn key(&mut self, key: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ptr = key.as_ptr();
-        if let Ok(s) = key.downcast::<PyString>() {
-            write_json_str(&mut self.out, s.to_str()?);
-            return Ok(());
-        }
-        self.out.push(b'"');
-        if let Ok(f) = key.downcast::<PyFloat>() {
-            write_float(&mut self.out, f)?;
-        } else if ptr == unsafe { ffi::Py_True() } {
-            self.out.extend_from_slice(b"true");
-        } else if ptr == unsafe { ffi::Py_False() } {
-            self.out.extend_from_slice(b"false");
-        } else if key.is_none() {
-            self.out.extend_from_slice(b"null");
-        } else if key.is_instance_of::<PyInt>() {
-            write_int(&mut self.out, key)?;
-        } else {
-            return Err(PyTypeError::new_err(format!(
-                "keys must be str, int, float, bool or None, not {}",
-                type_name(key)
-            )));
-        }
-        self.out.push(b'"');
-        Ok(())
-    }
-}
-
-/// `int.__repr__(obj)`: decimal digits, ignoring any `__repr__` of an int subclass.
-fn write_int(out: &mut Vec<u8>, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-    let mut overflow = 0;
-    // SAFETY: obj is an int (PyLong_Check passed), so this reads its value directly.
-    let v = unsafe { ffi::PyLong_AsLongLongAndOverflow(obj.as_ptr(), &mut overflow) };
-    if overflow == 0 {
-        if v == -1 {
-            if let Some(err) = PyErr::take(obj.py()) {
-                return Err(err);
-            }
-        }
-        write_i64(out, v);
-        return Ok(());
-    }
-    let py = obj.py();
-    let text = py
-        .get_type::<PyInt>()
-        .getattr(intern!(py, "__repr__"))?
-        .call1((obj,))?;
-    out.extend_from_slice(text.downcast::<PyString>()?.to_str()?.as_bytes());
-    Ok(())
-}
-
-/// `fmt::Write` into a byte vector.
-struct StrOut<'a>(&'a mut Vec<u8>);
-
-impl std::fmt::Write for StrOut<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
-}
-
-/// A float as the JSON encoder writes it: `float.__repr__`, or Infinity / -Infinity / NaN.
-///
-/// Python's repr picks, among the shortest round-tripping digit strings, the one nearest the
-/// exact value with ties to even; Rust's shortest formatting breaks such ties differently
-/// (562949953421312.25 -> "...312.3" vs Python's "...312.2"). So only integral values, whose
-/// repr is plainly the integer plus ".0", are formatted here; the rest ask CPython.
-fn write_float(out: &mut Vec<u8>, f: &Bound<'_, PyFloat>) -> PyResult<()> {
-    let v = f.value();
-    if v.is_nan() {
-        out.extend_from_slice(b"NaN");
-    } else if v.is_infinite() {
-        out.extend_from_slice(if v > 0.0 { b"Infinity" } else { b"-Infinity" });
-    } else if v.fract() == 0.0
-        && v.abs() < 9_007_199_254_740_992.0
-        && !(v == 0.0 && v.is_sign_negative())
-    {
-        // |v| < 2**53: exactly an i64, and Python prints it as "<int>.0".
-        let _ = write!(StrOut(out), "{}.0", v as i64);
-    } else {
-        // float.__repr__ of an exact float (a subclass's own __repr__ must not be used).
-        let exact = PyFloat::new(f.py(), v);
-        out.extend_from_slice(exact.repr()?.to_str()?.as_bytes());
-    }
-    Ok(())
-}
+// Envelope: the JSON meta written from and read into Python objects (`json_write.rs`,
+// `json_scan.rs`)
 
 /// `u64 BE meta_len | compact JSON meta | body` (the body is copied exactly once).
 #[pyfunction]
@@ -644,12 +454,8 @@ fn encode_envelope<'py>(
         Some(body) => Some(Input::get(body, "encode_envelope", "body")?),
         None => None,
     };
-    let mut writer = JsonWriter {
-        out: Vec::with_capacity(256),
-        path: Vec::new(),
-    };
-    writer.dict(dict)?;
-    let json = writer.out;
+    let mut json = Vec::with_capacity(256);
+    write_py_dict(&mut json, dict, MAX_JSON_DEPTH)?;
     let body = src.as_ref().map_or(&[][..], Input::as_slice);
     let (out, mut fill) = new_bytes(py, 8 + json.len() + body.len())?;
     fill.put_cached(&(json.len() as u64).to_be_bytes());
@@ -657,311 +463,6 @@ fn encode_envelope<'py>(
     put_copy(py, &mut fill, body);
     debug_assert!(fill.is_full());
     Ok(out)
-}
-
-/// A JSON syntax error at a byte offset of the meta text.
-struct JsonSyntax {
-    at: usize,
-    msg: &'static str,
-}
-
-enum JsonFail {
-    Syntax(JsonSyntax),
-    Py(PyErr),
-}
-
-impl From<PyErr> for JsonFail {
-    fn from(err: PyErr) -> Self {
-        JsonFail::Py(err)
-    }
-}
-
-impl From<std::convert::Infallible> for JsonFail {
-    fn from(never: std::convert::Infallible) -> Self {
-        match never {}
-    }
-}
-
-fn syntax<T>(at: usize, msg: &'static str) -> Result<T, JsonFail> {
-    Err(JsonFail::Syntax(JsonSyntax { at, msg }))
-}
-
-/// Parses JSON text into Python objects exactly like `json.loads` (CPython's C scanner):
-/// same grammar (NaN / Infinity / -Infinity allowed, lone surrogate escapes kept), same
-/// object types, duplicate keys keep the last value.
-struct JsonReader<'a, 'py> {
-    py: Python<'py>,
-    s: &'a [u8],
-    pos: usize,
-    depth: usize,
-}
-
-impl<'py> JsonReader<'_, 'py> {
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.pos).copied()
-    }
-
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.pos += 1;
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> bool {
-        if self.s[self.pos..].starts_with(word) {
-            self.pos += word.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn value(&mut self) -> Result<Bound<'py, PyAny>, JsonFail> {
-        let py = self.py;
-        let Some(c) = self.peek() else {
-            return syntax(self.pos, "Expecting value");
-        };
-        match c {
-            b'"' => Ok(self.string()?.into_any()),
-            b'{' => self.object(),
-            b'[' => self.array(),
-            b'n' if self.literal(b"null") => Ok(py.None().into_bound(py)),
-            b't' if self.literal(b"true") => Ok(true.into_pyobject(py)?.to_owned().into_any()),
-            b'f' if self.literal(b"false") => Ok(false.into_pyobject(py)?.to_owned().into_any()),
-            b'N' if self.literal(b"NaN") => Ok(PyFloat::new(py, f64::NAN).into_any()),
-            b'I' if self.literal(b"Infinity") => Ok(PyFloat::new(py, f64::INFINITY).into_any()),
-            b'-' if self.literal(b"-Infinity") => {
-                Ok(PyFloat::new(py, f64::NEG_INFINITY).into_any())
-            }
-            _ => self.number(),
-        }
-    }
-
-    fn nest(&mut self) -> Result<(), JsonFail> {
-        self.depth += 1;
-        if self.depth > MAX_JSON_DEPTH {
-            return syntax(self.pos, "nesting deeper than 1000 levels");
-        }
-        Ok(())
-    }
-
-    fn object(&mut self) -> Result<Bound<'py, PyAny>, JsonFail> {
-        self.nest()?;
-        self.pos += 1;
-        self.skip_ws();
-        let dict = PyDict::new(self.py);
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            self.depth -= 1;
-            return Ok(dict.into_any());
-        }
-        loop {
-            if self.peek() != Some(b'"') {
-                return syntax(
-                    self.pos,
-                    "Expecting property name enclosed in double quotes",
-                );
-            }
-            let key = self.string()?;
-            self.skip_ws();
-            if self.peek() != Some(b':') {
-                return syntax(self.pos, "Expecting ':' delimiter");
-            }
-            self.pos += 1;
-            self.skip_ws();
-            let value = self.value()?;
-            dict.set_item(key, value)?;
-            self.skip_ws();
-            match self.peek() {
-                Some(b'}') => break,
-                Some(b',') => self.pos += 1,
-                _ => return syntax(self.pos, "Expecting ',' delimiter"),
-            }
-            self.skip_ws();
-        }
-        self.pos += 1;
-        self.depth -= 1;
-        Ok(dict.into_any())
-    }
-
-    fn array(&mut self) -> Result<Bound<'py, PyAny>, JsonFail> {
-        self.nest()?;
-        self.pos += 1;
-        self.skip_ws();
-        let mut items: Vec<Bound<'py, PyAny>> = Vec::new();
-        if self.peek() == Some(b']') {
-            self.pos += 1;
-        } else {
-            loop {
-                items.push(self.value()?);
-                self.skip_ws();
-                match self.peek() {
-                    Some(b']') => break,
-                    Some(b',') => self.pos += 1,
-                    _ => return syntax(self.pos, "Expecting ',' delimiter"),
-                }
-                self.skip_ws();
-            }
-            self.pos += 1;
-        }
-        self.depth -= 1;
-        Ok(PyList::new(self.py, items)?.into_any())
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.pos;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.pos += 1;
-        }
-        self.pos - start
-    }
-
-    fn number(&mut self) -> Result<Bound<'py, PyAny>, JsonFail> {
-        let py = self.py;
-        let start = self.pos;
-        if self.peek() == Some(b'-') {
-            self.pos += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.pos += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return syntax(start, "Expecting value"),
-        }
-        let mut is_float = false;
-        if self.peek() == Some(b'.') && matches!(self.s.get(self.pos + 1), Some(b'0'..=b'9')) {
-            self.pos += 1;
-            self.digits();
-            is_float = true;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            // An exponent needs at least one digit; otherwise the number ends before the 'e'.
-            let mark = self.pos;
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.pos += 1;
-            }
-            if self.digits() > 0 {
-                is_float = true;
-            } else {
-                self.pos = mark;
-            }
-        }
-        // The scanned text is ASCII by construction.
-        let text = std::str::from_utf8(&self.s[start..self.pos]).unwrap_or("");
-        if is_float {
-            let v: f64 = text.parse().unwrap_or(f64::NAN);
-            return Ok(PyFloat::new(py, v).into_any());
-        }
-        if let Ok(v) = text.parse::<i64>() {
-            return Ok(v.into_pyobject(py)?.into_any());
-        }
-        // Beyond i64: let int() build it (and apply CPython's digit limit like json does).
-        Ok(py.get_type::<PyInt>().call1((text,))?)
-    }
-
-    fn hex4(&self, at: usize) -> Option<u32> {
-        let quad = self.s.get(at..at + 4)?;
-        let mut v = 0u32;
-        for &c in quad {
-            v = (v << 4) | char::from(c).to_digit(16)?;
-        }
-        Some(v)
-    }
-
-    fn string(&mut self) -> Result<Bound<'py, PyString>, JsonFail> {
-        let begin = self.pos;
-        let start = self.pos + 1;
-        let mut i = start;
-        // Fast path: no escapes.
-        loop {
-            match self.s.get(i) {
-                None => return syntax(begin, "Unterminated string starting at"),
-                Some(b'"') => {
-                    self.pos = i + 1;
-                    // The meta was validated as UTF-8 and quotes are ASCII boundaries.
-                    let text = std::str::from_utf8(&self.s[start..i]).unwrap_or("");
-                    return Ok(PyString::new(self.py, text));
-                }
-                Some(b'\\') => break,
-                Some(0..=0x1f) => return syntax(i, "Invalid control character at"),
-                Some(_) => i += 1,
-            }
-        }
-        let mut buf: Vec<u8> = self.s[start..i].to_vec();
-        let mut lone_surrogate = false;
-        loop {
-            match self.s.get(i) {
-                None => return syntax(begin, "Unterminated string starting at"),
-                Some(b'"') => break,
-                Some(b'\\') => {
-                    let Some(&esc) = self.s.get(i + 1) else {
-                        return syntax(begin, "Unterminated string starting at");
-                    };
-                    let simple = match esc {
-                        b'"' => b'"',
-                        b'\\' => b'\\',
-                        b'/' => b'/',
-                        b'b' => 0x08,
-                        b'f' => 0x0c,
-                        b'n' => b'\n',
-                        b'r' => b'\r',
-                        b't' => b'\t',
-                        b'u' => 0,
-                        _ => return syntax(i, "Invalid \\escape"),
-                    };
-                    if esc != b'u' {
-                        buf.push(simple);
-                        i += 2;
-                        continue;
-                    }
-                    let Some(mut cp) = self.hex4(i + 2) else {
-                        return syntax(i, "Invalid \\uXXXX escape");
-                    };
-                    i += 6;
-                    if (0xd800..=0xdbff).contains(&cp)
-                        && self.s.get(i) == Some(&b'\\')
-                        && self.s.get(i + 1) == Some(&b'u')
-                    {
-                        let Some(low) = self.hex4(i + 2) else {
-                            return syntax(i, "Invalid \\uXXXX escape");
-                        };
-                        if (0xdc00..=0xdfff).contains(&low) {
-                            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
-                            i += 6;
-                        }
-                    }
-                    push_code_point(&mut buf, cp);
-                    lone_surrogate |= (0xd800..=0xdfff).contains(&cp);
-                }
-                Some(0..=0x1f) => return syntax(i, "Invalid control character at"),
-                Some(&c) => {
-                    buf.push(c);
-                    i += 1;
-                }
-            }
-        }
-        self.pos = i + 1;
-        if !lone_surrogate {
-            let text = std::str::from_utf8(&buf).unwrap_or("");
-            return Ok(PyString::new(self.py, text));
-        }
-        // Python strs may hold lone surrogates: decode the generalised UTF-8 with
-        // "surrogatepass", which maps the 3-byte surrogate forms back to code points.
-        // SAFETY: buf outlives the call; the result is a new reference or NULL + exception.
-        let obj = unsafe {
-            Bound::from_owned_ptr_or_err(
-                self.py,
-                ffi::PyUnicode_DecodeUTF8(
-                    buf.as_ptr().cast(),
-                    buf.len() as ffi::Py_ssize_t,
-                    c"surrogatepass".as_ptr(),
-                ),
-            )
-        }?;
-        Ok(obj.downcast_into::<PyString>().map_err(PyErr::from)?)
-    }
 }
 
 fn json_kind(obj: &Bound<'_, PyAny>) -> &'static str {
@@ -1031,33 +532,23 @@ fn decode_envelope<'py>(
             ),
         ));
     }
-    let mut reader = JsonReader {
-        py,
-        s: text,
-        pos: 0,
-        depth: 0,
-    };
-    reader.skip_ws();
-    let parsed = reader.value().and_then(|v| {
-        reader.skip_ws();
-        if reader.pos == text.len() {
-            Ok(v)
-        } else {
-            syntax(reader.pos, "Extra data")
-        }
-    });
-    let meta = match parsed {
+    let meta = match read_py(py, text, MAX_JSON_DEPTH) {
         Ok(meta) => meta,
-        Err(JsonFail::Syntax(JsonSyntax { at, msg })) => {
+        Err(ReadFail::Reject(Reject { at, why })) => {
+            let why = if why == TOO_DEEP {
+                "nesting deeper than 1000 levels"
+            } else {
+                why
+            };
             return Err(SharedError::Frame.new_err(
                 py,
                 format!(
-                    "envelope meta at offset {} is not valid JSON: {msg}",
+                    "envelope meta at offset {} is not valid JSON: {why}",
                     8 + at
                 ),
             ));
         }
-        Err(JsonFail::Py(err)) => {
+        Err(ReadFail::Py(err)) => {
             // int() digit limit and the like: the text is not usable JSON for us either.
             return Err(SharedError::Frame.new_err(
                 py,

@@ -1,5 +1,7 @@
 //! A validating, non-allocating JSON scanner over bytes, for the primitives that splice JSON
-//! (`rust/relay.rs`, `rust/stamp.rs`). It reports byte spans instead of building values.
+//! (`rust/relay.rs`, `rust/stamp.rs`). It reports byte spans instead of building values;
+//! [`read_py`] builds Python values on it for the one primitive that reads whole JSON
+//! documents into objects (the envelope meta, `rust/frame.rs`).
 //!
 //! Grammar: exactly what CPython's `json.loads` accepts on strict UTF-8 input: the JSON
 //! grammar plus `NaN`, `Infinity` and `-Infinity`, escapes `\uXXXX` that may be lone
@@ -8,10 +10,15 @@
 //! twin, whose `json.loads` has the last word (and the exact error message). Inputs that only
 //! the twin accepts: UTF-8 with a BOM, UTF-16/32, encoded surrogates ("surrogatepass"),
 //! nesting deeper than [`MAX_DEPTH`], integers longer than [`MAX_INT_DIGITS`] digits (CPython
-//! may refuse those, depending on `sys.set_int_max_str_digits`).
+//! may refuse those, depending on `sys.set_int_max_str_digits`). A reject's reason is worded as
+//! `json.JSONDecodeError`'s message for the same error, at the same offset.
 //!
 //! Strings are skipped 64 bytes at a time (SSE2 on x86_64, 8 bytes at a time elsewhere), so a
 //! 100 MiB base64 member costs about one pass over memory.
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
 
 /// Deepest nesting accepted here; deeper documents go to the twin (CPython's own limit
 /// depends on the recursion limit and the current stack, so stay well below it).
@@ -20,7 +27,8 @@ pub const MAX_DEPTH: usize = 256;
 /// 640 (`sys.int_info.str_digits_check_threshold`) but not below, so shorter ones always parse.
 pub const MAX_INT_DIGITS: usize = 640;
 
-/// Why the scanner gave up, and where (for debugging and tests; users see the twin's message).
+/// Why the scanner gave up, and where (the splicing primitives hand the input to the twin,
+/// whose message users see; the envelope reports it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reject {
     pub at: usize,
@@ -32,6 +40,11 @@ pub type Scan<T> = Result<T, Reject>;
 fn reject<T>(at: usize, why: &'static str) -> Scan<T> {
     Err(Reject { at, why })
 }
+
+/// The reason for nesting deeper than the scanner's limit (callers may name the limit).
+pub const TOO_DEEP: &str = "nesting too deep";
+const EXPECTING_VALUE: &str = "Expecting value";
+const UNTERMINATED: &str = "Unterminated string starting at";
 
 /// A string's content span (between the quotes) and whether it holds any escape.
 #[derive(Debug, Clone, Copy)]
@@ -97,14 +110,25 @@ pub struct Scanner<'a> {
     pub s: &'a [u8],
     pub pos: usize,
     depth: usize,
+    max_depth: usize,
+    max_int_digits: usize,
 }
 
 impl<'a> Scanner<'a> {
+    /// A scanner with the limits under which CPython surely agrees ([`MAX_DEPTH`],
+    /// [`MAX_INT_DIGITS`]).
     pub fn new(s: &'a [u8]) -> Self {
+        Self::with_limits(s, MAX_DEPTH, MAX_INT_DIGITS)
+    }
+
+    /// A scanner with other limits, for a caller that does not hand rejects to a twin.
+    pub fn with_limits(s: &'a [u8], max_depth: usize, max_int_digits: usize) -> Self {
         Scanner {
             s,
             pos: 0,
             depth: 0,
+            max_depth,
+            max_int_digits,
         }
     }
 
@@ -124,7 +148,7 @@ impl<'a> Scanner<'a> {
     pub fn finish(&mut self) -> Scan<()> {
         self.ws();
         if self.pos != self.s.len() {
-            return reject(self.pos, "extra data");
+            return reject(self.pos, "Extra data");
         }
         Ok(())
     }
@@ -133,14 +157,14 @@ impl<'a> Scanner<'a> {
     pub fn kind(&self) -> Scan<Kind> {
         match self.peek() {
             Some(c) => Ok(Kind::of(c)),
-            None => reject(self.pos, "expecting value"),
+            None => reject(self.pos, EXPECTING_VALUE),
         }
     }
 
     fn enter(&mut self) -> Scan<()> {
         self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            return reject(self.pos, "nesting too deep");
+        if self.depth > self.max_depth {
+            return reject(self.pos, TOO_DEEP);
         }
         Ok(())
     }
@@ -187,7 +211,7 @@ impl<'a> Scanner<'a> {
             Some(b'I') if rest.starts_with(b"Infinity") => (8, Some(NumKind::Float)),
             Some(b'-') if rest.starts_with(b"-Infinity") => (9, Some(NumKind::Float)),
             Some(b'-' | b'0'..=b'9') => return self.number().map(Some),
-            _ => return reject(self.pos, "expecting value"),
+            _ => return reject(self.pos, EXPECTING_VALUE),
         };
         self.pos += len;
         Ok(kind)
@@ -215,7 +239,7 @@ impl<'a> Scanner<'a> {
             Some(b'1'..=b'9') => {
                 self.digits();
             }
-            _ => return reject(start, "expecting value"),
+            _ => return reject(start, EXPECTING_VALUE),
         }
         let int_digits = self.pos - int_start;
         let mut kind = NumKind::Int;
@@ -236,7 +260,7 @@ impl<'a> Scanner<'a> {
                 self.pos = mark;
             }
         }
-        if kind == NumKind::Int && int_digits > MAX_INT_DIGITS {
+        if kind == NumKind::Int && int_digits > self.max_int_digits {
             return reject(start, "integer too long for every int() digit limit");
         }
         Ok(kind)
@@ -255,7 +279,7 @@ impl<'a> Scanner<'a> {
         loop {
             i = find_special(s, i);
             match s.get(i) {
-                None => return reject(begin, "unterminated string"),
+                None => return reject(begin, UNTERMINATED),
                 Some(b'"') => {
                     self.pos = i + 1;
                     return Ok(Str {
@@ -266,9 +290,9 @@ impl<'a> Scanner<'a> {
                 }
                 Some(b'\\') => {
                     escaped = true;
-                    i = escape_end(s, i)?;
+                    i = escape_end(s, i, begin)?;
                 }
-                Some(&c) if c < 0x20 => return reject(i, "control character in string"),
+                Some(&c) if c < 0x20 => return reject(i, "Invalid control character at"),
                 Some(_) => {
                     // A run of non-ASCII characters (text in most languages but English).
                     while s.get(i).is_some_and(|&c| c >= 0x80) {
@@ -288,22 +312,60 @@ impl<'a> Scanner<'a> {
     pub fn key(&mut self) -> Scan<Key> {
         let start = self.pos;
         if self.peek() != Some(b'"') {
-            return reject(self.pos, "expecting property name");
+            return reject(
+                self.pos,
+                "Expecting property name enclosed in double quotes",
+            );
         }
         let text = self.string()?;
         self.ws();
         if self.peek() != Some(b':') {
-            return reject(self.pos, "expecting ':'");
+            return reject(self.pos, "Expecting ':' delimiter");
         }
         self.pos += 1;
         self.ws();
         Ok(Key { start, text })
     }
 
+    /// The members of the object at the cursor (at its `{`), in order, with their spans:
+    /// `member` reads each one's value (the cursor at it, its key given) and says whether the
+    /// member is to be removed. The splicing primitives' one member loop.
+    pub fn members(
+        &mut self,
+        mut member: impl FnMut(&mut Self, &Key) -> Scan<bool>,
+    ) -> Scan<Vec<Member>> {
+        let mut members = Vec::new();
+        if self.object_start()? {
+            return Ok(members);
+        }
+        loop {
+            let key = self.key()?;
+            let remove = member(self, &key)?;
+            members.push(Member {
+                key_start: key.start,
+                value_end: self.pos,
+                remove,
+            });
+            if !self.object_next()? {
+                return Ok(members);
+            }
+        }
+    }
+
+    /// The members of the object at the cursor, those whose key is one of `names` marked
+    /// for removal.
+    pub fn members_removing<N: AsRef<[u8]>>(&mut self, names: &[N]) -> Scan<Vec<Member>> {
+        self.members(|sc, key| {
+            let remove = names.iter().any(|name| sc.key_is(key, name.as_ref()));
+            sc.value()?;
+            Ok(remove)
+        })
+    }
+
     /// After a member's value: true if another member follows (cursor at its key),
     /// false at the end of the object (`}` consumed).
     pub fn object_next(&mut self) -> Scan<bool> {
-        self.container_next(b'}', "expecting ',' or '}'")
+        self.container_next(b'}')
     }
 
     /// `[` and the whitespace after it; true when the array is empty (`]` consumed too).
@@ -314,7 +376,7 @@ impl<'a> Scanner<'a> {
     /// After an element: true if another element follows (cursor at it), false at the end
     /// of the array (`]` consumed).
     pub fn array_next(&mut self) -> Scan<bool> {
-        self.container_next(b']', "expecting ',' or ']'")
+        self.container_next(b']')
     }
 
     /// The opening bracket and the whitespace after it; true when the container is empty
@@ -332,7 +394,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// After an item: true at ',' (cursor at the next item), false at `close` (consumed).
-    fn container_next(&mut self, close: u8, expecting: &'static str) -> Scan<bool> {
+    fn container_next(&mut self, close: u8) -> Scan<bool> {
         self.ws();
         match self.peek() {
             Some(b',') => {
@@ -345,7 +407,7 @@ impl<'a> Scanner<'a> {
                 self.depth -= 1;
                 Ok(false)
             }
-            _ => reject(self.pos, expecting),
+            _ => reject(self.pos, "Expecting ',' delimiter"),
         }
     }
 
@@ -359,18 +421,19 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// End of the escape sequence starting at the backslash at `i`.
-fn escape_end(s: &[u8], i: usize) -> Scan<usize> {
+/// End of the escape sequence starting at the backslash at `i`, in the string whose
+/// opening quote is at `begin`.
+fn escape_end(s: &[u8], i: usize, begin: usize) -> Scan<usize> {
     match s.get(i + 1) {
         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 2),
         Some(b'u') => {
             if hex4(s, i + 2).is_none() {
-                return reject(i, "invalid \\uXXXX escape");
+                return reject(i, "Invalid \\uXXXX escape");
             }
             Ok(i + 6)
         }
-        Some(_) => reject(i, "invalid escape"),
-        None => reject(i, "unterminated string"),
+        Some(_) => reject(i, "Invalid \\escape"),
+        None => reject(begin, UNTERMINATED),
     }
 }
 
@@ -657,6 +720,142 @@ pub fn for_each_kept(s: &[u8], cuts: &[(usize, usize)], mut put: impl FnMut(&[u8
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Python values
+
+/// Why [`read_py`] failed: the text is not JSON (for the scanner), or making a value raised
+/// (an int beyond CPython's digit limit, a failed allocation).
+pub enum ReadFail {
+    Reject(Reject),
+    Py(PyErr),
+}
+
+impl From<Reject> for ReadFail {
+    fn from(reject: Reject) -> Self {
+        ReadFail::Reject(reject)
+    }
+}
+
+impl From<PyErr> for ReadFail {
+    fn from(err: PyErr) -> Self {
+        ReadFail::Py(err)
+    }
+}
+
+/// `json.loads` of a whole document (valid UTF-8) into Python objects: CPython's grammar and
+/// values (NaN / Infinity / -Infinity, lone surrogate escapes kept, the last of duplicate
+/// keys wins), nesting up to `max_depth`, integers of any length (`int()` applies CPython's
+/// digit limit).
+pub fn read_py<'py>(
+    py: Python<'py>,
+    s: &[u8],
+    max_depth: usize,
+) -> Result<Bound<'py, PyAny>, ReadFail> {
+    let mut sc = Scanner::with_limits(s, max_depth, usize::MAX);
+    sc.ws();
+    let value = py_value(py, &mut sc)?;
+    sc.finish()?;
+    Ok(value)
+}
+
+fn py_value<'py>(py: Python<'py>, sc: &mut Scanner<'_>) -> Result<Bound<'py, PyAny>, ReadFail> {
+    match sc.kind()? {
+        Kind::Object => {
+            let dict = PyDict::new(py);
+            if !sc.object_start()? {
+                loop {
+                    let key = sc.key()?;
+                    let key = py_str(py, sc.s, key.text)?;
+                    dict.set_item(key, py_value(py, sc)?)?;
+                    if !sc.object_next()? {
+                        break;
+                    }
+                }
+            }
+            Ok(dict.into_any())
+        }
+        Kind::Array => {
+            let mut items = Vec::new();
+            if !sc.array_start()? {
+                loop {
+                    items.push(py_value(py, sc)?);
+                    if !sc.array_next()? {
+                        break;
+                    }
+                }
+            }
+            Ok(PyList::new(py, items)?.into_any())
+        }
+        Kind::String => {
+            let text = sc.string()?;
+            Ok(py_str(py, sc.s, text)?.into_any())
+        }
+        Kind::Number | Kind::Bool | Kind::Null => {
+            let start = sc.pos;
+            let kind = sc.scalar()?;
+            py_scalar(py, &sc.s[start..sc.pos], kind)
+        }
+    }
+}
+
+/// The value of a scanned number or literal (`text`, ASCII).
+fn py_scalar<'py>(
+    py: Python<'py>,
+    text: &[u8],
+    kind: Option<NumKind>,
+) -> Result<Bound<'py, PyAny>, ReadFail> {
+    let float = |v: f64| Ok(PyFloat::new(py, v).into_any());
+    match (kind, text) {
+        (None, b"null") => Ok(py.None().into_bound(py)),
+        (None, b"true") => Ok(PyBool::new(py, true).to_owned().into_any()),
+        (None, _) => Ok(PyBool::new(py, false).to_owned().into_any()),
+        (Some(_), b"NaN") => float(f64::NAN),
+        (Some(_), b"Infinity") => float(f64::INFINITY),
+        (Some(_), b"-Infinity") => float(f64::NEG_INFINITY),
+        (Some(NumKind::Float), _) => {
+            let text = std::str::from_utf8(text).unwrap_or("");
+            float(text.parse().unwrap_or(f64::NAN))
+        }
+        (Some(NumKind::Int), _) => {
+            let text = std::str::from_utf8(text).unwrap_or("");
+            if let Ok(v) = text.parse::<i64>() {
+                return Ok(PyInt::new(py, v).into_any());
+            }
+            // Beyond i64: int() builds it, under CPython's digit limit as json's does.
+            Ok(py.get_type::<PyInt>().call1((text,))?)
+        }
+    }
+}
+
+/// The Python str of a scanned string.
+fn py_str<'py>(py: Python<'py>, s: &[u8], text: Str) -> PyResult<Bound<'py, PyString>> {
+    let raw = &s[text.start..text.end];
+    let decoded;
+    let bytes = if text.escaped {
+        decoded = unescape(raw);
+        &decoded[..]
+    } else {
+        raw
+    };
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        return Ok(PyString::new(py, text));
+    }
+    // Only escaped lone surrogates make it invalid UTF-8 (the scanner validated the rest):
+    // "surrogatepass" maps their 3-byte forms back to code points, as Python strs hold them.
+    // SAFETY: `bytes` outlives the call; the result is a new reference or NULL + exception.
+    let obj = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyUnicode_DecodeUTF8(
+                bytes.as_ptr().cast(),
+                bytes.len() as ffi::Py_ssize_t,
+                c"surrogatepass".as_ptr(),
+            ),
+        )
+    }?;
+    Ok(obj.downcast_into::<PyString>()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,6 +898,27 @@ mod tests {
         assert!(validate(b"\"\xed\xa0\x80\"").is_err());
         assert!(validate(b"\"\xc0\x80\"").is_err());
         assert!(validate("[".repeat(MAX_DEPTH + 1).as_bytes()).is_err());
+    }
+
+    #[test]
+    fn rejects_say_what_json_loads_says_where_it_says_it() {
+        let why = |s: &str| validate(s.as_bytes()).err().map(|r| (r.at, r.why));
+        assert_eq!(why(r#"{"a":}"#), Some((5, "Expecting value")));
+        assert_eq!(why("{} {}"), Some((3, "Extra data")));
+        assert_eq!(why(r#"{"a" 1}"#), Some((5, "Expecting ':' delimiter")));
+        assert_eq!(why("[1 2]"), Some((3, "Expecting ',' delimiter")));
+        assert_eq!(why("\"ab\\"), Some((0, "Unterminated string starting at")));
+        assert_eq!(why("\"a\u{1}\""), Some((2, "Invalid control character at")));
+        assert_eq!(
+            why(r#"["\ud800\u12"]"#),
+            Some((8, "Invalid \\uXXXX escape"))
+        );
+        let deep = "[".repeat(11);
+        let mut sc = Scanner::with_limits(deep.as_bytes(), 10, MAX_INT_DIGITS);
+        assert_eq!(
+            sc.value().err().map(|r| (r.at, r.why)),
+            Some((10, TOO_DEEP))
+        );
     }
 
     #[test]

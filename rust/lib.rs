@@ -11,6 +11,7 @@ pub mod gil;
 pub mod hash;
 pub mod json_scan;
 pub mod json_write;
+pub mod options;
 pub mod types;
 
 // Primitives: one `register` each.
@@ -24,6 +25,9 @@ pub mod relay;
 pub mod shard;
 pub mod stamp;
 
+// Test hooks: internals exported for the tests only.
+pub mod testing;
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -36,5 +40,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     bytes_sink::register(m)?;
     front::register(m)?;
     engine_policy::register(m)?;
+    testing::register(m)?;
     Ok(())
 }

@@ -966,10 +966,11 @@ fn extract_reply(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<ExtractedR
     })
 }
 
-/// Test hook: None when the Rust scanner accepts `body` as JSON, else why it does not.
+/// Test hook (`rust/testing.rs`): None when the Rust scanner accepts `body` as JSON, else
+/// why it does not.
 #[pyfunction]
-fn _json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
-    let input = Input::get(body, "_json_reject", "body")?;
+pub(crate) fn json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    let input = Input::get(body, "json_reject", "body")?;
     let data = input.as_slice();
     Ok(maybe_unlocked(py, data.len(), || validate(data))
         .err()
@@ -991,24 +992,12 @@ fn scan_request(s: &[u8], names: &[Vec<u8>]) -> Scan<RequestScan> {
     sc.ws();
     let kind = sc.kind()?;
     let open = sc.pos;
-    let mut members = Vec::new();
-    if kind != Kind::Object {
+    let members = if kind == Kind::Object {
+        sc.members_removing(names)?
+    } else {
         sc.value()?;
-    } else if !sc.object_start()? {
-        loop {
-            let key = sc.key()?;
-            let remove = names.iter().any(|name| sc.key_is(&key, name));
-            sc.value()?;
-            members.push(Member {
-                key_start: key.start,
-                value_end: sc.pos,
-                remove,
-            });
-            if !sc.object_next()? {
-                break;
-            }
-        }
-    }
+        Vec::new()
+    };
     sc.finish()?;
     Ok(RequestScan {
         kind,
@@ -1298,7 +1287,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExtractedReply>()?;
     m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
     m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
-    m.add_function(wrap_pyfunction!(_json_reject, m)?)?;
     Ok(())
 }
 

@@ -519,30 +519,18 @@ fn object_named<T>(
     inner: &mut dyn FnMut(&mut Scanner<'_>) -> Scan<T>,
 ) -> Scan<Obj<T>> {
     let open = sc.pos;
-    let mut members = Vec::new();
     let mut found = None;
-    let mut last = None;
-    if !sc.object_start()? {
-        loop {
-            let key = sc.key()?;
-            let hit = sc.key_is(&key, name);
-            if hit {
-                found = Some(inner(sc)?);
-                last = Some(members.len());
-            } else {
-                sc.value()?;
-            }
-            members.push(Member {
-                key_start: key.start,
-                value_end: sc.pos,
-                remove: hit,
-            });
-            if !sc.object_next()? {
-                break;
-            }
+    let mut members = sc.members(|sc, key| {
+        let hit = sc.key_is(key, name);
+        if hit {
+            found = Some(inner(sc)?);
+        } else {
+            sc.value()?;
         }
-    }
-    if let Some(member) = last.and_then(|i| members.get_mut(i)) {
+        Ok(hit)
+    })?;
+    // The last of the members named `name` stays.
+    if let Some(member) = members.iter_mut().rev().find(|m| m.remove) {
         member.remove = false;
     }
     Ok(Obj {
@@ -574,25 +562,9 @@ fn slot<T>(
 /// The `session_control` object at the cursor, every member named in `keys` marked.
 fn control(sc: &mut Scanner<'_>, keys: &[&[u8]]) -> Scan<Control> {
     let open = sc.pos;
-    let mut members = Vec::new();
-    if !sc.object_start()? {
-        loop {
-            let key = sc.key()?;
-            let remove = keys.iter().any(|name| sc.key_is(&key, name));
-            sc.value()?;
-            members.push(Member {
-                key_start: key.start,
-                value_end: sc.pos,
-                remove,
-            });
-            if !sc.object_next()? {
-                break;
-            }
-        }
-    }
     Ok(Obj {
         open,
-        members,
+        members: sc.members_removing(keys)?,
         found: None,
     })
 }
@@ -859,9 +831,10 @@ fn nvext_session_control<'py>(
     Ok(out)
 }
 
-/// Test hook: `RESERVED_HEADER_NAMES` as compiled in (compared with primitives/header_names.py).
+/// Test hook (`rust/testing.rs`): `RESERVED_HEADER_NAMES` as compiled in (compared with
+/// primitives/header_names.py).
 #[pyfunction]
-fn _reserved_header_names(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
+pub(crate) fn reserved_header_names(py: Python<'_>) -> PyResult<Bound<'_, PyTuple>> {
     PyTuple::new(py, RESERVED_HEADER_NAMES)
 }
 
@@ -869,7 +842,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HeaderStamper>()?;
     install_stamp(m.py())?;
     m.add_function(wrap_pyfunction!(nvext_session_control, m)?)?;
-    m.add_function(wrap_pyfunction!(_reserved_header_names, m)?)?;
     Ok(())
 }
 

@@ -336,6 +336,17 @@ class DispatchedRequest:
     def abort(self) -> None:
         """Cut a started reply: the front closes the connection without ending it."""
 
+# Test hooks (rust/testing.rs): internals exported only so that the tests can reach them,
+# the Rust halves of twin tests and the JSON scanner's verdict. The gateway never calls them.
+
+def json_reject(body: Buffer) -> str | None:
+    """None when the relay's JSON scanner (rust/json_scan.rs) takes ``body`` on its fast
+    path, else why it does not and where (``"<reason> at byte <offset>"``)."""
+
+def reserved_header_names() -> tuple[str, ...]:
+    """The reserved header names as compiled into rust/stamp.rs
+    (``primitives/header_names.py`` is the twin)."""
+
 def front_backoff_ms(
     attempt: int, initial_ms: int, max_ms: int, multiplier: float, jitter: float, sample: float
 ) -> int:

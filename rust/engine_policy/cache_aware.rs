@@ -2,6 +2,7 @@
 //! balanced; the twin of `policies/cache_aware.py`, whose docstring says how sessiongate's
 //! variant departs from the SGLang Model Gateway's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::tree::PrefixTree;
@@ -60,6 +61,23 @@ impl CacheAware {
         }
     }
 
+    /// The tree a request's prefixes live in and the units it is matched by, for `pick` and
+    /// `record` alike (`_key` in `cache_aware.py`).
+    fn key<'m>(&self, material: &'m Material) -> (TreeKey, Cow<'m, [u32]>) {
+        if self.gateway {
+            return ((false, None, None), Cow::Owned(gateway_units(material)));
+        }
+        let key = (
+            material.ids.is_some(),
+            material.adapter.clone(),
+            material.extra_key.clone(),
+        );
+        (
+            key,
+            Cow::Borrowed(material.ids.as_deref().unwrap_or(&material.text)),
+        )
+    }
+
     fn ratio(&self, matched: usize, units: &[u32]) -> bool {
         matched as f64 / units.len() as f64 > self.threshold
     }
@@ -99,21 +117,8 @@ impl CacheAware {
 impl Policy for CacheAware {
     fn pick(&mut self, request: &Request<'_>, engines: &mut EngineStates) -> usize {
         let candidates = engines.candidates();
-        let material = request.material(self.gateway);
-        let (key, owned);
-        let units: &[u32] = if self.gateway {
-            key = (false, None, None);
-            owned = gateway_units(material);
-            &owned
-        } else {
-            let ids = material.ids.as_deref();
-            key = (
-                ids.is_some(),
-                material.adapter.clone(),
-                material.extra_key.clone(),
-            );
-            ids.unwrap_or(&material.text)
-        };
+        let (key, units) = self.key(request.material(self.gateway));
+        let units: &[u32] = &units;
         let mut ids = self.ids;
         let engine_count = self.engines;
         let tree = self
@@ -170,21 +175,8 @@ impl Policy for CacheAware {
     }
 
     fn record(&mut self, index: usize, request: &Request<'_>, engines: &mut EngineStates) {
-        let material = request.material(self.gateway);
-        let (key, owned);
-        let units: &[u32] = if self.gateway {
-            key = (false, None, None);
-            owned = gateway_units(material);
-            &owned
-        } else {
-            let ids = material.ids.as_deref();
-            key = (
-                ids.is_some(),
-                material.adapter.clone(),
-                material.extra_key.clone(),
-            );
-            ids.unwrap_or(&material.text)
-        };
+        let (key, units) = self.key(request.material(self.gateway));
+        let units: &[u32] = &units;
         let mut ids = self.ids;
         let engine_count = self.engines;
         let mut tree = self

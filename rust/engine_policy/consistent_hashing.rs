@@ -2,13 +2,11 @@
 //! Authorization / X-Forwarded-For / Cookie) in rendezvous order over the engine URLs, else
 //! a random candidate; as `policies/consistent_hashing.py`.
 
-use blake2::digest::consts::U8;
-use blake2::{Blake2b, Digest};
-
 use super::{
     EngineStates, Policy, Request, Rng, IMPLICIT_KEY_HEADERS, ROUTING_KEY_HEADER,
     TARGET_WORKER_HEADER,
 };
+use crate::hash::rendezvous_weight;
 
 pub struct ConsistentHashing {
     rng: Rng,
@@ -20,15 +18,6 @@ impl ConsistentHashing {
             rng: Rng::new(seed),
         }
     }
-}
-
-/// blake2b-64 of `key \0 url`, as `rendezvous_order` in `engines/pool.py`.
-fn weight(key: &[u8], url: &str) -> [u8; 8] {
-    let mut hasher = Blake2b::<U8>::new();
-    hasher.update(key);
-    hasher.update(b"\0");
-    hasher.update(url.as_bytes());
-    hasher.finalize().into()
 }
 
 fn target(value: &[u8]) -> Option<usize> {
@@ -58,9 +47,9 @@ impl Policy for ConsistentHashing {
         };
         // Highest weight first; the lower index on a (practically impossible) tie.
         let mut best = candidates[0];
-        let mut best_weight = weight(key, &engines.urls[best]);
+        let mut best_weight = rendezvous_weight(key, &engines.urls[best]);
         for &i in &candidates[1..] {
-            let w = weight(key, &engines.urls[i]);
+            let w = rendezvous_weight(key, &engines.urls[i]);
             if w > best_weight {
                 best = i;
                 best_weight = w;

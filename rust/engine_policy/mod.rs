@@ -8,7 +8,10 @@ use std::cell::OnceCell;
 use hyper::HeaderMap;
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyDict;
+use serde::Deserialize;
+
+use crate::options::from_py_dict;
 
 mod cache_aware;
 mod consistent_hashing;
@@ -180,8 +183,10 @@ pub trait Policy: Send + Sync {
     fn evict(&mut self, _now: f64) {}
 }
 
-/// The tunables (`EngineRoutingConfig` of the Python side).
-#[derive(Debug, Clone)]
+/// The tunables (`EngineRoutingConfig.options()` of the Python side, read by
+/// `crate::options`; the defaults are its defaults).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Options {
     pub cache_threshold: f64,
     pub balance_abs_threshold: u64,
@@ -210,53 +215,13 @@ impl Default for Options {
     }
 }
 
-fn negative(name: &str) -> PyErr {
-    PyValueError::new_err(format!("{name} must be >= 0"))
-}
-
 impl Options {
-    /// From the Python dict of `EngineRoutingConfig.options()`; a ValueError names the key.
+    /// From the Python dict of `EngineRoutingConfig.options()` (None: the defaults); a
+    /// ValueError names the key.
     pub fn from_dict(dict: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let mut o = Options::default();
-        let Some(dict) = dict else { return Ok(o) };
-        for (key, value) in dict.iter() {
-            let key = key.downcast::<PyString>()?.to_string_lossy().into_owned();
-            let int = |name: &str| -> PyResult<u64> {
-                let v: i128 = value.extract().map_err(|_| {
-                    PyValueError::new_err(format!("{name} must be an integer, got {value}"))
-                })?;
-                u64::try_from(v).map_err(|_| negative(name))
-            };
-            let float = |name: &str| -> PyResult<f64> {
-                value.extract().map_err(|_| {
-                    PyValueError::new_err(format!("{name} must be a number, got {value}"))
-                })
-            };
-            match key.as_str() {
-                "cache_threshold" => o.cache_threshold = float(&key)?,
-                "balance_abs_threshold" => o.balance_abs_threshold = int(&key)?,
-                "balance_rel_threshold" => o.balance_rel_threshold = float(&key)?,
-                "eviction_interval_secs" => o.eviction_interval_secs = int(&key)?,
-                "max_tree_size" => o.max_tree_size = int(&key)?,
-                "assignment_mode" => o.assignment_mode = value.extract()?,
-                "max_idle_secs" => o.max_idle_secs = int(&key)?,
-                "tie_break" => o.tie_break = value.extract()?,
-                "seed" => {
-                    o.seed = if value.is_none() {
-                        None
-                    } else {
-                        Some(int(&key)?)
-                    }
-                }
-                _ => {
-                    return Err(PyValueError::new_err(format!(
-                        "bad engine routing options: unknown option {key:?}"
-                    )))
-                }
-            }
-        }
-        o.check().map_err(PyValueError::new_err)?;
-        Ok(o)
+        let options: Self = from_py_dict("engine routing options", dict)?;
+        options.check().map_err(PyValueError::new_err)?;
+        Ok(options)
     }
 
     /// What is wrong with these values (the Python side's messages), or Ok.

@@ -3,7 +3,7 @@
 //! is the twin of one Python function (`engines/client.py::transport_error_text`,
 //! `http/client.py::connect_failed_text` and `connect_timed_out`,
 //! `engines/pool.py::retry_target`), exposed to the hypothesis twin test
-//! (`tests/engines/test_engine_client_twin.py`), so a client gets the same words and the same
+//! (`tests/engines/test_engine_client_twin.py`, through the test hooks of `rust/testing.rs`), so a client gets the same words and the same
 //! second engine whichever front served it.
 
 use pyo3::prelude::*;
@@ -97,7 +97,7 @@ pub fn retry_target(
 }
 
 #[pyfunction]
-fn front_transport_error_text(
+pub(crate) fn front_transport_error_text(
     method: &str,
     url: &str,
     path: &str,
@@ -108,34 +108,29 @@ fn front_transport_error_text(
 }
 
 #[pyfunction]
-fn front_connect_failed_text(host: &str, port: u16, why: &str) -> String {
+pub(crate) fn front_connect_failed_text(host: &str, port: u16, why: &str) -> String {
     connect_failed_text(host, port, why)
 }
 
 #[pyfunction]
-fn front_url_hostname(host: &str) -> String {
+pub(crate) fn front_url_hostname(host: &str) -> String {
     url_hostname(host)
 }
 
 #[pyfunction]
-fn front_connect_timed_out(seconds: f64) -> String {
+pub(crate) fn front_connect_timed_out(seconds: f64) -> String {
     connect_timed_out(seconds)
 }
 
 #[pyfunction]
-fn front_retry_target(order: Vec<usize>, failed: usize, available: Vec<bool>) -> Option<usize> {
+pub(crate) fn front_retry_target(
+    order: Vec<usize>,
+    failed: usize,
+    available: Vec<bool>,
+) -> Option<usize> {
     retry_target(&order, failed, |i| {
         available.get(i).copied().unwrap_or(false)
     })
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(front_transport_error_text, m)?)?;
-    m.add_function(wrap_pyfunction!(front_connect_failed_text, m)?)?;
-    m.add_function(wrap_pyfunction!(front_connect_timed_out, m)?)?;
-    m.add_function(wrap_pyfunction!(front_url_hostname, m)?)?;
-    m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -16,10 +16,10 @@ use tokio::sync::watch;
 
 mod conn;
 mod dispatch;
-mod failure;
+pub(crate) mod failure;
 mod head;
 mod hop;
-mod reliability;
+pub(crate) mod reliability;
 mod reply;
 mod route;
 mod server;
@@ -428,11 +428,11 @@ impl Drop for CompiledFront {
     }
 }
 
-/// "proxy" when the front serves the request itself, "dispatch" when Python answers it on
-/// the front's connection, else "handoff" (`route.rs`).
+/// Test hook (`rust/testing.rs`): "proxy" when the front serves the request itself,
+/// "dispatch" when Python answers it on the front's connection, else "handoff" (`route.rs`).
 #[pyfunction]
 #[pyo3(signature = (method, target, headers, session_headers))]
-fn front_route(
+pub(crate) fn front_route(
     method: &Bound<'_, PyString>,
     target: &Bound<'_, PyString>,
     headers: Vec<(Bound<'_, PyString>, Bound<'_, PyString>)>,
@@ -480,11 +480,15 @@ fn session_in_python(
     Ok(false)
 }
 
-/// The headers the front passes on (`hop.rs`): of a request when `reply` is false, else of an
-/// upstream reply; order and duplicates kept. The twin of `http/forwarding.py`.
+/// Test hook (`rust/testing.rs`): the headers the front passes on (`hop.rs`): of a request
+/// when `reply` is false, else of an upstream reply; order and duplicates kept. The twin of
+/// `http/forwarding.py`.
 #[pyfunction]
 #[pyo3(signature = (headers, reply = false))]
-fn front_forwarded_headers(headers: Vec<(String, Vec<u8>)>, reply: bool) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn front_forwarded_headers(
+    headers: Vec<(String, Vec<u8>)>,
+    reply: bool,
+) -> Vec<(String, Vec<u8>)> {
     let named = hop::connection_named(headers.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())));
     let keep = if reply { hop::relayed } else { hop::forwarded };
     headers
@@ -496,9 +500,5 @@ fn front_forwarded_headers(headers: Vec<(String, Vec<u8>)>, reply: bool) -> Vec<
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CompiledFront>()?;
     m.add_class::<dispatch::DispatchedRequest>()?;
-    m.add_function(wrap_pyfunction!(front_route, m)?)?;
-    m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
-    reliability::register(m)?;
-    failure::register(m)?;
     Ok(())
 }

@@ -5,7 +5,11 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::PyDict;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use crate::options::from_py_dict;
 
 pub const CLOSED: u8 = 0;
 pub const OPEN: u8 = 1;
@@ -24,12 +28,16 @@ pub fn retryable_status(status: u16) -> bool {
     status == 429 || status == 503
 }
 
-/// `ReliabilityConfig` of the Python side (its defaults are the Gateway's).
-#[derive(Debug, Clone)]
+/// `ReliabilityConfig` of the Python side (its defaults are the Gateway's), read by
+/// `crate::options`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub health_failure_threshold: u32,
     pub health_success_threshold: u32,
     pub health_check_timeout_secs: f64,
+    /// The front takes its probe path as its own argument.
+    health_check_endpoint: IgnoredAny,
     pub retry_max_retries: u32,
     pub retry_initial_backoff_ms: u64,
     pub retry_max_backoff_ms: u64,
@@ -49,6 +57,7 @@ impl Default for Config {
             health_failure_threshold: 3,
             health_success_threshold: 2,
             health_check_timeout_secs: 5.0,
+            health_check_endpoint: IgnoredAny,
             retry_max_retries: 5,
             retry_initial_backoff_ms: 50,
             retry_max_backoff_ms: 30_000,
@@ -68,68 +77,48 @@ impl Config {
     /// From `dataclasses.asdict(ReliabilityConfig(...))` (None: the defaults); the Python
     /// side validated the values, this only refuses what Rust cannot represent.
     pub fn from_dict(dict: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
-        let mut c = Self::default();
-        let Some(dict) = dict else { return Ok(c) };
-        for (key, value) in dict.iter() {
-            let key = key.downcast::<PyString>()?.to_string_lossy().into_owned();
-            let bad =
-                |what: &str| PyValueError::new_err(format!("{key} must be {what}, got {value}"));
-            let count = || -> PyResult<u32> {
-                let v: i64 = value.extract().map_err(|_| bad("an integer >= 1"))?;
-                u32::try_from(v)
-                    .ok()
-                    .filter(|&v| v >= 1)
-                    .ok_or_else(|| bad("an integer >= 1"))
-            };
-            let millis = || -> PyResult<u64> {
-                let v: i64 = value.extract().map_err(|_| bad("an integer >= 0"))?;
-                u64::try_from(v).map_err(|_| bad("an integer >= 0"))
-            };
-            let positive = || -> PyResult<f64> {
-                let v: f64 = value.extract().map_err(|_| bad("a number"))?;
-                if v.is_finite() && v > 0.0 {
-                    Ok(v)
-                } else {
-                    Err(bad("a number > 0"))
-                }
-            };
-            match key.as_str() {
-                "health_failure_threshold" => c.health_failure_threshold = count()?,
-                "health_success_threshold" => c.health_success_threshold = count()?,
-                "health_check_timeout_secs" => c.health_check_timeout_secs = positive()?,
-                // The front takes its probe path as its own argument.
-                "health_check_endpoint" => {}
-                "retry_max_retries" => c.retry_max_retries = count()?,
-                "retry_initial_backoff_ms" => c.retry_initial_backoff_ms = millis()?,
-                "retry_max_backoff_ms" => c.retry_max_backoff_ms = millis()?,
-                "retry_backoff_multiplier" => {
-                    let v: f64 = value.extract().map_err(|_| bad("a number >= 1"))?;
-                    if !(v.is_finite() && v >= 1.0) {
-                        return Err(bad("a number >= 1"));
-                    }
-                    c.retry_backoff_multiplier = v;
-                }
-                "retry_jitter_factor" => {
-                    let v: f64 = value.extract().map_err(|_| bad("a number in [0, 1]"))?;
-                    if !(0.0..=1.0).contains(&v) {
-                        return Err(bad("a number in [0, 1]"));
-                    }
-                    c.retry_jitter_factor = v;
-                }
-                "disable_retries" => c.disable_retries = value.extract()?,
-                "cb_failure_threshold" => c.cb_failure_threshold = count()?,
-                "cb_success_threshold" => c.cb_success_threshold = count()?,
-                "cb_timeout_duration_secs" => c.cb_timeout_duration_secs = positive()?,
-                "cb_window_duration_secs" => c.cb_window_duration_secs = positive()?,
-                "disable_circuit_breaker" => c.disable_circuit_breaker = value.extract()?,
-                _ => {
-                    return Err(PyValueError::new_err(format!(
-                        "bad reliability options: unknown option {key:?}"
-                    )))
-                }
+        let config: Self = from_py_dict("reliability options", dict)?;
+        config.check().map_err(PyValueError::new_err)?;
+        Ok(config)
+    }
+
+    /// What is wrong with these values (in the words of the former dict reader), or Ok.
+    fn check(&self) -> Result<(), String> {
+        let bad = |key: &str, what: &str, value: &dyn std::fmt::Display| {
+            Err(format!("{key} must be {what}, got {value}"))
+        };
+        for (key, value) in [
+            ("health_failure_threshold", self.health_failure_threshold),
+            ("health_success_threshold", self.health_success_threshold),
+            ("retry_max_retries", self.retry_max_retries),
+            ("cb_failure_threshold", self.cb_failure_threshold),
+            ("cb_success_threshold", self.cb_success_threshold),
+        ] {
+            if value < 1 {
+                return bad(key, "an integer >= 1", &value);
             }
         }
-        Ok(c)
+        for (key, value) in [
+            ("health_check_timeout_secs", self.health_check_timeout_secs),
+            ("cb_timeout_duration_secs", self.cb_timeout_duration_secs),
+            ("cb_window_duration_secs", self.cb_window_duration_secs),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return bad(key, "a number > 0", &value);
+            }
+        }
+        let multiplier = self.retry_backoff_multiplier;
+        if !(multiplier.is_finite() && multiplier >= 1.0) {
+            return bad("retry_backoff_multiplier", "a number >= 1", &multiplier);
+        }
+        if !(0.0..=1.0).contains(&self.retry_jitter_factor) {
+            return bad(
+                "retry_jitter_factor",
+                "a number in [0, 1]",
+                &self.retry_jitter_factor,
+            );
+        }
+        Ok(())
     }
 
     /// How many times one request may be sent (1 with retries off).
@@ -316,10 +305,10 @@ impl HealthCounter {
     }
 }
 
-/// The backoff schedule, for the twin test.
+/// Test hook (`rust/testing.rs`): the backoff schedule, for the twin test.
 #[pyfunction]
 #[pyo3(signature = (attempt, initial_ms, max_ms, multiplier, jitter, sample))]
-fn front_backoff_ms(
+pub(crate) fn front_backoff_ms(
     attempt: u32,
     initial_ms: u64,
     max_ms: u64,
@@ -330,9 +319,9 @@ fn front_backoff_ms(
     backoff_ms(attempt, initial_ms, max_ms, multiplier, jitter, sample)
 }
 
-/// The breaker, for the twin test.
+/// Test hook (`rust/testing.rs`): the breaker, for the twin test.
 #[pyclass(name = "FrontCircuitBreaker", module = "sessiongate._core")]
-struct PyBreaker {
+pub(crate) struct PyBreaker {
     inner: Breaker,
 }
 
@@ -376,9 +365,9 @@ impl PyBreaker {
     }
 }
 
-/// The probe thresholds, for the twin test.
+/// Test hook (`rust/testing.rs`): the probe thresholds, for the twin test.
 #[pyclass(name = "FrontHealthCounter", module = "sessiongate._core")]
-struct PyHealthCounter {
+pub(crate) struct PyHealthCounter {
     inner: HealthCounter,
     config: Config,
 }
@@ -406,13 +395,6 @@ impl PyHealthCounter {
     fn reset(&mut self) {
         self.inner.reset();
     }
-}
-
-pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyBreaker>()?;
-    m.add_class::<PyHealthCounter>()?;
-    m.add_function(wrap_pyfunction!(front_backoff_ms, m)?)?;
-    Ok(())
 }
 
 #[cfg(test)]

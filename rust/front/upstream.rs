@@ -31,7 +31,7 @@ use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
 use crate::engine_policy::{Request as RoutingRequest, Router};
-use crate::hash::blake2b64;
+use crate::hash::rendezvous_weight;
 
 pub type Body = Full<Bytes>;
 
@@ -248,10 +248,10 @@ impl Pool {
         }
         let weights: Vec<u64> = upstreams
             .iter()
-            .map(|u| blake2b64(format!("\0{}", u.target.url).as_bytes()))
+            .map(|u| rendezvous_weight(b"", &u.target.url))
             .collect();
         let mut retry_order: Vec<usize> = (0..upstreams.len()).collect();
-        // Highest weight first; the digest read big-endian orders as its bytes do.
+        // Highest weight first.
         retry_order.sort_by(|&a, &b| weights[b].cmp(&weights[a]));
         Ok(Self {
             upstreams,
@@ -735,7 +735,7 @@ mod tests {
         let mut by_weight: Vec<(u64, usize)> = urls
             .iter()
             .enumerate()
-            .map(|(i, u)| (blake2b64(format!("\0{u}").as_bytes()), i))
+            .map(|(i, u)| (crate::hash::blake2b64(format!("\0{u}").as_bytes()), i))
             .collect();
         by_weight.sort_unstable_by(|a, b| b.cmp(a));
         let order: Vec<usize> = by_weight.iter().map(|&(_, i)| i).collect();

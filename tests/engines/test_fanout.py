@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from sessiongate.dataplane.router.metrics import RouterMetrics, engine_gauges
-from sessiongate.engines.fanout import Family, handle_fanout, merge_metrics
+from sessiongate.engines.fanout import Metric, handle_fanout, merge_metrics
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.protocol import CoreReply, CoreRequest, Op
 
@@ -22,7 +22,7 @@ sglang:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 2.0
 sglang:e2e_request_latency_seconds_sum{model_name="m"} 0.5
 sglang:e2e_request_latency_seconds_count{model_name="m"} 2.0
 """
-# Another engine: the same families, a label value with a comma and a quote, a timestamp,
+# Another engine: the same metrics, a label value with a comma and a quote, a timestamp,
 # an untyped sample and a stray line.
 ENGINE_B = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -33,9 +33,9 @@ this is not a sample
 """
 
 
-def text_of(families: dict[str, Family]) -> list[str]:
+def text_of(metrics: dict[str, Metric]) -> list[str]:
     lines: list[str] = []
-    for name, family in families.items():
+    for name, family in metrics.items():
         if family.help is not None:
             lines.append(f"# HELP {name} {family.help}")
         if family.kind is not None:

@@ -104,18 +104,21 @@ def test_extracted_reply_members_match() -> None:
 
 
 # The compiled front is a server, not a primitive: its Python twin is the Python front itself
-# (`--front python`), `DispatchedRequest` is its request handed to that front's app, and
-# `front_route`'s twin is `front/routes.py::front_decision` (tests/front/test_front_route_twin.py),
-# `front_forwarded_headers`'s is `http/forwarding.py` (tests/primitives/test_forwarding_twin.py),
-# `front_backoff_ms`'s, `FrontCircuitBreaker`'s and `FrontHealthCounter`'s are
-# `engines/reliability.py`
-# (tests/primitives/test_reliability_twin.py), and the failure texts' and `front_retry_target`'s
-# are in `engines/client.py`, `http/client.py` and `engines/pool.py`
-# (tests/engines/test_engine_client_twin.py).
-FRONT_NAMES = frozenset(
+# (`--front python`), and `DispatchedRequest` is its request handed to that front's app.
+FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest"})
+# The test hooks (rust/testing.rs), declared under one heading at the end of the stub, have
+# no twin in `primitives`: `front_route`'s is `front/routes.py::front_decision`
+# (tests/front/test_front_route_twin.py), `front_forwarded_headers`'s is `http/forwarding.py`
+# (tests/primitives/test_forwarding_twin.py), `front_backoff_ms`'s, `FrontCircuitBreaker`'s
+# and `FrontHealthCounter`'s are `engines/reliability.py` (tests/primitives/
+# test_reliability_twin.py), `reserved_header_names` is compared with
+# `primitives/header_names.py`, `json_reject` is the relay scanner's verdict, and the failure
+# texts' and `front_retry_target`'s are in `engines/client.py`, `http/client.py` and
+# `engines/pool.py` (tests/engines/test_engine_client_twin.py).
+TEST_HOOKS = frozenset(
     {
-        "CompiledFront",
-        "DispatchedRequest",
+        "json_reject",
+        "reserved_header_names",
         "front_route",
         "front_forwarded_headers",
         "front_backoff_ms",
@@ -128,9 +131,20 @@ FRONT_NAMES = frozenset(
         "front_retry_target",
     }
 )
+TEST_HOOKS_HEADING = "# Test hooks (rust/testing.rs)"
 # `build_info` describes the compiled core itself: it has no twin. `EnginePolicy`'s twin is
 # the specification in `sessiongate.engines.policy` (checked below).
-NO_TWIN = FRONT_NAMES | {"build_info", "EnginePolicy"}
+NO_TWIN = FRONT_NAMES | TEST_HOOKS | {"build_info", "EnginePolicy"}
+
+
+def test_test_hooks_are_declared_in_one_place() -> None:
+    """Every name after the stub's test-hooks heading is a test hook, and every test hook is
+    there."""
+    lines = STUB.read_text(encoding="utf-8").splitlines()
+    heading = next(i for i, line in enumerate(lines) if line.startswith(TEST_HOOKS_HEADING)) + 1
+    after = {n for n, node in _defined(_stub_tree().body).items() if node.lineno > heading}
+    assert after == TEST_HOOKS
+    assert all(hasattr(core, name) for name in TEST_HOOKS)
 
 
 def test_python_twins_share_the_signatures() -> None:

@@ -1,6 +1,8 @@
-"""The option sets of `serve`, `worker` and the internal `_worker`: every flag, its default
-and whether it is required, as they were before the session options got one home. Moving
-where an option is declared must not add, drop or change one of them."""
+"""The option sets of `serve` and `worker`: every flag, its default and whether it is
+required, as they were before the options got one typed configuration (plus `--config` and
+`--print-config`, which it brought). Moving where an option is declared must not add, drop
+or change one of them. The internal `_worker` and `_router` take no flags: serve hands them
+the resolved configuration whole (tests/dataplane/test_worker_launch.py)."""
 
 from __future__ import annotations
 
@@ -81,6 +83,13 @@ RELIABILITY_OPTIONS: dict[str, tuple[object, bool]] = {
 SESSION_CORE_OPTIONS.update(ENGINE_ROUTING_OPTIONS)
 SESSION_CORE_OPTIONS.update(RELIABILITY_OPTIONS)
 
+# The configuration file and the effective configuration (config/cli.py).
+CONFIG_FILE_OPTIONS: dict[str, tuple[object, bool]] = {
+    "--config": (None, False),
+    "--print-config": (False, False),
+}
+SESSION_CORE_OPTIONS.update(CONFIG_FILE_OPTIONS)
+
 EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
     "serve": {
         **SESSION_CORE_OPTIONS,
@@ -120,13 +129,8 @@ EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
         "--tls-key": (None, False),
         "--handshake-timeout": (10.0, False),
     },
-    "_worker": {
-        **SESSION_CORE_OPTIONS,
-        "--backend": (None, True),
-        "--fd": (None, True),
-        "--index": (None, True),
-        "--generation": (0, False),
-    },
+    "_worker": {},
+    "_router": {},
 }
 
 

@@ -218,7 +218,7 @@ def test_stamp_keeps_reference_counts():
 
 
 def test_reserved_names_match_the_routing_rules():
-    assert set(core._reserved_header_names()) == RESERVED_HEADER_NAMES
+    assert set(core.reserved_header_names()) == RESERVED_HEADER_NAMES
     for name in RESERVED_HEADER_NAMES:
         for spelled in (name, name.upper(), name.title()):
             r = outcome(RUST.HeaderStamper, [spelled], [], [])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -11,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from sessiongate.cli import build_parser
-from sessiongate.server.serve import serve_core_config
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.server.serve import serve_config, serve_core_config
+from sessiongate.session.core_config import worker_config
 from sessiongate.session.factory import build_core
-from sessiongate.session.turn_options import turn_argv
 from sessiongate.tokenizer import BUILTIN_TOKENIZER_DIR, TokenizerError, load_tokenizer
 from support.tool_templates import MINIMAX_STYLE
 
@@ -26,8 +26,10 @@ def template_file(tmp_path: Path, text: str = MINIMAX_STYLE) -> Path:
     return path
 
 
-def serve_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["serve", "--backend", "http://127.0.0.1:9", *argv])
+def serve_args(*argv: str) -> GatewayConfig:
+    return serve_config(
+        build_parser().parse_args(["serve", "--backend", "http://127.0.0.1:9", *argv])
+    )
 
 
 def test_the_file_replaces_the_tokenizers_template(tmp_path: Path) -> None:
@@ -53,9 +55,10 @@ def test_sessions_render_with_the_file(tmp_path: Path) -> None:
     args = serve_args("--chat-template-path", str(template_file(tmp_path)))
     core = build_core(serve_core_config(args))
     assert core.tito.tokenizer.chat_template == MINIMAX_STYLE
-    argv = turn_argv(args)
-    forwarded = argv[argv.index("--chat-template-path") + 1]
-    assert os.path.isabs(forwarded)
+    forwarded = worker_config(args, ["http://127.0.0.1:9"], local_workers=1)
+    path = forwarded.sessions.chat_template_path
+    assert path is not None and os.path.isabs(path)
+    forwarded = path
     assert Path(forwarded).read_text(encoding="utf-8") == MINIMAX_STYLE
 
 

@@ -5,7 +5,6 @@ sessions (404 "expired"), and the figures in /health and /metrics. End to end ag
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sessiongate.config.records import LimitsConfig
 from sessiongate.engines.pool import EnginePool
 from sessiongate.protocol import CoreReply, CoreRequest
 from sessiongate.session import registry
@@ -22,8 +22,8 @@ from sessiongate.session.core import SessionCore
 from sessiongate.session.limit_options import (
     AUTO,
     auto_records_bytes,
-    limit_argv,
     limit_settings,
+    limits_for_workers,
     parse_size,
 )
 from sessiongate.session.settings import SessionSettings
@@ -361,9 +361,8 @@ def test_limit_options_parse_and_forward() -> None:
     with pytest.raises(ValueError):
         parse_size("lots")
 
-    def args(**values: Any) -> argparse.Namespace:
-        defaults = {"max_sessions": 10_000, "max_records_bytes": AUTO, "session_ttl": 0.0}
-        return argparse.Namespace(**{**defaults, **values})
+    def args(**values: Any) -> LimitsConfig:
+        return LimitsConfig(**values)
 
     assert limit_settings(args()) == {
         "max_sessions": 10_000,
@@ -371,9 +370,9 @@ def test_limit_options_parse_and_forward() -> None:
         "session_ttl": 0.0,
     }
     # Local workers get their share of this machine as a number; Ray actors size themselves.
-    assert limit_argv(args(), 4)[3] == str(auto_records_bytes(4))
-    assert limit_argv(args(), None)[3] == AUTO
-    assert limit_argv(args(max_records_bytes="2G"), None)[3] == str(2 << 30)
+    assert limits_for_workers(args(), 4).max_records_bytes == str(auto_records_bytes(4))
+    assert limits_for_workers(args(), None).max_records_bytes == AUTO
+    assert limits_for_workers(args(max_records_bytes="2G"), None).max_records_bytes == str(2 << 30)
     for bad in ({"max_sessions": -1}, {"session_ttl": -1.0}, {"max_records_bytes": "x"}):
         with pytest.raises(SystemExit):
             limit_settings(args(**bad))

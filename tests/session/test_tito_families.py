@@ -3,26 +3,26 @@ rendered with a template in that family's style (tests/support/family_templates.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sessiongate.cli import build_parser
+from sessiongate.config.gateway import GatewayConfig
 from sessiongate.errors import BadRequest
-from sessiongate.server.serve import serve_core_config
+from sessiongate.server.serve import serve_config, serve_core_config
+from sessiongate.session.core_config import worker_config
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
 from sessiongate.session.tito_families import NOT_SUPPORTED
-from sessiongate.session.turn_options import turn_argv
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from support.family_templates import FAMILIES, family_tokenizer_dir
 
 
-def serve_args(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["serve", *argv])
+def serve_args(*argv: str) -> GatewayConfig:
+    return serve_config(build_parser().parse_args(["serve", *argv]))
 
 
 def settings(*argv: str) -> SessionSettings:
@@ -76,12 +76,12 @@ def test_explicit_flags_win_over_the_family() -> None:
 
 def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
     args = serve_args("--tito-model", "qwen35")
-    serve_core_config(args)
-    argv = turn_argv(args)
-    assert argv[argv.index("--tito-model") + 1] == "qwen35"
-    # Set on the namespace the worker argv is built from (serve passes these two itself).
-    assert args.allowed_append_roles == "assistant,tool,user"
-    assert args.max_trim_tokens == 0
+    core = serve_core_config(args)
+    sessions = worker_config(args, core.backends, local_workers=1).sessions
+    assert sessions.tito_model == "qwen35"
+    # Resolved in the configuration the workers get (serve resolves these two itself).
+    assert sessions.allowed_append_roles == "assistant,tool,user"
+    assert sessions.max_trim_tokens == 0
 
 
 def test_unknown_and_unsupported_names_are_clear_errors() -> None:

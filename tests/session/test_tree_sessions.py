@@ -9,7 +9,6 @@ SGLang-style reply. Facts taken from the rollout framework's source are named wi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 from array import array
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from sessiongate.config.sessions import SessionsConfig
 from sessiongate.engines.pool import EnginePool
 from sessiongate.formats.safetensors import decode as read_safetensors_file
 from sessiongate.protocol import CoreReply, CoreRequest
@@ -31,11 +31,7 @@ from sessiongate.session.store.records_store import RecordsStore, StoreSettings
 from sessiongate.session.store.spilled import SpilledRecord
 from sessiongate.session.tree import MAX_NODES
 from sessiongate.session.tree_hooks import drop_retries, load_hook
-from sessiongate.session.tree_options import (
-    add_session_mode_option,
-    session_mode_argv,
-    session_mode_settings,
-)
+from sessiongate.session.tree_options import session_mode_settings
 from sessiongate.tokenizer import load_tokenizer
 from support.procs import ServerProcess, mock_engine
 from support.samples import check_with_safetensors, decode_samples_payload
@@ -734,24 +730,31 @@ def core_cut_path(core: Core, sid: str) -> Messages:
 
 
 def test_session_mode_options_round_trip() -> None:
-    parser = argparse.ArgumentParser()
-    add_session_mode_option(parser)
-    defaults = parser.parse_args([])
-    assert session_mode_settings(defaults) == {
+    from sessiongate.cli import build_parser
+    from sessiongate.config.fields import ConfigError
+    from sessiongate.config.gateway import GatewayConfig
+    from sessiongate.server.serve import serve_config
+
+    def parsed(*argv: str) -> SessionsConfig:
+        return serve_config(build_parser().parse_args(["serve", *argv])).sessions
+
+    assert session_mode_settings(parsed()) == {
         "session_mode": "linear",
         "tree_pick_hook": "drop_retries",
         "tree_postprocess_hook": "default_postprocess",
     }
-    args = parser.parse_args(
-        ["--session-mode", "tree", "--tree-pick-hook", f"{__name__}:reward_pick"]
+    args = parsed("--session-mode", "tree", "--tree-pick-hook", f"{__name__}:reward_pick")
+    forwarded = GatewayConfig.from_dict(
+        {"sessions": GatewayConfig(sessions=args).to_dict()["sessions"]}
     )
-    forwarded = parser.parse_args(session_mode_argv(args))
-    assert session_mode_settings(forwarded) == session_mode_settings(args)
+    assert session_mode_settings(forwarded.sessions) == session_mode_settings(args)
     assert session_mode_settings(args)["session_mode"] == "tree"
     with pytest.raises(SystemExit, match="--tree-pick-hook: unknown tree pick hook"):
-        session_mode_settings(parser.parse_args(["--tree-pick-hook", "nope"]))
+        session_mode_settings(parsed("--tree-pick-hook", "nope"))
     with pytest.raises(SystemExit):
-        parser.parse_args(["--session-mode", "forest"])
+        parsed("--session-mode", "forest")
+    with pytest.raises(ConfigError, match="session_mode"):
+        GatewayConfig.from_dict({"sessions": {"session_mode": "forest"}})
 
 
 def test_first_messages_that_differ_start_a_new_root_and_strict_matching_holds(

@@ -11,7 +11,7 @@
 - `GET /engine_metrics`: every engine's `/metrics` (Prometheus text), concurrently, each
   bounded by `METRICS_TIMEOUT_S`, merged as the Gateway merges them: names with ":" written
   "_" (`sglang:num_running_reqs` -> `sglang_num_running_reqs`), a `worker_addr` label with
-  the engine's URL on every sample, `# HELP` / `# TYPE` once per family. An engine that
+  the engine's URL on every sample, `# HELP` / `# TYPE` once per metric. An engine that
   cannot be read does not fail the route (the Gateway leaves it out silently): a comment
   line says why, and `sessiongate_engine_metrics_up{worker_addr}` is 0 for it, 1 for the
   others.
@@ -46,7 +46,7 @@ REPLY_QUOTE = 200
 # prometheus_client's content type, which SGLang's /metrics answers with.
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 ENGINE_LABEL = "worker_addr"  # the Gateway's label (the framework's scraper reads it)
-UP_FAMILY = "sessiongate_engine_metrics_up"
+UP_METRIC = "sessiongate_engine_metrics_up"
 
 
 class MethodNotAllowed(GatewayError):
@@ -177,7 +177,7 @@ _BOUND_LABELS = ("le", "quantile")
 
 
 @dataclass
-class Family:
+class Metric:
     help: str | None = None
     kind: str | None = None
     samples: list[str] = field(default_factory=list)
@@ -218,19 +218,19 @@ def _with_engine(labels: str | None, url: str) -> str:
     return "{" + ",".join([*rest, f'{ENGINE_LABEL}="{_escape(url)}"', *bounds]) + "}"
 
 
-def _family_of(name: str, families: dict[str, Family]) -> str:
-    """The declared family a sample belongs to (`x_bucket` -> `x` for a histogram)."""
-    if name in families:
+def _metric_of(name: str, metrics: dict[str, Metric]) -> str:
+    """The declared metric a sample belongs to (`x_bucket` -> `x` for a histogram)."""
+    if name in metrics:
         return name
     for suffix in ("_bucket", "_sum", "_count", "_created", "_total"):
-        if name.endswith(suffix) and name[: -len(suffix)] in families:
+        if name.endswith(suffix) and name[: -len(suffix)] in metrics:
             return name[: -len(suffix)]
     return name
 
 
-def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, Family]:
+def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, Metric]:
     """Families by normalised name, in first-seen order, from `(engine url, text)` pairs."""
-    families: dict[str, Family] = {}
+    metrics: dict[str, Metric] = {}
     for url, text in texts:
         for raw in text.splitlines():
             line = raw.strip()
@@ -239,26 +239,26 @@ def merge_metrics(texts: Sequence[tuple[str, str]]) -> dict[str, Family]:
             if line.startswith("#"):
                 words = line.split(None, 3)
                 if len(words) >= 3 and words[1] in ("HELP", "TYPE"):
-                    family = families.setdefault(words[2].replace(":", "_"), Family())
+                    metric = metrics.setdefault(words[2].replace(":", "_"), Metric())
                     rest = words[3] if len(words) > 3 else ""
-                    if words[1] == "HELP" and family.help is None:
-                        family.help = rest
-                    elif words[1] == "TYPE" and family.kind is None:
-                        family.kind = rest
+                    if words[1] == "HELP" and metric.help is None:
+                        metric.help = rest
+                    elif words[1] == "TYPE" and metric.kind is None:
+                        metric.kind = rest
                 continue  # other comments (and an engine's EOF marker) are its own
             match = _SAMPLE.match(line)
             if match is None:
                 continue  # not a sample line: dropped rather than breaking the whole text
             name, labels, value = match.groups()
             name = name.replace(":", "_")
-            family = families.setdefault(_family_of(name, families), Family())
-            family.samples.append(f"{name}{_with_engine(labels, url)} {value}")
-    return families
+            metric = metrics.setdefault(_metric_of(name, metrics), Metric())
+            metric.samples.append(f"{name}{_with_engine(labels, url)} {value}")
+    return metrics
 
 
 async def engine_metrics(urls: Sequence[str]) -> CoreReply:
     answers = await _each(urls, "GET", "/metrics", "", METRICS_TIMEOUT_S)
-    families = merge_metrics(
+    metrics = merge_metrics(
         [(a.url, a.body.decode("utf-8", "replace")) for a in answers if a.error is None]
     )
     lines: list[str] = []
@@ -266,17 +266,17 @@ async def engine_metrics(urls: Sequence[str]) -> CoreReply:
         if answer.error is not None:
             lines.append(f"# sessiongate: engine {answer.url} left out: {answer.error}")
     lines.append(
-        f"# HELP {UP_FAMILY} 1 when the engine's /metrics was read for this reply, else 0."
+        f"# HELP {UP_METRIC} 1 when the engine's /metrics was read for this reply, else 0."
     )
-    lines.append(f"# TYPE {UP_FAMILY} gauge")
+    lines.append(f"# TYPE {UP_METRIC} gauge")
     for answer in answers:
         up = int(answer.error is None)
-        lines.append(f'{UP_FAMILY}{{{ENGINE_LABEL}="{_escape(answer.url)}"}} {up}')
-    for name, family in families.items():
-        if family.help is not None:
-            lines.append(f"# HELP {name} {family.help}")
-        if family.kind is not None:
-            lines.append(f"# TYPE {name} {family.kind}")
-        lines.extend(family.samples)
+        lines.append(f'{UP_METRIC}{{{ENGINE_LABEL}="{_escape(answer.url)}"}} {up}')
+    for name, metric in metrics.items():
+        if metric.help is not None:
+            lines.append(f"# HELP {name} {metric.help}")
+        if metric.kind is not None:
+            lines.append(f"# TYPE {name} {metric.kind}")
+        lines.extend(metric.samples)
     body = ("\n".join(lines) + "\n").encode()
     return CoreReply(200, [("content-type", PROMETHEUS_TEXT)], body)

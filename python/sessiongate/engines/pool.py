@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import random
@@ -67,8 +66,10 @@ from sessiongate.engines.reliability import (
     HealthCounter,
     ReliabilityConfig,
     backoff_ms,
+    new_breaker,
 )
 from sessiongate.errors import Unavailable
+from sessiongate.hashing import rendezvous_weight
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,8 @@ Sent = TypeVar("Sent", EngineReply, EngineStream)
 def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
     """Indices of `urls` from most to least preferred for `key` (stable across processes)."""
 
-    def weight(index: int) -> bytes:
-        return hashlib.blake2b(f"{key}\x00{urls[index]}".encode(), digest_size=8).digest()
-
-    return sorted(range(len(urls)), key=weight, reverse=True)
+    raw = key.encode()
+    return sorted(range(len(urls)), key=lambda i: rendezvous_weight(raw, urls[i]), reverse=True)
 
 
 def retry_target(order: Sequence[int], failed: int, available: Sequence[bool]) -> int | None:
@@ -168,7 +167,7 @@ class EnginePool:
         self.health_path = health_path or self.reliability.health_check_endpoint
         # The breakers' clock (a test's fake one).
         self.clock = clock
-        self.breakers = [self.reliability.breaker() for _ in self.urls]
+        self.breakers = [new_breaker(self.reliability) for _ in self.urls]
         self.probes = [self._health_counter() for _ in self.urls]
         # Retries caused by each engine (its connect error, 429 or 503), for /metrics.
         self.retries = [0] * len(self.urls)
@@ -286,7 +285,7 @@ class EnginePool:
                 healthy.append(True)
                 last_error.append(None)
                 model_info.append(None)
-                breakers.append(self.reliability.breaker())
+                breakers.append(new_breaker(self.reliability))
                 probes.append(self._health_counter())
                 retries.append(0)
             else:

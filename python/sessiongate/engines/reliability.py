@@ -2,16 +2,17 @@
 engine. The specification of what `rust/front/reliability.rs` decides (twin-tested in
 `tests/primitives/test_reliability_twin.py`), and what the Python upstream pool uses itself.
 
-Flag names and defaults are the SGLang Model Gateway's (sglang-router 0.3.2); what each
-means here is in docs/reliability.md, "Engine-facing retries and the circuit breaker".
-Nothing here reads a clock: every decision takes `now` (seconds, any monotonic origin), so
-tests drive it with a fake clock.
+The options are `ReliabilityConfig` (config/engines.py), with the SGLang Model Gateway's
+names and defaults (sglang-router 0.3.2); what each means here is in docs/reliability.md,
+"Engine-facing retries and the circuit breaker". Nothing here reads a clock: every
+decision takes `now` (seconds, any monotonic origin), so tests drive it with a fake clock.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+
+from sessiongate.config.engines import ReliabilityConfig
 
 # Replies that say the engine refused the request before doing any work: safe to send again.
 RETRYABLE_STATUSES = frozenset({429, 503})
@@ -22,80 +23,15 @@ HALF_OPEN = 2
 STATE_NAMES = {CLOSED: "closed", OPEN: "open", HALF_OPEN: "half_open"}
 
 
-@dataclass(frozen=True)
-class ReliabilityConfig:
-    """Health thresholds, retries and the circuit breaker (docs/reliability.md)."""
-
-    # Consecutive failed probes before an engine is marked down; consecutive passed probes
-    # before a down engine is up again.
-    health_failure_threshold: int = 3
-    health_success_threshold: int = 2
-    health_check_timeout_secs: float = 5.0
-    health_check_endpoint: str = "/health"
-    # Attempts in all (the Gateway's meaning of its "max retries"): 5 = 1 try + 4 retries.
-    retry_max_retries: int = 5
-    retry_initial_backoff_ms: int = 50
-    retry_max_backoff_ms: int = 30_000
-    retry_backoff_multiplier: float = 1.5
-    retry_jitter_factor: float = 0.2
-    disable_retries: bool = False
-    # Failures (transport errors, 5xx replies) in a row, within the window, that open the
-    # breaker; trial successes that close it again; seconds it stays open.
-    cb_failure_threshold: int = 10
-    cb_success_threshold: int = 3
-    cb_timeout_duration_secs: float = 60.0
-    cb_window_duration_secs: float = 120.0
-    disable_circuit_breaker: bool = False
-
-    def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem is not None:
-            raise ValueError(problem)
-
-    def problem(self) -> str | None:
-        """What is wrong with these values, or None."""
-        for name in (
-            "health_failure_threshold",
-            "health_success_threshold",
-            "retry_max_retries",
-            "cb_failure_threshold",
-            "cb_success_threshold",
-        ):
-            if getattr(self, name) < 1:
-                return f"{name} must be >= 1, got {getattr(self, name)}"
-        for name in ("retry_initial_backoff_ms", "retry_max_backoff_ms"):
-            if getattr(self, name) < 0:
-                return f"{name} must be >= 0, got {getattr(self, name)}"
-        for name in (
-            "health_check_timeout_secs",
-            "cb_timeout_duration_secs",
-            "cb_window_duration_secs",
-        ):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                return f"{name} must be a number > 0, got {value}"
-        multiplier = self.retry_backoff_multiplier
-        if not (math.isfinite(multiplier) and multiplier >= 1.0):
-            return f"retry_backoff_multiplier must be a number >= 1, got {multiplier}"
-        if not 0.0 <= self.retry_jitter_factor <= 1.0:
-            return f"retry_jitter_factor must be in [0, 1], got {self.retry_jitter_factor}"
-        if not self.health_check_endpoint.startswith("/"):
-            return f"health_check_endpoint must start with '/', got {self.health_check_endpoint!r}"
-        return None
-
-    @property
-    def attempts(self) -> int:
-        """How many times one request may be sent (1 with retries off)."""
-        return 1 if self.disable_retries else self.retry_max_retries
-
-    def breaker(self) -> CircuitBreaker:
-        return CircuitBreaker(
-            self.cb_failure_threshold,
-            self.cb_success_threshold,
-            self.cb_timeout_duration_secs,
-            self.cb_window_duration_secs,
-            disabled=self.disable_circuit_breaker,
-        )
+def new_breaker(config: ReliabilityConfig) -> CircuitBreaker:
+    """A circuit breaker per engine, as `config` sets it."""
+    return CircuitBreaker(
+        config.cb_failure_threshold,
+        config.cb_success_threshold,
+        config.cb_timeout_duration_secs,
+        config.cb_window_duration_secs,
+        disabled=config.disable_circuit_breaker,
+    )
 
 
 def backoff_ms(

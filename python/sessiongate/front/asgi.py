@@ -9,18 +9,27 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessiongate.config.fields import flag_of
+from sessiongate.config.front import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_SESSION_HEADERS,
+    FrontConfig,
+)
+from sessiongate.config.gateway import GatewayConfig
 from sessiongate.errors import (
     GatewayError,
     PayloadTooLarge,
     SessionNotFound,
     Unauthorized,
 )
-from sessiongate.front.http_protocol import DEFAULT_HEADER_TIMEOUT_S
-from sessiongate.front.routes import DEFAULT_SESSION_HEADERS, DOCS_PATHS, classify
+from sessiongate.front.routes import DOCS_PATHS, classify, session_header_names
 from sessiongate.protocol import CoreReply, CoreRequest, Op, close_stream, error_reply
 
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
@@ -30,9 +39,6 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024
-DEFAULT_BODY_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,31 @@ class FrontendSettings:
     # The key of the engine management routes (`--admin-key`); None: they take `api_key`
     # like every other route (docs/api.md, "Engine management").
     admin_key: str | None = None
+
+
+def frontend_settings(config: GatewayConfig) -> FrontendSettings:
+    """The front end's settings from the front and engines sections (SystemExit naming the
+    flag of a value it cannot use)."""
+    front = config.front
+    if front.max_body_bytes < 1:
+        raise SystemExit("--max-body-bytes must be >= 1")
+    for flag, value in (
+        (flag_of(FrontConfig, "header_timeout"), front.header_timeout),
+        (flag_of(FrontConfig, "body_timeout"), front.body_timeout),
+    ):
+        if not (value > 0 and math.isfinite(value)):
+            raise SystemExit(f"{flag} must be a finite number of seconds > 0")
+    admin_key = config.engines.admin_key
+    if admin_key is not None and not admin_key.strip():
+        raise SystemExit("--admin-key must not be empty")
+    return FrontendSettings(
+        max_body_bytes=front.max_body_bytes,
+        api_key=front.api_key or None,
+        session_headers=session_header_names(front.session_header),
+        header_timeout=front.header_timeout,
+        body_timeout=front.body_timeout,
+        admin_key=admin_key or None,
+    )
 
 
 class BodyTimeout(GatewayError):

@@ -17,7 +17,6 @@ Python, while the stateless path, which is pure bytes, runs on tokio threads
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -30,9 +29,9 @@ from typing import Any
 
 import uvicorn
 
-from sessiongate.engines.policy.config import EngineRoutingConfig
+from sessiongate.config.engines import EngineRoutingConfig, ReliabilityConfig
+from sessiongate.config.gateway import GatewayConfig
 from sessiongate.engines.registry import same_engine
-from sessiongate.engines.reliability import ReliabilityConfig
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.front.http_server import QuietServer, serve_until_exit
@@ -84,35 +83,8 @@ def front_unsupported(upstreams: Sequence[str], *, registered: bool = False) -> 
     return None
 
 
-def add_front_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--front",
-        choices=("auto", "compiled", "python"),
-        default="auto",
-        help="the HTTP front door: compiled (a Rust server answers stateless proxy requests "
-        "itself and hands session traffic to the Python server), python (uvicorn alone), or "
-        "auto (compiled when it can serve the configuration: http:// upstreams known to "
-        "this process; default)",
-    )
-    parser.add_argument(
-        "--front-threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="threads of the compiled front (default: cores, at most 4)",
-    )
-
-
-def front_argv(args: argparse.Namespace) -> list[str]:
-    """The front options, to forward to the router process."""
-    argv = ["--front", args.front]
-    if args.front_threads is not None:
-        argv += ["--front-threads", str(args.front_threads)]
-    return argv
-
-
 def front_options(
-    args: argparse.Namespace,
+    config: GatewayConfig,
     upstreams: Sequence[str],
     latency_buckets: Sequence[float],
     *,
@@ -120,43 +92,27 @@ def front_options(
 ) -> FrontOptions | None:
     """The compiled front's options, or None for the Python front; SystemExit when
     `--front compiled` was asked for a configuration it cannot serve."""
-    if args.front == "python":
+    front = config.front
+    if front.front == "python":
         return None
     problem = front_unsupported(upstreams, registered=registered)
     if problem is not None:
-        if args.front == "compiled":
+        if front.front == "compiled":
             raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
         return None
-    threads = args.front_threads if args.front_threads is not None else default_front_threads()
+    threads = front.front_threads if front.front_threads is not None else default_front_threads()
     if threads < 1:
         raise SystemExit("--front-threads must be at least 1")
+    reliability = config.engines.reliability
     return FrontOptions(
         upstreams=list(upstreams),
-        upstream_timeout=args.timeout,
+        upstream_timeout=config.engines.timeout,
         threads=threads,
         latency_buckets=latency_buckets,
-        engine_routing=_engine_routing(args),
-        reliability=(reliability := _reliability(args)),
+        engine_routing=config.engines.routing,
+        reliability=reliability,
         health_path=reliability.health_check_endpoint,
     )
-
-
-def _engine_routing(args: argparse.Namespace) -> EngineRoutingConfig:
-    """`--policy` and its tunables when the process declares them, else the default."""
-    if not hasattr(args, "policy"):
-        return EngineRoutingConfig()
-    from sessiongate.engines.routing_options import engine_routing_settings
-
-    return engine_routing_settings(args)
-
-
-def _reliability(args: argparse.Namespace) -> ReliabilityConfig:
-    """`--retry-*`, `--cb-*`, `--health-*` when the process declares them, else the default."""
-    if not hasattr(args, "retry_max_retries"):
-        return ReliabilityConfig()
-    from sessiongate.engines.routing_options import reliability_settings
-
-    return reliability_settings(args)
 
 
 class CompiledFrontDoor:
@@ -327,7 +283,7 @@ class CompiledFrontDoor:
 
 
 def open_front_door(
-    args: argparse.Namespace,
+    config: GatewayConfig,
     frontend: FrontendSettings,
     upstreams: Sequence[str],
     latency_buckets: Sequence[float],
@@ -335,16 +291,17 @@ def open_front_door(
     who: str,
     registered: bool = False,
 ) -> CompiledFrontDoor | None:
-    """The front door `args` ask for, its public socket bound (`args.host`, `args.port`);
-    None for the Python front. SystemExit naming `who` when the address cannot be bound.
-    `registered`: the engines register at run time (`use_engines`)."""
-    options = front_options(args, upstreams, latency_buckets, registered=registered)
+    """The front door `config` asks for, its public socket bound (`listen.host`,
+    `listen.port`); None for the Python front. SystemExit naming `who` when the address
+    cannot be bound. `registered`: the engines register at run time (`use_engines`)."""
+    options = front_options(config, upstreams, latency_buckets, registered=registered)
     if options is None:
         return None
+    host, port = config.listen.host, config.listen.port
     try:
-        listener = listening_socket(args.host, args.port, LISTEN_BACKLOG)
+        listener = listening_socket(host, port, LISTEN_BACKLOG)
     except OSError as exc:
-        raise SystemExit(f"{who}: cannot listen on {args.host}:{args.port}: {exc}") from None
+        raise SystemExit(f"{who}: cannot listen on {host}:{port}: {exc}") from None
     return CompiledFrontDoor(listener, frontend, options)
 
 

@@ -31,9 +31,9 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from sessiongate.config.front import DEFAULT_HEADER_TIMEOUT_S
 from sessiongate.http.forwarding import header_list
 
-DEFAULT_HEADER_TIMEOUT_S = 10.0
 # Generous: a 100 KB session id in a path must still reach id validation (a clear 400),
 # while a client streaming endless headers is cut off long before it costs real memory.
 DEFAULT_MAX_HEADER_BYTES = 1024 * 1024

@@ -12,19 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote_to_bytes
 
+from sessiongate.config.front import DEFAULT_SESSION_HEADERS, NO_SESSION_HEADER
 from sessiongate.errors import BadRequest, GatewayError, SessionNotFound
 from sessiongate.primitives import validate_session_id
 from sessiongate.protocol import Op
 
-DEFAULT_SESSION_HEADERS: tuple[str, ...] = (
-    "X-Session-ID",
-    "X-SMG-Routing-Key",
-    "X-Dynamo-Session-ID",
-    "X-Correlation-ID",
-)
-# `--session-header none`: no header names a session, so every POST /v1/chat/completions
-# without a session path is relayed statelessly (behind a session server that does TITO).
-NO_SESSION_HEADER = "none"
+# `--session-header none` (NO_SESSION_HEADER): no header names a session, so every POST
+# /v1/chat/completions without a session path is relayed statelessly (behind a session
+# server that does TITO).
 CHAT_PATH = "/v1/chat/completions"
 # SGLang's native generation route, relayed verbatim like `/v1/...` (the rollout framework's
 # rollouts call it through their router).

@@ -4,12 +4,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import sys
 from typing import Any
 
 from sessiongate.front.http_server import QuietServer, serve_until_exit, uvicorn_config
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.process.children import die_with_parent
+
+# The R3 shape of the mock `serve --r3` embeds when its --mock-args shape none.
+EMBEDDED_R3 = ("--r3-layers", "4", "--r3-topk", "2")
+
+
+def embedded_argv(port: int, tokenizer: str | None, r3: bool, extra: str) -> list[str]:
+    """The command line of the mock engine `serve` embeds (`--backend mock`): on `port`,
+    with `tokenizer`, R3 on when `r3` (EMBEDDED_R3 unless `extra` shapes it), then
+    `extra` (serve's --mock-args)."""
+    given = shlex.split(extra)
+    argv = ["mock-engine", "--host", "127.0.0.1", "--port", str(port)]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer]
+    return [*argv, *embedded_r3(r3, extra), *given]
+
+
+def embedded_r3(r3: bool, extra: str) -> list[str]:
+    """The R3 arguments serve adds to the embedded mock's command line."""
+    return [] if not r3 or EMBEDDED_R3[0] in shlex.split(extra) else list(EMBEDDED_R3)
+
+
+def embedded_r3_topk(r3: bool, extra: str) -> int | None:
+    """The embedded mock's R3 top-k (None without R3 or when its arguments do not say)."""
+    if not r3:
+        return None
+    argv = [*embedded_r3(r3, extra), *shlex.split(extra)]
+    value = None
+    flag = EMBEDDED_R3[2]
+    # As argparse reads it: the last `--r3-topk V` or `--r3-topk=V`.
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1 :]
+    return int(value) if value is not None and value.isdigit() else None
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

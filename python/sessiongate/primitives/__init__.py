@@ -3,19 +3,20 @@ session routing stamping and the in-place bytes sink.
 
 Every function here has two implementations with identical results: the Rust core
 (``sessiongate._core``) and a pure-Python twin (``_py_shard`` / ``_py_frame`` / ...). The module
-level names are bound to the Rust core unless the environment says
-``SESSIONGATE_IMPL=python``; ``IMPL`` tells which one is active. Both stay reachable as
-:data:`rust` and :data:`python` (or :func:`get_impl`) so tests and benchmarks can compare
-them in one run. Exception classes come from :mod:`sessiongate.primitives.errors` and are
-the same objects for both.
+level names are bound to the one :func:`sessiongate.twins.pick` chooses (the Rust core unless
+the environment says ``SESSIONGATE_IMPL=python``); ``IMPL`` tells which one is active. Both
+stay reachable as :data:`rust` and :data:`python` (or :func:`get_impl`) so tests and
+benchmarks can compare them in one run. Exception classes come from
+:mod:`sessiongate.primitives.errors` and are the same objects for both.
 """
 
 from __future__ import annotations
 
-import os
-import warnings
-from types import ModuleType, SimpleNamespace
-from typing import TYPE_CHECKING, Literal
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+from sessiongate import twins
+from sessiongate.twins import Impl
 
 from . import _py_bytes_sink, _py_frame, _py_relay, _py_shard, _py_stamp
 from .errors import (
@@ -96,67 +97,42 @@ _ERRORS = {
 }
 
 
-def _namespace(name: str, *sources: ModuleType) -> SimpleNamespace:
-    ns = SimpleNamespace(IMPL=name, **_ERRORS)
+_TWIN_MODULES = (_py_shard, _py_frame, _py_relay, _py_stamp, _py_bytes_sink)
+
+
+def _python_twin(attr: str) -> object:
+    for module in _TWIN_MODULES:
+        if hasattr(module, attr):
+            return getattr(module, attr)
+    raise ImportError(f"sessiongate python primitives lack {attr!r}")
+
+
+def _namespace(impl: Impl) -> SimpleNamespace:
+    ns = SimpleNamespace(IMPL=impl, **_ERRORS)
     for attr in _API:
-        for src in sources:
-            if hasattr(src, attr):
-                setattr(ns, attr, getattr(src, attr))
-                break
-        else:
-            raise ImportError(f"sessiongate {name} primitives lack {attr!r}")
+        setattr(ns, attr, twins.pick(attr, _python_twin(attr), impl))
     return ns
 
 
-python = _namespace("python", _py_shard, _py_frame, _py_relay, _py_stamp, _py_bytes_sink)
+python = _namespace("python")
 """The pure-Python twins, always available."""
 
-_core: ModuleType | None
-_core_error: ImportError | None = None
-try:
-    from sessiongate import _core
-except ImportError as exc:  # e.g. a source checkout without `maturin develop`
-    _core, _core_error = None, exc
-
-rust: SimpleNamespace | None = _namespace("rust", _core) if _core is not None else None
+rust: SimpleNamespace | None = _namespace("rust") if twins.core() is not None else None
 """The Rust core, or None when ``sessiongate._core`` cannot be imported."""
 
 
-def get_impl(name: Literal["rust", "python"]) -> SimpleNamespace:
+def get_impl(name: Impl) -> SimpleNamespace:
     """The namespace of one implementation, for side-by-side tests and benchmarks."""
     if name == "python":
         return python
-    if name == "rust":
-        if rust is None:
-            raise ImportError(f"the Rust core is not available: {_core_error}")
+    if name == "rust" and rust is not None:
         return rust
-    raise ValueError(f"unknown primitives implementation {name!r}; expected 'rust' or 'python'")
+    # `twins.pick` raises: an ImportError naming why the core is missing, or a ValueError for
+    # a name that is no implementation.
+    return _namespace(name)
 
 
-def _select() -> SimpleNamespace:
-    choice = os.environ.get("SESSIONGATE_IMPL", "")
-    if choice not in ("", "rust", "python"):
-        raise ValueError(
-            f"SESSIONGATE_IMPL={choice!r} is not supported; use 'rust', 'python' or leave it unset"
-        )
-    if choice == "python":
-        return python
-    if rust is None:
-        if choice == "rust":
-            raise ImportError(
-                f"SESSIONGATE_IMPL=rust but sessiongate._core cannot be imported: {_core_error}"
-            )
-        # Unset: keep working, but loudly, since every hot path is now much slower.
-        warnings.warn(
-            f"sessiongate._core is unavailable ({_core_error}); using the pure-Python primitives",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return python
-    return rust
-
-
-_active = _select()
+_active = get_impl(twins.chosen())
 IMPL: str = _active.IMPL
 
 if TYPE_CHECKING:

@@ -10,7 +10,6 @@ latency matters more than spreading session work over cores.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sessiongate.config.gateway import GatewayConfig
 from sessiongate.dataplane.router.metrics import (
     LATENCY_BUCKETS,
     RouterMetrics,
@@ -118,7 +118,7 @@ class InProcessGateway:
 
 
 def run_in_process(
-    args: argparse.Namespace,
+    gateway_config: GatewayConfig,
     frontend: FrontendSettings,
     config: CoreConfig,
     upstream: str,
@@ -126,21 +126,24 @@ def run_in_process(
 ) -> int:
     """Serve until signalled, or until a `watched` child (the embedded mock engine) exits,
     as the supervisor does for the workers layout; `config` names the live upstream URLs."""
-    problem = listen_problem(args.host, args.port)
+    host, port = gateway_config.listen.host, gateway_config.listen.port
+    log_level = gateway_config.log_level
+    problem = listen_problem(host, port)
     if problem is not None:
         # uvicorn would fail to bind too, but only log the errno: say it plainly, and before
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
     door = open_front_door(
-        args,
+        gateway_config,
         frontend,
         config.backends,
         LATENCY_BUCKETS,
         who="sessiongate",
         registered=not config.backends,  # `--backend none`
     )
-    port = door.port if door is not None else args.port
+    listen_port = port
+    port = door.port if door is not None else port
     core = build_core(config)
     # With the embedded mock (`watched`), the first registered engine replaces it.
     gateway = InProcessGateway(core, placeholder=bool(watched))
@@ -150,11 +153,11 @@ def run_in_process(
         gateway.engines.feed(door.probed)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
-    server = QuietServer(uvicorn_config(app, args.host, port, args.log_level, protocol))
+    server = QuietServer(uvicorn_config(app, host, port, log_level, protocol))
 
     def ready(port: int) -> None:
         print(
-            f"sessiongate serving on http://{args.host}:{port} (in-process, upstream {upstream})",
+            f"sessiongate serving on http://{host}:{port} (in-process, upstream {upstream})",
             flush=True,
         )
 
@@ -179,10 +182,10 @@ def run_in_process(
         gateway.engines.start()
         watcher = asyncio.create_task(watch()) if watched else None
         try:
-            code = await serve_with_front(server, door, on_started=ready, default_port=args.port)
+            code = await serve_with_front(server, door, on_started=ready, default_port=listen_port)
             if code != 0 and not server.started:
                 # Lost the race for the port after the check above.
-                problem = listen_problem(args.host, args.port)
+                problem = listen_problem(host, listen_port)
                 if problem is not None:
                     print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         finally:

@@ -1,44 +1,28 @@
-"""What a session core is built from, as one typed object, and the command line that fills it.
+"""What a session core is built from, as one typed object, made from the gateway's
+configuration.
 
-Every layout builds its core the same way: parse the session options (`add_session_arguments`),
-turn them into a `CoreConfig` (`core_config`, which validates), and hand that to
-`session.factory.build_core`. `serve` validates once and starts its workers with
-`session_argv`; a worker parses that argv with the same options, so both sides read every
-option with one declaration. Import-light (no tokenizer, no core): the router and the CLI
-import this too.
+Every layout builds its core the same way: take the `GatewayConfig` (config/), resolve and
+check its sessions, limits and records sections (`core_config`), and hand the `CoreConfig`
+to `session.factory.build_core`. `serve` resolves once and hands its workers the resolved
+configuration (`worker_config`), so a worker learns nothing twice. Import-light (no
+tokenizer, no core): the router and the CLI import this too.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sessiongate.engines.policy import EngineRoutingConfig
-from sessiongate.engines.reliability import ReliabilityConfig
-from sessiongate.engines.routing_options import (
-    add_engine_routing_arguments,
-    engine_routing_argv,
-    engine_routing_settings,
-    reliability_settings,
-)
-from sessiongate.session.core_options import (
-    NO_BACKEND,
-    add_core_arguments,
-    check_session_routing,
-    core_argv,
-    core_settings,
-)
-from sessiongate.session.limit_options import add_limit_arguments, limit_argv, limit_settings
+from sessiongate.config.engines import NO_BACKEND, EngineRoutingConfig, ReliabilityConfig
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.session.core_options import check_session_routing, core_settings, engine_urls
+from sessiongate.session.limit_options import limit_settings, limits_for_workers
 from sessiongate.session.settings import SessionSettings
-from sessiongate.session.store.options import add_store_arguments, store_argv, store_settings
+from sessiongate.session.store.options import records_for_workers, store_settings
 from sessiongate.session.store.records_store import StoreSettings
-from sessiongate.session.tree_options import (
-    add_session_mode_option,
-    session_mode_argv,
-    session_mode_settings,
-)
-from sessiongate.session.turn_options import add_turn_arguments, turn_argv, turn_settings
+from sessiongate.session.tree_options import session_mode_settings
+from sessiongate.session.turn_options import resolve_sessions, turn_settings
 
 
 @dataclass(frozen=True)
@@ -85,70 +69,56 @@ class CoreConfig:
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
 
 
-def add_session_arguments(parser: argparse.ArgumentParser, *, embedded_mock: bool) -> None:
-    """Every option of a session core, for `serve` (`embedded_mock`: --backend defaults to
-    the mock engine), `_worker` and `sessiongate worker`."""
-    add_core_arguments(parser, embedded_mock=embedded_mock)
-    add_turn_arguments(parser)
-    add_session_mode_option(parser)
-    add_limit_arguments(parser)
-    add_store_arguments(parser)
-    add_engine_routing_arguments(parser)
-
-
 def core_config(
-    args: argparse.Namespace,
+    config: GatewayConfig,
     role: CoreRole,
     *,
     program: str,
-    backends: Sequence[str] | None = None,
+    engines: Sequence[str] | None = None,
 ) -> CoreConfig:
-    """The config of one core from its parsed options, validated (SystemExit naming the
-    option; routing errors name `program`). `backends` replaces `args.backend` (serve's
-    URLs once the embedded engine is up). Resolves defaults on `args` (--tito-model's roles
-    and trim, the R3 top-k), so `session_argv` forwards the resolved values."""
+    """The config of one core, validated (SystemExit naming the option; routing errors
+    name `program`). `engines` replaces the configured URLs (serve's, once the embedded
+    engine is up)."""
+    sessions = resolve_sessions(config.sessions)
     settings = SessionSettings(
-        **core_settings(args),
-        **turn_settings(args),
-        **session_mode_settings(args),
-        **limit_settings(args),
+        **core_settings(sessions),
+        **turn_settings(sessions),
+        **session_mode_settings(sessions),
+        **limit_settings(config.limits),
         label=role.label,
         not_found_note=role.not_found_note,
     )
-    check_session_routing(args, program)
+    check_session_routing(config.session_routing, program)
+    urls = engine_urls(config.engines, embedded_mock=False) if engines is None else engines
     return CoreConfig(
         settings=settings,
-        # `--backend none` (a worker of a gateway whose engines register at run time).
-        backends=tuple(
-            [u for u in args.backend if u != NO_BACKEND] if backends is None else backends
-        ),
-        timeout=args.timeout,
-        health_interval=args.health_interval,
-        tokenizer=args.tokenizer,
-        chat_template_path=args.chat_template_path,
-        session_routing=args.session_routing,
-        session_routing_opts=tuple(args.session_routing_opt),
-        store=store_settings(args, role.shard),
-        engine_routing=engine_routing_settings(args),
-        reliability=reliability_settings(args),
+        backends=tuple(urls),
+        timeout=config.engines.timeout,
+        health_interval=config.engines.health_interval,
+        tokenizer=sessions.tokenizer,
+        chat_template_path=sessions.chat_template_path,
+        session_routing=config.session_routing.mode,
+        session_routing_opts=tuple(config.session_routing.options),
+        store=store_settings(config.records, role.shard),
+        engine_routing=config.engines.routing,
+        reliability=config.engines.reliability,
     )
 
 
-def session_argv(
-    args: argparse.Namespace,
-    backends: Sequence[str],
+def worker_config(
+    config: GatewayConfig,
+    engines: Sequence[str],
     *,
     local_workers: int,
     placed_elsewhere: bool = False,
-) -> list[str]:
-    """Every session option as the argv `serve` starts a worker with (after `core_config`).
+) -> GatewayConfig:
+    """The configuration `serve` hands each worker (after `core_config` checked it):
+    sessions resolved, the engines it talks to (`none` when they register at run time).
     `local_workers` share this machine (memory budgets split over them, one records shard
     each); `placed_elsewhere` (Ray) leaves `auto` memory budgets to each worker's host."""
-    return [
-        *core_argv(args, backends),
-        *turn_argv(args),
-        *session_mode_argv(args),
-        *limit_argv(args, None if placed_elsewhere else local_workers),
-        *store_argv(args, local_workers),
-        *engine_routing_argv(args),
-    ]
+    return config.replace(
+        engines=dataclasses.replace(config.engines, urls=tuple(engines) or (NO_BACKEND,)),
+        sessions=resolve_sessions(config.sessions),
+        limits=limits_for_workers(config.limits, None if placed_elsewhere else local_workers),
+        records=records_for_workers(config.records, local_workers),
+    )

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
+from sessiongate.config.fields import flag_of
+from sessiongate.config.sessions import SessionsConfig
 from sessiongate.errors import SamplesError
 from sessiongate.session.samples import ABORTED, COMPLETED, PENDING, TRUNCATED, Sample
 
@@ -120,7 +122,10 @@ BUILTIN_HOOKS: dict[HookKind, dict[str, HookFunction]] = {
     "pick": {"drop_retries": drop_retries, "keep_all": keep_all},
     "postprocess": {"default_postprocess": default_postprocess, "none": no_postprocess},
 }
-_FLAG = {"pick": "--tree-pick-hook", "postprocess": "--tree-postprocess-hook"}
+_FLAG = {
+    "pick": flag_of(SessionsConfig, "tree_pick_hook"),
+    "postprocess": flag_of(SessionsConfig, "tree_postprocess_hook"),
+}
 
 
 # -- loading -------------------------------------------------------------------------------

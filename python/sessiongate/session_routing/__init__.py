@@ -11,15 +11,7 @@ from sessiongate.session_routing.families import (
     SessionFamilyRegistry,
     UnknownSessionError,
 )
-from sessiongate.session_routing.modes import (
-    BUILTIN_MODES,
-    DynamoHeaders,
-    DynamoNvext,
-    IdentityHeaders,
-    SessionIdHeader,
-    SmgRoutingKey,
-)
-from sessiongate.session_routing.registry import (
+from sessiongate.session_routing.mode_registry import (
     ENTRY_POINT_GROUP,
     ModeInfo,
     OptionInfo,
@@ -28,6 +20,14 @@ from sessiongate.session_routing.registry import (
     check_mode_class,
     list_modes,
     load_mode,
+)
+from sessiongate.session_routing.modes import (
+    BUILTIN_MODES,
+    DynamoHeaders,
+    DynamoNvext,
+    IdentityHeaders,
+    SessionIdHeader,
+    SmgRoutingKey,
 )
 
 # The earlier name of the family registry, kept for plugins written against it.

@@ -8,7 +8,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from sessiongate.session_routing.registry import ENTRY_POINT_GROUP, ModeInfo, list_modes
+from sessiongate.session_routing.mode_registry import ENTRY_POINT_GROUP, ModeInfo, list_modes
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

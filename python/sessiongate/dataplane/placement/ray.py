@@ -1,7 +1,8 @@
 """Ray placement of the session workers (`sessiongate serve --ray`).
 
-Each worker is a Ray actor that starts `sessiongate worker` on its node (a child process
-listening on the node's IP, port chosen by the kernel, secret passed by environment) and
+Each worker is a Ray actor that starts a TCP session worker on its node (`sessiongate
+_worker` with the resolved configuration in its environment, listening on the node's IP,
+port chosen by the kernel, secret passed by environment: what `sessiongate worker` runs) and
 reports the address. Ray's own restart policy (`max_restarts`) brings back an actor that
 died; the actor also ends itself when its worker process exits, so both failures look the
 same to Ray. The supervisor polls every actor for its current address and hands changes to
@@ -12,6 +13,7 @@ then reconnects to the new address. `ray` is imported only here, and only with `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -21,6 +23,8 @@ import threading
 import time
 from typing import Any
 
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.config.launch import WorkerLaunch, launch_env
 from sessiongate.dataplane.transport.tcp import SECRET_ENV, Endpoint
 from sessiongate.process.children import PARENT_PID_ENV
 
@@ -35,17 +39,27 @@ DEAD_AFTER_S = 3.0
 class WorkerActor:
     """The body of one worker actor (wrapped by `ray.remote` at run time)."""
 
-    def __init__(self, index: int, worker_args: list[str], secret: str) -> None:
+    def __init__(self, index: int, config: dict[str, Any], secret: str) -> None:
         import ray
 
         host = ray.util.get_node_ip_address()
-        listen = str(Endpoint(host, 0))
-        env = {**os.environ, SECRET_ENV: secret, PARENT_PID_ENV: str(os.getpid())}
+        # A TCP worker on this node (`_worker` without a channel descriptor), as
+        # `sessiongate worker` would run with this configuration.
+        worker = GatewayConfig.from_dict(config)
+        workers = dataclasses.replace(
+            worker.workers, listen=str(Endpoint(host, 0)), secret_env=SECRET_ENV
+        )
+        launch = WorkerLaunch(worker.replace(workers=workers), fd=None, index=index)
+        env = {
+            **os.environ,
+            **launch_env(launch),
+            SECRET_ENV: secret,
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         # Ray runs actor methods on the process's main thread, which lives as long as the
         # actor: the child's PDEATHSIG (tied to the creating thread) fires only with it.
-        command = [sys.executable, "-m", "sessiongate", "worker", "--listen", listen]
         self.proc = subprocess.Popen(
-            [*command, "--secret-env", SECRET_ENV, *worker_args],
+            [sys.executable, "-m", "sessiongate", "_worker"],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             env=env,
@@ -111,7 +125,7 @@ class RayPlacement:
     def __init__(
         self,
         count: int,
-        worker_args: list[str],
+        worker_config: GatewayConfig,
         *,
         address: str | None = None,
         num_cpus: float = 1.0,
@@ -119,7 +133,7 @@ class RayPlacement:
         start_timeout: float = 120.0,
     ) -> None:
         self.count = count
-        self.worker_args = worker_args
+        self.worker_config = worker_config
         self.address = address
         self.num_cpus = num_cpus
         self.restart = restart
@@ -153,7 +167,7 @@ class RayPlacement:
                 max_task_retries=0,
                 # One worker per node where the cluster allows: the point is more CPUs.
                 scheduling_strategy="SPREAD",
-            ).remote(index, self.worker_args, self.secret)
+            ).remote(index, self.worker_config.to_dict(), self.secret)
             for index in range(self.count)
         ]
         refs = [actor.address.remote() for actor in self.actors]

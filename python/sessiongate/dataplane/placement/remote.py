@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sessiongate.config.workers import DEFAULT_HANDSHAKE_TIMEOUT
 from sessiongate.dataplane.router.worker_channel import WorkerChannel
 from sessiongate.dataplane.transport.connection import READ_SIZE, FrameConnection
 from sessiongate.dataplane.transport.handshake import HandshakeError, client_handshake
-from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint, tune_socket
+from sessiongate.dataplane.transport.tcp import Endpoint, tune_socket
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.router.shard_router import Router

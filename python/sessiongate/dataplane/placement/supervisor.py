@@ -10,6 +10,7 @@ router over the control socket.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -27,12 +28,13 @@ from typing import Protocol
 
 import httpx
 
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.config.launch import RouterLaunch, WorkerLaunch, launch_env
 from sessiongate.process.children import PARENT_PID_ENV, listen_problem
 from sessiongate.protocol import INSTANCE_ENV, INSTANCE_HEADER
 
 logger = logging.getLogger(__name__)
 
-API_KEY_ENV = "SESSIONGATE_ROUTER_API_KEY"
 # More restarts than this within the window means the worker cannot stay up: fail instead.
 RESTART_BURST = 5
 RESTART_WINDOW_S = 30.0
@@ -53,21 +55,28 @@ class EndpointSource(Protocol):
 @dataclass
 class SupervisorConfig:
     workers: int  # local worker processes; 0 when the router is given remote endpoints
-    host: str
-    port: int
-    worker_args: list[str]
-    router_args: list[str]
+    # The router's launch (its descriptors are filled in at spawn) and each local worker's
+    # configuration (None without local workers).
+    router: RouterLaunch
+    worker_config: GatewayConfig | None
     on_worker_exit: str = "restart"  # or "fail"
-    api_key: str | None = None
     ready_timeout: float = 60.0
     # Other children (the embedded mock engine) whose exit stops the server.
     watched: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    # Extra environment of the router (the remote workers' shared secret).
+    # Extra environment of the router (the Ray workers' shared secret).
     router_env: dict[str, str] = field(default_factory=dict)
     endpoint_source: EndpointSource | None = None
     # False for standalone remote workers, which may come up in any order and later: the
     # router answering /health at all (200 or 503) then counts as ready.
     require_workers_ready: bool = True
+
+    @property
+    def host(self) -> str:
+        return self.router.config.listen.host
+
+    @property
+    def port(self) -> int:
+        return self.router.config.listen.port
 
 
 @dataclass
@@ -110,20 +119,10 @@ class Supervisor:
     ) -> tuple[subprocess.Popen[bytes], socket.socket]:
         """A worker on a fresh socketpair; returns it and the router's end of the pair."""
         router_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        assert self.config.worker_config is not None
+        launch = WorkerLaunch(self.config.worker_config, worker_end.fileno(), index, generation)
         try:
-            proc = _spawn(
-                [
-                    "_worker",
-                    "--fd",
-                    str(worker_end.fileno()),
-                    "--index",
-                    str(index),
-                    "--generation",
-                    str(generation),
-                    *self.config.worker_args,
-                ],
-                [worker_end.fileno()],
-            )
+            proc = _spawn(["_worker"], [worker_end.fileno()], launch_env(launch))
         finally:
             worker_end.close()
         return proc, router_end
@@ -136,26 +135,14 @@ class Supervisor:
             router_ends.append(router_end)
         control_here, control_router = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._control = control_here
-        env = {**self.config.router_env, INSTANCE_ENV: self.instance}
-        if self.config.api_key:
-            env[API_KEY_ENV] = self.config.api_key
         fds = [s.fileno() for s in router_ends]
-        self.router = _spawn(
-            [
-                "_router",
-                "--host",
-                self.config.host,
-                "--port",
-                str(self.config.port),
-                *(["--worker-fds", ",".join(map(str, fds))] if fds else []),
-                "--control-fd",
-                str(control_router.fileno()),
-                *(["--api-key-env", API_KEY_ENV] if self.config.api_key else []),
-                *self.config.router_args,
-            ],
-            [*fds, control_router.fileno()],
-            env,
+        launch = dataclasses.replace(
+            self.config.router,
+            control_fd=control_router.fileno(),
+            worker_fds=tuple(fds),
         )
+        env = {**self.config.router_env, INSTANCE_ENV: self.instance, **launch_env(launch)}
+        self.router = _spawn(["_router"], [*fds, control_router.fileno()], env)
         for sock in (*router_ends, control_router):
             sock.close()
 

@@ -17,7 +17,6 @@ logger = logging.getLogger(__name__)
 
 SECRET_ENV = "SESSIONGATE_WORKER_SECRET"
 MIN_SECRET_BYTES = 16
-DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)

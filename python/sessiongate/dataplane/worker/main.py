@@ -1,8 +1,10 @@
 """`sessiongate _worker`: one session worker process on an inherited channel socket.
 
-Started by the supervisor (spawned, never forked) with the socket's fd; it owns exactly one
-session core and one upstream client, and exits when the router closes the channel or the
-supervisor dies.
+Started by the supervisor (spawned, never forked) with its launch document in the
+environment (config/launch.py: the resolved configuration, the socket's fd, its index); it
+owns exactly one session core and one engine client, and exits when the router closes the
+channel or the supervisor dies. A launch without a descriptor (a Ray actor's worker) runs
+the TCP worker of `sessiongate worker` instead.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from sessiongate.config.launch import WorkerLaunch, read_launch
 from sessiongate.process.children import die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
-from sessiongate.session.core_config import add_session_arguments, core_config, supervised
+from sessiongate.session.core_config import core_config, supervised
 
 if TYPE_CHECKING:
     from sessiongate.session.core import SessionCore
@@ -28,23 +31,25 @@ logger = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("_worker")
-    parser.add_argument("--fd", type=int, required=True)
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--generation", type=int, default=0)
-    add_session_arguments(parser, embedded_mock=False)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    launch: WorkerLaunch = read_launch(WorkerLaunch)
+    if launch.fd is None:
+        from sessiongate.dataplane.worker.server import serve_tcp_worker
+
+        return serve_tcp_worker(launch.config)
     if not die_with_parent():
         return 0
     logging.basicConfig(
-        level=args.log_level.upper(), format=f"worker {args.index}: %(levelname)s %(message)s"
+        level=launch.config.log_level.upper(),
+        format=f"worker {launch.index}: %(levelname)s %(message)s",
     )
     keep_freed_records_warm()
-    sock = socket.socket(fileno=args.fd)
+    sock = socket.socket(fileno=launch.fd)
     try:
-        reason = asyncio.run(_main(args, sock))
+        reason = asyncio.run(_main(launch, sock))
     except KeyboardInterrupt:
         reason = "interrupted"
     logger.info("exiting: %s", reason)
@@ -81,16 +86,16 @@ def core_status(core: SessionCore) -> dict[str, Any]:
     }
 
 
-async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
+async def _main(launch: WorkerLaunch, sock: socket.socket) -> str:
     from sessiongate.dataplane.transport.connection import FrameConnection
     from sessiongate.dataplane.worker.loop import WorkerLoop
     from sessiongate.session.factory import build_core
 
     # Without a records directory a replacement worker starts empty: its 404s say why.
-    lost = args.generation > 0 and not args.records_dir
-    role = supervised(args.index, restart_note(args.index) if lost else "")
+    lost = launch.generation > 0 and not launch.config.records.dir
+    role = supervised(launch.index, restart_note(launch.index) if lost else "")
     # serve validated these options before starting its workers.
-    core = build_core(core_config(args, role, program="sessiongate serve"))
+    core = build_core(core_config(launch.config, role, program="sessiongate serve"))
     # Probe the upstreams from the start, not from the first request: /health must say the
     # engine is down even when no traffic has come yet.
     core.start()
@@ -98,8 +103,8 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     loop = WorkerLoop(
         conn,
         core.handle,
-        index=args.index,
-        generation=args.generation,
+        index=launch.index,
+        generation=launch.generation,
         status=lambda: core_status(core),
     )
     serving = asyncio.create_task(loop.run())
@@ -114,5 +119,5 @@ async def _main(args: argparse.Namespace, sock: socket.socket) -> str:
     stopper.cancel()
     conn.close()
     await core.aclose()
-    print(f"worker {args.index} stopped: {reason}", file=sys.stderr, flush=True)
+    print(f"worker {launch.index} stopped: {reason}", file=sys.stderr, flush=True)
     return reason

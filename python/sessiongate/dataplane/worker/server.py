@@ -26,16 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sessiongate.dataplane.transport.tcp import DEFAULT_HANDSHAKE_TIMEOUT, Endpoint
+from sessiongate.config.cli import add_options, config_from_args
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.config.workers import DEFAULT_HANDSHAKE_TIMEOUT
+from sessiongate.dataplane.transport.tcp import Endpoint
 from sessiongate.process.children import PARENT_PID_ENV, die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
-from sessiongate.session.core_config import (
-    STANDALONE,
-    CoreConfig,
-    add_session_arguments,
-    core_config,
-)
-from sessiongate.session.core_options import backend_list
+from sessiongate.session.core_config import STANDALONE, CoreConfig, core_config
+from sessiongate.session.core_options import engine_urls
 
 if TYPE_CHECKING:
     from sessiongate.dataplane.transport.connection import FrameConnection
@@ -51,82 +49,84 @@ READ_CHUNK = 65536
 TLS_REQUIRED = "this worker requires TLS: start the router with --tls-ca FILE (or --tls-insecure)"
 
 
+WORKER = "worker"
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "worker",
+        WORKER,
         help="run one session worker on a TCP port (for serve --worker-endpoints)",
         description="Run one session worker that a router (`sessiongate serve "
         "--worker-endpoints`) reaches over authenticated TCP. It prints 'sessiongate worker "
         "listening on HOST:PORT' once ready.",
     )
-    parser.add_argument(
-        "--listen",
-        required=True,
-        metavar="HOST:PORT",
-        help="address to listen on ([::1]:PORT for IPv6; port 0 picks a free port)",
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--secret-file", help="file holding the shared secret (>= 16 bytes)")
-    source.add_argument(
-        "--secret-env", metavar="NAME", help="environment variable holding the shared secret"
-    )
-    parser.add_argument("--tls-cert", help="PEM certificate: accept only TLS connections")
-    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    parser.add_argument(
-        "--handshake-timeout",
-        type=float,
-        default=DEFAULT_HANDSHAKE_TIMEOUT,
-        help=f"seconds a new connection has to complete TLS and the handshake "
-        f"({DEFAULT_HANDSHAKE_TIMEOUT:g})",
-    )
-    add_session_arguments(parser, embedded_mock=False)
+    add_options(parser, WORKER)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args, WORKER)
+    if args.print_config:
+        from sessiongate.config.files import render_toml
+
+        print(render_toml(config, WORKER), end="")
+        return 0
+    return serve_tcp_worker(config)
+
+
+def serve_tcp_worker(config: GatewayConfig) -> int:
+    """One session worker listening at `config.workers.listen` until signalled (or its
+    parent, a Ray actor, is gone)."""
     from sessiongate.dataplane.transport.tcp import load_secret, parse_endpoint, server_tls_context
 
     if not die_with_parent():
         return 0
     logging.basicConfig(
-        level=args.log_level.upper(), format="sessiongate worker: %(levelname)s %(message)s"
+        level=config.log_level.upper(), format="sessiongate worker: %(levelname)s %(message)s"
     )
     keep_freed_records_warm()
+    workers = config.workers
 
     def fail(message: str) -> SystemExit:
         return SystemExit(f"sessiongate worker: {message}")
 
+    if workers.listen is None:
+        raise fail("--listen is required")
     try:
-        endpoint = parse_endpoint(args.listen, allow_port_zero=True)
-        secret = load_secret(args.secret_file, args.secret_env)
+        endpoint = parse_endpoint(workers.listen, allow_port_zero=True)
+        secret = load_secret(workers.secret_file, workers.secret_env)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    if bool(args.tls_cert) != bool(args.tls_key):
+    if bool(workers.tls_cert) != bool(workers.tls_key):
         raise fail("--tls-cert and --tls-key go together")
     try:
-        tls = server_tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+        tls = (
+            server_tls_context(workers.tls_cert, workers.tls_key)
+            if workers.tls_cert and workers.tls_key
+            else None
+        )
     except (OSError, ssl.SSLError) as exc:
         raise fail(f"cannot load the TLS certificate or key: {exc}") from None
     try:
-        backend_list(args, embedded_mock=False)
+        engine_urls(config.engines, embedded_mock=False)
     except SystemExit as exc:
         raise fail(str(exc)) from None
-    if args.handshake_timeout <= 0:
+    if workers.handshake_timeout <= 0:
         raise fail("--handshake-timeout must be > 0")
     # Exits with a clear message on bad session options.
-    config = core_config(args, STANDALONE, program="sessiongate worker")
+    core = core_config(config, STANDALONE, program="sessiongate worker")
     try:
-        return asyncio.run(_main(args, config, endpoint, secret, tls))
+        return asyncio.run(_main(core, endpoint, secret, tls, workers.handshake_timeout))
     except KeyboardInterrupt:
         return 0
 
 
 async def _main(
-    args: argparse.Namespace,
     config: CoreConfig,
     endpoint: Endpoint,
     secret: bytes,
     tls: ssl.SSLContext | None,
+    handshake_timeout: float,
 ) -> int:
     from sessiongate.dataplane.transport.tcp import listen_socket
     from sessiongate.session.factory import build_core
@@ -138,7 +138,7 @@ async def _main(
         return 1
     core = build_core(config)
     core.start()  # probe the upstreams before the first request (their state is in /health)
-    server = WorkerServer(core, secret, tls, args.handshake_timeout)
+    server = WorkerServer(core, secret, tls, handshake_timeout)
     host, port = listener.getsockname()[:2]
     bound = Endpoint(host, port)
     print(

@@ -3,19 +3,20 @@
 Not to be confused with `session_routing`, which stamps session identity onto requests for
 an external router. The policies are specified here in Python (`policies/`) and twinned in
 Rust (`rust/engine_policy/`), which the compiled front uses; `EnginePolicy` is the Rust class
-unless `SESSIONGATE_IMPL=python` (as the other primitives, `sessiongate.primitives`).
+unless `SESSIONGATE_IMPL=python`, chosen by `sessiongate.twins.pick` as every other primitive.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from sessiongate.engines.policy.config import (
+from sessiongate.config.engines import (
     DEFAULT_POLICY,
     POLICIES,
     EngineRoutingConfig,
 )
 from sessiongate.engines.policy.engine_policy import EnginePolicy as PyEnginePolicy
+from sessiongate.twins import Impl, pick
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -27,22 +28,10 @@ __all__ = [
 ]
 
 
-def get_engine_policy(impl: Literal["rust", "python"]) -> type[PyEnginePolicy]:
-    """The `EnginePolicy` class of one implementation, for side-by-side tests."""
-    if impl == "python":
-        return PyEnginePolicy
-    from sessiongate.primitives import get_impl
-
-    get_impl("rust")  # ImportError naming the cause when the core is missing
-    from sessiongate._core import EnginePolicy as RustEnginePolicy
-
-    return RustEnginePolicy  # type: ignore[return-value]
-
-
-def _active() -> type[PyEnginePolicy]:
-    from sessiongate.primitives import IMPL
-
-    return get_engine_policy("python" if IMPL == "python" else "rust")
+def get_engine_policy(impl: Impl | None = None) -> type[PyEnginePolicy]:
+    """The `EnginePolicy` class of one implementation (None: the active one), for
+    side-by-side tests. The core is imported only when the Rust class is asked for."""
+    return pick("EnginePolicy", PyEnginePolicy, impl)
 
 
 if TYPE_CHECKING:
@@ -52,5 +41,5 @@ else:
     def __getattr__(name: str) -> object:
         # Resolved on first use: option parsing alone must not load the compiled core.
         if name == "EnginePolicy":
-            return _active()
+            return get_engine_policy()
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

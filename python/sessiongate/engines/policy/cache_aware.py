@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from itertools import count
 
+from sessiongate.config.engines import EngineRoutingConfig
 from sessiongate.engines.policy.base import (
     EngineStates,
     KeyMaterial,
@@ -51,7 +52,6 @@ from sessiongate.engines.policy.base import (
     Units,
     least,
 )
-from sessiongate.engines.policy.config import EngineRoutingConfig
 from sessiongate.engines.policy.prefix_tree import PrefixTree
 
 TreeKey = tuple[bool, str | None, str | None]

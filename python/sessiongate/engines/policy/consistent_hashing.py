@@ -9,8 +9,6 @@ so an engine going down moves only its own keys. Without any key, a random candi
 
 from __future__ import annotations
 
-import hashlib
-
 from sessiongate.engines.policy.base import (
     IMPLICIT_KEY_HEADERS,
     ROUTING_KEY_HEADER,
@@ -19,10 +17,7 @@ from sessiongate.engines.policy.base import (
     Rng,
     RoutingRequest,
 )
-
-
-def rendezvous_weight(key: bytes, url: str) -> bytes:
-    return hashlib.blake2b(key + b"\x00" + url.encode(), digest_size=8).digest()
+from sessiongate.hashing import rendezvous_weight
 
 
 class ConsistentHashing:

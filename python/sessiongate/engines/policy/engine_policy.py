@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from sessiongate.config.engines import EngineRoutingConfig
 from sessiongate.engines.policy.base import EngineStates, RoutingRequest
 from sessiongate.engines.policy.cache_aware import CacheAware
-from sessiongate.engines.policy.config import EngineRoutingConfig
 from sessiongate.engines.policy.factory import make_policy
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
+from sessiongate.config.engines import EngineRoutingConfig
 from sessiongate.engines.policy.base import EngineStates, Policy, RoutingRequest
 from sessiongate.engines.policy.cache_aware import CacheAware
-from sessiongate.engines.policy.config import EngineRoutingConfig
 from sessiongate.engines.policy.consistent_hashing import ConsistentHashing
 from sessiongate.engines.policy.least_in_flight import LeastInFlight
 from sessiongate.engines.policy.manual import Manual

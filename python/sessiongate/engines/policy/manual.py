@@ -10,6 +10,7 @@ last use is known to the resolution of the eviction interval (the time of the la
 
 from __future__ import annotations
 
+from sessiongate.config.engines import EngineRoutingConfig
 from sessiongate.engines.policy.base import (
     ROUTING_KEY_HEADER,
     EngineStates,
@@ -17,7 +18,6 @@ from sessiongate.engines.policy.base import (
     RoutingRequest,
     least,
 )
-from sessiongate.engines.policy.config import EngineRoutingConfig
 
 MAX_CANDIDATES = 2
 

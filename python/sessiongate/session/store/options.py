@@ -1,58 +1,33 @@
-"""Command-line options of the records store, shared by `serve`, the supervised workers and
-`sessiongate worker`: declared once, forwarded to workers as argv (docs/deployment.md)."""
+"""The records store's settings from the records options (docs/deployment.md, "Durable
+records"): checked once, each supervised worker given its shard. The options are declared
+in config/records.py."""
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 from pathlib import Path
+from typing import cast
 
-from sessiongate.session.limit_options import AUTO, memory_option
-from sessiongate.session.store.records_store import DURABILITIES, MANIFEST, StoreSettings
-
-
-def add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("durable records (docs/deployment.md)")
-    group.add_argument(
-        "--records-dir",
-        default=None,
-        metavar="DIR",
-        help="persist every session and turn record under DIR and recover them when a "
-        "worker restarts (serve: one DIR/worker-N per worker); default: in memory only",
-    )
-    group.add_argument(
-        "--records-durability",
-        choices=DURABILITIES,
-        default=None,
-        help="when a turn is acknowledged: none (queued for writing; a worker crash may lose "
-        "the last turns), flush (written to the OS before the reply: survives a worker "
-        "crash; default), fsync (on the disk before the reply: survives a host crash)",
-    )
-    group.add_argument(
-        "--records-memory",
-        default=None,
-        metavar="BYTES",
-        help="with --records-dir, record bytes a worker keeps in RAM; older records are read "
-        "from their files (auto: as --max-records-bytes auto; K/M/G suffixes)",
-    )
-    group.add_argument(
-        "--records-shards", type=int, default=0, help=argparse.SUPPRESS
-    )  # serve -> its workers: how many shards the directory is split into
+from sessiongate.config.fields import flag_of
+from sessiongate.config.records import AUTO, RecordsConfig
+from sessiongate.session.limit_options import memory_option
+from sessiongate.session.store.records_store import MANIFEST, Durability, StoreSettings
 
 
-def memory_budget(args: argparse.Namespace, workers: int = 1) -> int:
-    return memory_option(args.records_memory or AUTO, "--records-memory", workers)
+def memory_budget(records: RecordsConfig, workers: int = 1) -> int:
+    return memory_option(records.memory or AUTO, flag_of(RecordsConfig, "memory"), workers)
 
 
-def check_store_options(args: argparse.Namespace) -> None:
+def check_store_options(records: RecordsConfig) -> None:
     """The store's options mean nothing without a directory: say so instead of ignoring."""
-    if args.records_dir:
+    if records.dir:
         return
     given = [
         flag
         for flag, value in (
-            ("--records-durability", args.records_durability),
-            ("--records-memory", args.records_memory),
+            (flag_of(RecordsConfig, "durability"), records.durability),
+            (flag_of(RecordsConfig, "memory"), records.memory),
         )
         if value is not None
     ]
@@ -60,21 +35,21 @@ def check_store_options(args: argparse.Namespace) -> None:
         raise SystemExit(f"{' and '.join(given)} apply with --records-dir only")
 
 
-def store_settings(args: argparse.Namespace, index: int | None) -> StoreSettings | None:
+def store_settings(records: RecordsConfig, index: int | None) -> StoreSettings | None:
     """The worker's store: `index` is its shard under a supervisor (DIR/worker-N), None for
     a standalone `sessiongate worker`, which owns DIR itself."""
-    check_store_options(args)
-    if not args.records_dir:
+    check_store_options(records)
+    if not records.dir:
         return None
-    directory = Path(args.records_dir)
+    directory = Path(records.dir)
     shard = None
     if index is not None:
         directory = directory / f"worker-{index}"
-        shard = f"{index}/{max(1, args.records_shards)}"
+        shard = f"{index}/{max(1, records.shards)}"
     return StoreSettings(
         directory=directory,
-        durability=args.records_durability or "flush",
-        memory_budget=memory_budget(args),
+        durability=cast(Durability, records.durability or "flush"),
+        memory_budget=memory_budget(records),
         shard=shard,
     )
 
@@ -111,18 +86,17 @@ def check_layout(records_dir: Path, workers: int) -> None:
         )
 
 
-def store_argv(args: argparse.Namespace, local_workers: int) -> list[str]:
-    """These options for `serve`'s workers (`auto` split over the local workers)."""
-    if not args.records_dir:
-        return []
-    check_layout(Path(args.records_dir), local_workers)
-    return [
-        "--records-dir",
-        str(Path(args.records_dir).resolve()),
-        "--records-durability",
-        args.records_durability or "flush",
-        "--records-memory",
-        str(memory_budget(args, local_workers)),
-        "--records-shards",
-        str(local_workers),
-    ]
+def records_for_workers(records: RecordsConfig, local_workers: int) -> RecordsConfig:
+    """The records options `serve` hands its workers: the directory absolute and checked
+    (SystemExit when another worker count wrote it), `auto` memory split over the local
+    workers, the shard count."""
+    if not records.dir:
+        return records
+    check_layout(Path(records.dir), local_workers)
+    return dataclasses.replace(
+        records,
+        dir=str(Path(records.dir).resolve()),
+        durability=records.durability or "flush",
+        memory=str(memory_budget(records, local_workers)),
+        shards=local_workers,
+    )

@@ -49,7 +49,7 @@ from sessiongate.session.tree import MAX_NODES, SessionTree
 logger = logging.getLogger(__name__)
 
 Durability = Literal["none", "flush", "fsync"]
-DURABILITIES: tuple[Durability, ...] = ("none", "flush", "fsync")
+# DURABILITIES (config/records.py) lists the same three words, for the command line.
 FORMAT = 1
 MANIFEST = "store.json"
 
@@ -443,4 +443,4 @@ class ResidentRecords:
         return freed
 
 
-__all__ = ["DURABILITIES", "RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]
+__all__ = ["RecordsStore", "SpilledRecord", "StoreSettings", "StoreWriteFailed"]

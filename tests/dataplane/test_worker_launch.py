@@ -1,24 +1,33 @@
-"""The argv `serve` starts a worker with, parsed by the worker's own options, gives the core
-config serve validated: every forwarded option round-trips, each set to a non-default value
-(so a forgotten forward would show as the worker's default)."""
+"""The configuration `serve` hands a worker (the launch document in its environment) gives
+the core config serve validated: every option a core reads round-trips, each set to a
+non-default value (so a forgotten one would show as the worker's default)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
 import pytest
 
 from sessiongate.cli import build_parser
-from sessiongate.server.serve import serve_core_config, worker_arguments
-from sessiongate.session.core_config import STANDALONE, CoreConfig, core_config, supervised
+from sessiongate.config.gateway import SCHEMA_LEAVES, GatewayConfig, value_at
+from sessiongate.config.launch import RouterLaunch, WorkerLaunch, launch_env, read_launch
+from sessiongate.server.serve import serve_config, serve_core_config
+from sessiongate.session.core_config import (
+    STANDALONE,
+    CoreConfig,
+    core_config,
+    supervised,
+    worker_config,
+)
 from sessiongate.tokenizer import BUILTIN_TOKENIZER_DIR
 
 WORKERS = 3
 INDEX = 1
-# Not session options: how the supervisor reaches the worker, and serve's own shard count.
-NOT_FORWARDED = {"fd", "index", "generation", "records_shards", "run", "command", "version"}
+# Sections a session core reads; the others are serve's own (listen, front, workers).
+CORE_SECTIONS = ("engines", "sessions", "session_routing", "limits", "records", "log_level")
+# serve's own engine options, and serve's records shard count (set for the workers).
+NOT_FORWARDED = {"engines.admin_key", "engines.mock_args", "records.shards"}
 
 
 def serve_argv(tmp_path: Path) -> list[str]:
@@ -143,14 +152,20 @@ def serve_argv(tmp_path: Path) -> list[str]:
     ]
 
 
-def defaults(command: str, *required: str) -> argparse.Namespace:
-    return build_parser().parse_args([command, *required])
+def forwarded(tmp_path: Path) -> tuple[GatewayConfig, CoreConfig, GatewayConfig]:
+    config = serve_config(build_parser().parse_args(serve_argv(tmp_path)))
+    core = serve_core_config(config)
+    return config, core, worker_config(config, core.backends, local_workers=WORKERS)
 
 
-def forwarded(tmp_path: Path) -> tuple[argparse.Namespace, CoreConfig, list[str]]:
-    args = build_parser().parse_args(serve_argv(tmp_path))
-    config = serve_core_config(args)
-    return args, config, worker_arguments(args, config.backends)
+def launched(
+    launch: WorkerLaunch | RouterLaunch, monkeypatch: pytest.MonkeyPatch
+) -> WorkerLaunch | RouterLaunch:
+    """What the child reads back from its environment."""
+    for name, value in launch_env(launch).items():
+        monkeypatch.setenv(name, value)
+    found: WorkerLaunch | RouterLaunch = read_launch(type(launch))
+    return found
 
 
 def without_role(config: CoreConfig) -> CoreConfig:
@@ -163,37 +178,37 @@ def without_role(config: CoreConfig) -> CoreConfig:
     )
 
 
-def test_every_forwarded_option_is_set_to_a_non_default_value(tmp_path: Path) -> None:
-    _, _, argv = forwarded(tmp_path)
-    worker = build_parser().parse_args(["_worker", "--fd", "0", "--index", "1", *argv])
-    baseline = defaults("_worker", "--fd", "0", "--index", "1", "--backend", "http://x")
-    for name, value in vars(worker).items():
-        if name not in NOT_FORWARDED:
-            assert value != getattr(baseline, name), name
+def test_every_forwarded_option_is_set_to_a_non_default_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, for_workers = forwarded(tmp_path)
+    launch = launched(WorkerLaunch(for_workers, fd=0, index=INDEX), monkeypatch)
+    baseline = GatewayConfig()
+    for leaf in SCHEMA_LEAVES:
+        if leaf.path[0] in CORE_SECTIONS and leaf.key not in NOT_FORWARDED:
+            assert value_at(launch.config, leaf) != value_at(baseline, leaf), leaf.key
 
 
-def test_a_local_worker_gets_serves_config(tmp_path: Path) -> None:
-    args, config, argv = forwarded(tmp_path)
-    worker = build_parser().parse_args(["_worker", "--fd", "0", "--index", str(INDEX), *argv])
-    got = core_config(worker, supervised(INDEX), program="sessiongate serve")
-    assert without_role(got) == without_role(config)
+def test_a_local_worker_gets_serves_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, core, for_workers = forwarded(tmp_path)
+    launch = launched(WorkerLaunch(for_workers, fd=0, index=INDEX), monkeypatch)
+    got = core_config(launch.config, supervised(INDEX), program="sessiongate serve")
+    assert without_role(got) == without_role(core)
     assert got.settings.label == f"worker {INDEX}"
-    assert got.store is not None and config.store is not None
-    assert got.store.directory == config.store.directory.parent / f"worker-{INDEX}"
+    assert got.store is not None and core.store is not None
+    assert got.store.directory == core.store.directory.parent / f"worker-{INDEX}"
     assert got.store.shard == f"{INDEX}/{WORKERS}"
-    assert worker.log_level == args.log_level == "info"
+    assert launch.config.log_level == config.log_level == "info"
 
 
-def test_a_ray_worker_gets_serves_config(tmp_path: Path) -> None:
-    """Ray actors run `sessiongate worker` with the same argv (and their own address)."""
-    args, config, _ = forwarded(tmp_path)
-    args.ray = True
-    argv = worker_arguments(args, config.backends)
-    worker = build_parser().parse_args(
-        ["worker", "--listen", "127.0.0.1:0", "--secret-env", "S", *argv]
-    )
-    got = core_config(worker, STANDALONE, program="sessiongate worker")
-    assert without_role(got) == without_role(config)
+def test_a_ray_worker_gets_serves_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray actors run a TCP worker (no descriptor) with the same configuration."""
+    config, core, _ = forwarded(tmp_path)
+    for_ray = worker_config(config, core.backends, local_workers=WORKERS, placed_elsewhere=True)
+    launch = launched(WorkerLaunch(for_ray, fd=None, index=INDEX), monkeypatch)
+    assert launch.fd is None
+    got = core_config(launch.config, STANDALONE, program="sessiongate worker")
+    assert without_role(got) == without_role(core)
     assert got.settings.label == "this worker"
     assert got.store is not None and got.store.shard is None  # it owns the directory
 
@@ -202,21 +217,21 @@ def test_serve_validates_before_forwarding(tmp_path: Path) -> None:
     argv = serve_argv(tmp_path)
     argv[argv.index("--max-trim-tokens") + 1] = "-1"
     with pytest.raises(SystemExit, match="--max-trim-tokens must be >= 0"):
-        serve_core_config(build_parser().parse_args(argv))
+        serve_core_config(serve_config(build_parser().parse_args(argv)))
 
 
-def test_the_routers_front_gets_serves_reliability_options(tmp_path: Path) -> None:
+def test_the_routers_front_gets_serves_reliability_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The compiled front in the router retries and breaks circuits as serve was told."""
-    from sessiongate.engines.routing_options import engine_routing_argv, reliability_settings
     from sessiongate.front.compiled import front_options
 
-    args, _, _ = forwarded(tmp_path)
-    plumbing = ["--port", "1", "--worker-fds", "3", "--control-fd", "4", "--max-body-bytes", "1"]
-    router = build_parser().parse_args(
-        ["_router", *plumbing, "--backend", "http://127.0.0.1:9", *engine_routing_argv(args)]
-    )
-    want = reliability_settings(args)
+    config, _, _ = forwarded(tmp_path)
+    launch = launched(RouterLaunch(config, port=1, control_fd=4, worker_fds=(3,)), monkeypatch)
+    assert isinstance(launch, RouterLaunch) and launch.worker_fds == (3,)
+    want = config.engines.reliability
     assert want.disable_retries and want.retry_max_retries == 7
-    options = front_options(router, ["http://127.0.0.1:9"], [1.0])
+    options = front_options(launch.config, ["http://127.0.0.1:9"], [1.0])
     assert options is not None
     assert options.reliability == want and options.health_path == "/ready"
+    assert options.engine_routing == config.engines.routing

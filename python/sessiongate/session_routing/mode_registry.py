@@ -16,12 +16,14 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from sessiongate.config.fields import flag_of
+from sessiongate.config.sessions import SessionRoutingConfig
 from sessiongate.session_routing.base import SessionRoutingMode
 from sessiongate.session_routing.modes import BUILTIN_MODES
 
 ENTRY_POINT_GROUP = "sessiongate.session_routing"
-OPTION_FLAG = "--session-routing-opt"
-MODE_FLAG = "--session-routing"
+OPTION_FLAG = flag_of(SessionRoutingConfig, "options")
+MODE_FLAG = flag_of(SessionRoutingConfig, "mode")
 
 
 class RoutingConfigError(ValueError):

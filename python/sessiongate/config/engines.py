@@ -1,0 +1,394 @@
+"""The engines section: which engines, how they are reached and probed, how a stateless
+request (and a session family's first call) chooses one, and what happens when one fails.
+
+Names and defaults follow the SGLang Model Gateway's command line (`--policy`,
+`--cache-threshold`, `--retry-*`, `--cb-*`, `--health-*`), so a deployment can bring its
+router flags along; where the Gateway's two launchers disagree (the Rust binary's
+`--eviction-interval 120` against the Python launcher's `--eviction-interval-secs 60`), the
+Python launcher's value is the default. docs/routing.md, "Engine routing";
+docs/reliability.md, "Engine-facing retries and the circuit breaker".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from sessiongate.config.fields import ONLY_SERVE, ONLY_WORKER, option, section
+
+POLICIES = (
+    "round_robin",
+    "random",
+    "power_of_two",
+    "least_in_flight",
+    "cache_aware",
+    "cache_aware_gateway",
+    "manual",
+    "consistent_hashing",
+)
+DEFAULT_POLICY = "cache_aware"
+ASSIGNMENT_MODES = ("random", "min_load", "min_group")
+TIE_BREAKS = ("index", "round_robin")
+# The tunables each policy reads: its variant of the [engines.routing] table. A file that
+# sets another policy's tunable is refused (config/cli.py); on the command line such flags
+# are accepted and ignored, as the Gateway accepts them, so a command line can switch
+# policies without dropping flags.
+_CACHE_AWARE_TUNABLES = (
+    "cache_threshold",
+    "balance_abs_threshold",
+    "balance_rel_threshold",
+    "eviction_interval_secs",
+    "max_tree_size",
+)
+POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
+    "round_robin": (),
+    "random": ("seed",),
+    "power_of_two": ("seed",),
+    "least_in_flight": ("tie_break",),
+    "cache_aware": _CACHE_AWARE_TUNABLES,
+    "cache_aware_gateway": _CACHE_AWARE_TUNABLES,
+    "manual": ("assignment_mode", "max_idle_secs", "eviction_interval_secs", "seed"),
+    "consistent_hashing": ("seed",),
+}
+# The policies that keep state a periodic `evict` trims.
+EVICTING_POLICIES = frozenset({"cache_aware", "cache_aware_gateway", "manual"})
+
+# `serve --backend mock` (its default): the embedded mock engine, started by serve itself.
+MOCK_BACKEND = "mock"
+# `--backend none`: no engine at start; engines register at run time (docs/api.md, "Engine
+# management"), turns answer 503 until one is ready.
+NO_BACKEND = "none"
+ADMIN_KEY_ENV = "SESSIONGATE_ADMIN_KEY"
+
+
+@section(
+    title="engine routing (which engine a stateless request goes to; docs/routing.md)",
+    key="routing",
+)
+@dataclass(frozen=True)
+class EngineRoutingConfig:
+    """How stateless requests choose an engine (docs/routing.md, "Engine routing"): the
+    policy and its variant's tunables (POLICY_TUNABLES). Every tunable is a field, so the
+    command line keeps the Gateway's flat flags; the policy reads only its own."""
+
+    policy: str = option(
+        "--policy",
+        default=DEFAULT_POLICY,
+        choices=POLICIES,
+        help=f"how stateless requests, and each session family's first call, choose an "
+        f"engine ({DEFAULT_POLICY}); a family then stays on its engine (under round_robin "
+        "families are placed by rendezvous hashing of the root id)",
+    )
+    cache_threshold: float = option(
+        "--cache-threshold",
+        default=0.3,
+        parse=float,
+        metavar="RATIO",
+        help="cache_aware: follow the engine holding the prompt's longest prefix when more "
+        "than this share of the prompt matches (0.3)",
+    )
+    # Both must be exceeded (max - min > abs and max > rel * min).
+    balance_abs_threshold: int = option(
+        "--balance-abs-threshold",
+        default=64,
+        parse=int,
+        metavar="N",
+        help="cache_aware: requests in flight max - min above which (with the relative "
+        "threshold) the least loaded engine wins (64)",
+    )
+    balance_rel_threshold: float = option(
+        "--balance-rel-threshold",
+        default=1.5,
+        parse=float,
+        metavar="RATIO",
+        help="cache_aware: max > RATIO * min as well makes the engines imbalanced (1.5)",
+    )
+    eviction_interval_secs: int = option(
+        "--eviction-interval-secs",
+        "--eviction-interval",
+        default=60,
+        parse=int,
+        metavar="SECONDS",
+        help="cache_aware, manual: seconds between trims of the prefix trees and idle routing "
+        "keys (60; 0 = never)",
+    )
+    max_tree_size: int = option(
+        "--max-tree-size",
+        default=1 << 26,
+        parse=int,
+        metavar="UNITS",
+        help="cache_aware: tokens (or characters) each engine's prefix tree keeps after a "
+        f"trim ({1 << 26})",
+    )
+    assignment_mode: str = option(
+        "--assignment-mode",
+        default="random",
+        choices=ASSIGNMENT_MODES,
+        help="manual: where a routing key seen for the first time goes (random)",
+    )
+    max_idle_secs: int = option(
+        "--max-idle-secs",
+        default=14_400,
+        parse=int,
+        metavar="SECONDS",
+        help="manual: forget routing keys unused this long (14400; 0 = never)",
+    )
+    tie_break: str = option(
+        "--tie-break",
+        default="index",
+        choices=TIE_BREAKS,
+        help="least_in_flight: among equally busy engines the lowest index (the rollout "
+        "router's rule) or each in turn (index)",
+    )
+    seed: int | None = option(
+        "--policy-seed",
+        default=None,
+        parse=int,
+        metavar="N",
+        help="random, power_of_two, manual, consistent_hashing: seed of the random choices "
+        "(default: from the OS)",
+    )
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """What is wrong with these values, or None."""
+        if self.policy not in POLICIES:
+            return f"unknown policy {self.policy!r}; expected one of {', '.join(POLICIES)}"
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            return f"cache_threshold must be in [0, 1], got {self.cache_threshold}"
+        if self.balance_abs_threshold < 0:
+            return f"balance_abs_threshold must be >= 0, got {self.balance_abs_threshold}"
+        if not (math.isfinite(self.balance_rel_threshold) and self.balance_rel_threshold >= 0):
+            return f"balance_rel_threshold must be a number >= 0, got {self.balance_rel_threshold}"
+        if self.eviction_interval_secs < 0:
+            return f"eviction_interval_secs must be >= 0, got {self.eviction_interval_secs}"
+        if self.max_tree_size < 0:
+            return f"max_tree_size must be >= 0, got {self.max_tree_size}"
+        if self.assignment_mode not in ASSIGNMENT_MODES:
+            return (
+                f"unknown assignment_mode {self.assignment_mode!r}; expected one of "
+                + ", ".join(ASSIGNMENT_MODES)
+            )
+        if self.max_idle_secs < 0:
+            return f"max_idle_secs must be >= 0, got {self.max_idle_secs}"
+        if self.tie_break not in TIE_BREAKS:
+            return f"unknown tie_break {self.tie_break!r}; expected one of {', '.join(TIE_BREAKS)}"
+        if self.seed is not None and not 0 <= self.seed < 1 << 64:
+            return f"seed must be in [0, 2**64), got {self.seed}"
+        return None
+
+    def options(self) -> dict[str, object]:
+        """The tunables as the policy classes take them (everything but the name)."""
+        values = asdict(self)
+        del values["policy"]
+        return values
+
+    @property
+    def evicts(self) -> bool:
+        """Whether a periodic `evict` has anything to do."""
+        return self.policy in EVICTING_POLICIES and self.eviction_interval_secs > 0
+
+
+@section(
+    title="engine reliability (health thresholds, retries, circuit breaker; docs/reliability.md)",
+    key="reliability",
+)
+@dataclass(frozen=True)
+class ReliabilityConfig:
+    """Health thresholds, retries and the circuit breaker (docs/reliability.md)."""
+
+    health_failure_threshold: int = option(
+        "--health-failure-threshold",
+        default=3,
+        parse=int,
+        metavar="N",
+        help="failed health probes in a row before an engine is marked down (3; a request "
+        "that cannot connect marks it down at once)",
+    )
+    health_success_threshold: int = option(
+        "--health-success-threshold",
+        default=2,
+        parse=int,
+        metavar="N",
+        help="passed health probes in a row before a down engine is up again (2)",
+    )
+    health_check_timeout_secs: float = option(
+        "--health-check-timeout-secs",
+        default=5.0,
+        parse=float,
+        metavar="SECONDS",
+        help="each health probe's timeout (5)",
+    )
+    health_check_endpoint: str = option(
+        "--health-check-endpoint",
+        default="/health",
+        metavar="PATH",
+        help="the engines' health path (/health)",
+    )
+    # Attempts in all (the Gateway's meaning of its "max retries"): 5 = 1 try + 4 retries.
+    retry_max_retries: int = option(
+        "--retry-max-retries",
+        default=5,
+        parse=int,
+        metavar="N",
+        help="attempts per request in all, the first included, when an engine could not be "
+        "connected to or answered 429 / 503 (5)",
+    )
+    retry_initial_backoff_ms: int = option(
+        "--retry-initial-backoff-ms",
+        default=50,
+        parse=int,
+        metavar="MS",
+        help="wait before the first retry (50)",
+    )
+    retry_max_backoff_ms: int = option(
+        "--retry-max-backoff-ms",
+        default=30_000,
+        parse=int,
+        metavar="MS",
+        help="the longest wait between attempts (30000)",
+    )
+    retry_backoff_multiplier: float = option(
+        "--retry-backoff-multiplier",
+        default=1.5,
+        parse=float,
+        metavar="X",
+        help="each wait is the previous one times this (1.5)",
+    )
+    retry_jitter_factor: float = option(
+        "--retry-jitter-factor",
+        default=0.2,
+        parse=float,
+        metavar="RATIO",
+        help="each wait moves randomly by up to this share of itself (0.2)",
+    )
+    disable_retries: bool = option(
+        "--disable-retries",
+        default=False,
+        kind="switch",
+        help="send every request once: no retry after a connect error, 429 or 503",
+    )
+    # Failures in a row, within the window, that open the breaker; trial successes that
+    # close it again; seconds it stays open.
+    cb_failure_threshold: int = option(
+        "--cb-failure-threshold",
+        default=10,
+        parse=int,
+        metavar="N",
+        help="failures in a row (transport errors, 5xx replies) that open an engine's circuit "
+        "breaker, taking it out of rotation (10)",
+    )
+    cb_success_threshold: int = option(
+        "--cb-success-threshold",
+        default=3,
+        parse=int,
+        metavar="N",
+        help="trial successes in a row that close a half-open breaker (3)",
+    )
+    cb_timeout_duration_secs: float = option(
+        "--cb-timeout-duration-secs",
+        default=60.0,
+        parse=float,
+        metavar="SECONDS",
+        help="how long an open breaker keeps its engine out before trial requests (60)",
+    )
+    cb_window_duration_secs: float = option(
+        "--cb-window-duration-secs",
+        default=120.0,
+        parse=float,
+        metavar="SECONDS",
+        help="a failure streak older than this starts over (120)",
+    )
+    disable_circuit_breaker: bool = option(
+        "--disable-circuit-breaker",
+        default=False,
+        kind="switch",
+        help="never take an engine out of rotation for its failures (health probes still do)",
+    )
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """What is wrong with these values, or None."""
+        for name in (
+            "health_failure_threshold",
+            "health_success_threshold",
+            "retry_max_retries",
+            "cb_failure_threshold",
+            "cb_success_threshold",
+        ):
+            if getattr(self, name) < 1:
+                return f"{name} must be >= 1, got {getattr(self, name)}"
+        for name in ("retry_initial_backoff_ms", "retry_max_backoff_ms"):
+            if getattr(self, name) < 0:
+                return f"{name} must be >= 0, got {getattr(self, name)}"
+        for name in (
+            "health_check_timeout_secs",
+            "cb_timeout_duration_secs",
+            "cb_window_duration_secs",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                return f"{name} must be a number > 0, got {value}"
+        multiplier = self.retry_backoff_multiplier
+        if not (math.isfinite(multiplier) and multiplier >= 1.0):
+            return f"retry_backoff_multiplier must be a number >= 1, got {multiplier}"
+        if not 0.0 <= self.retry_jitter_factor <= 1.0:
+            return f"retry_jitter_factor must be in [0, 1], got {self.retry_jitter_factor}"
+        if not self.health_check_endpoint.startswith("/"):
+            return f"health_check_endpoint must start with '/', got {self.health_check_endpoint!r}"
+        return None
+
+    @property
+    def attempts(self) -> int:
+        """How many times one request may be sent (1 with retries off)."""
+        return 1 if self.disable_retries else self.retry_max_retries
+
+
+@section(title="engines (the inference servers behind the gateway)", key="engines")
+@dataclass(frozen=True)
+class EnginesConfig:
+    """The engines and how they are reached."""
+
+    urls: tuple[str, ...] | None = option(
+        "--backend",
+        kind="append",
+        required_in=ONLY_WORKER,
+        help="engine base URL (an SGLang-style engine or router); repeat for several engines "
+        "(each session family is pinned to one, placed by --policy). serve: 'mock' (the "
+        "default) starts the built-in mock engine; 'none' starts with no engine and waits "
+        "for engines to register (POST /workers or /add_worker)",
+    )
+    health_interval: float = option(
+        "--health-interval",
+        default=5.0,
+        parse=float,
+        help="seconds between engine health checks (GET /health; 5)",
+    )
+    timeout: float = option(
+        "--timeout", default=600.0, parse=float, help="engine request timeout in seconds (600)"
+    )
+    admin_key: str | None = option(
+        "--admin-key",
+        commands=ONLY_SERVE,
+        env=ADMIN_KEY_ENV,
+        secret=True,
+        help="require 'Authorization: Bearer KEY' on the engine management routes "
+        "(/workers, /add_worker, ...) instead of --api-key (default: $SESSIONGATE_ADMIN_KEY; "
+        "without either, they are open like the rest of the gateway)",
+    )
+    mock_args: str = option(
+        "--mock-args",
+        default="",
+        commands=ONLY_SERVE,
+        help='extra arguments for the embedded mock engine, e.g. "--r3-layers 48 --r3-topk 8"',
+    )
+    routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)

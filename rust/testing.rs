@@ -1,0 +1,31 @@
+//! The core's test hooks: internals exported only so that the tests can reach them (the
+//! Rust halves of twin tests, the JSON scanner's verdict). They are registered here and
+//! nowhere else, and listed under "Test hooks" in `python/sessiongate/_core.pyi`; the
+//! gateway itself never calls them. Each stays beside what it exposes, `pub(crate)`.
+
+use pyo3::prelude::*;
+
+use crate::front::failure::{
+    front_connect_failed_text, front_connect_timed_out, front_retry_target,
+    front_transport_error_text, front_url_hostname,
+};
+use crate::front::reliability::{front_backoff_ms, PyBreaker, PyHealthCounter};
+use crate::front::{front_forwarded_headers, front_route};
+use crate::relay::json_reject;
+use crate::stamp::reserved_header_names;
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(json_reject, m)?)?;
+    m.add_function(wrap_pyfunction!(reserved_header_names, m)?)?;
+    m.add_function(wrap_pyfunction!(front_route, m)?)?;
+    m.add_function(wrap_pyfunction!(front_forwarded_headers, m)?)?;
+    m.add_function(wrap_pyfunction!(front_backoff_ms, m)?)?;
+    m.add_class::<PyBreaker>()?;
+    m.add_class::<PyHealthCounter>()?;
+    m.add_function(wrap_pyfunction!(front_transport_error_text, m)?)?;
+    m.add_function(wrap_pyfunction!(front_connect_failed_text, m)?)?;
+    m.add_function(wrap_pyfunction!(front_connect_timed_out, m)?)?;
+    m.add_function(wrap_pyfunction!(front_url_hostname, m)?)?;
+    m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
+    Ok(())
+}
