@@ -22,6 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
+from sessiongate.config.front import ListenConfig
+from sessiongate.config.gateway import GatewayConfig
+from sessiongate.config.launch import RouterLaunch
 from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
 from sessiongate.engines.client import EngineUnreachable
 from sessiongate.engines.pool import EnginePool
@@ -219,8 +222,8 @@ def test_serve_on_a_port_in_use_fails_clearly(impostor: int, workers: str) -> No
 
 def test_readiness_is_proven_by_our_router_not_by_whoever_answers(impostor: int) -> None:
     """The supervisor's readiness check does not take another server's 200 for its router's."""
-    supervisor = Supervisor(
-        SupervisorConfig(workers=1, host="127.0.0.1", port=impostor, worker_args=[], router_args=[])
-    )
+    config = GatewayConfig(listen=ListenConfig(host="127.0.0.1", port=impostor))
+    router = RouterLaunch(config, port=impostor, control_fd=-1)
+    supervisor = Supervisor(SupervisorConfig(workers=1, router=router, worker_config=config))
     assert httpx.get(f"http://127.0.0.1:{impostor}/health").status_code == 200
     assert supervisor._ready() is False

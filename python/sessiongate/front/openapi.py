@@ -186,6 +186,15 @@ def _never_called() -> None:
 
 
 def _declare(app: FastAPI) -> None:
+    # Declaration order is the order of `paths` in the served document.
+    _declare_operations(app)
+    _declare_session_routes(app)
+    _declare_unscoped_routes(app)
+
+
+def _declare_operations(app: FastAPI) -> None:
+    """/health and /metrics."""
+
     @app.get(
         "/health",
         tags=["operations"],
@@ -225,6 +234,10 @@ def _declare(app: FastAPI) -> None:
     )
     def metrics() -> None:
         _never_called()
+
+
+def _declare_session_routes(app: FastAPI) -> None:
+    """/sessions and everything under /sessions/{session_id}."""
 
     @app.post(
         "/sessions",
@@ -320,6 +333,10 @@ def _declare(app: FastAPI) -> None:
             response_class=_Any,
             responses={200: _ANY_REPLY, **_errors(*_SESSION, upstream=True)},
         )
+
+
+def _declare_unscoped_routes(app: FastAPI) -> None:
+    """/v1/chat/completions (session from a header, or none) and the stateless /v1 proxy."""
 
     @app.post(
         "/v1/chat/completions",

@@ -76,6 +76,15 @@ def _header(value: str) -> tuple[str, str]:
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    # Group order is the order of --help.
+    add_target_arguments(parser)
+    add_workload_arguments(parser)
+    add_tree_arguments(parser)
+    add_pacing_arguments(parser)
+    add_output_arguments(parser)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     t = parser.add_argument_group("target")
     t.add_argument(
         "--url", default="http://127.0.0.1:8000", help="base URL (http://127.0.0.1:8000)"
@@ -130,6 +139,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="--target sessiongate: skip the records GET before DELETE",
     )
 
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     w = parser.add_argument_group("workload (synthetic unless --trace)")
     w.add_argument("--trace", type=Path, default=None, help="replay this JSONL trace")
     w.add_argument(
@@ -204,8 +215,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         "--r3", action="store_true", help="ask for routed experts (return_routed_experts: true)"
     )
 
-    add_tree_arguments(parser)
 
+def add_pacing_arguments(parser: argparse.ArgumentParser) -> None:
     p = parser.add_argument_group("pacing")
     p.add_argument(
         "--sessions",
@@ -239,6 +250,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="exclude the first N sessions (a separate phase) or Ns seconds from the figures",
     )
 
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     o = parser.add_argument_group("output")
     o.add_argument(
         "--json", type=Path, default=None, metavar="FILE", help="write the summary as JSON"

@@ -18,6 +18,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio.to_thread
@@ -98,10 +99,83 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         # Build the R3 pool now (~10 ms) rather than inside the first R3 reply.
         r3_pool_rows(config.r3_layers, config.r3_topk, config.r3_experts)
 
-    async def chat(request: Request) -> Response:
+    chat = OpenAIChatRoute(config, state, generator, scheduler)
+    server = SGLangServerRoutes(config, state)
+    native = NativeRoutes(state, scheduler)
+    mock = MockAdminRoutes(state, scheduler)
+    routes = [
+        Route("/v1/chat/completions", chat.chat, methods=["POST"]),
+        Route("/generate", native.generate, methods=["POST", "PUT"]),
+        Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
+        Route("/v1/loads", native.loads, methods=["GET"]),
+        Route("/metrics", native.metrics, methods=["GET"]),
+        Route("/health", server.health, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/model_info", server.model_info, methods=["GET"]),
+        Route("/abort_request", server.abort_request, methods=["POST"]),
+        Route("/update_weight_version", server.update_weight_version, methods=["POST"]),
+        Route("/mock/abort_next", mock.abort_next, methods=["POST"]),
+        Route("/mock/requests", mock.recent_requests, methods=["GET"]),
+        Route("/mock/stats", mock.stats, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: _not_found})
+    app.state.engine = state
+    return app
+
+
+@dataclass(frozen=True, slots=True)
+class _AdmittedChat:
+    """A chat request past the refusals: its completion, prefix-cache hit, abort event and
+    step-scheduler job (None when sleeps pace it)."""
+
+    req: ChatRequest
+    completion: Completion
+    cached: int
+    abort: asyncio.Event
+    job: Job | None
+
+
+# eq=False: the route objects keep identity equality and hashing, as plain classes have.
+@dataclass(eq=False)
+class OpenAIChatRoute:
+    """`/v1/chat/completions`: refusals, fault injection, generation, pacing and the reply."""
+
+    config: MockEngineConfig
+    state: EngineState
+    generator: CompletionGenerator
+    scheduler: StepScheduler | None
+
+    async def chat(self, request: Request) -> Response:
+        state = self.state
         state.requests += 1
         counter = state.requests
         received = time.monotonic()
+        body = await self._read_body(request)
+        if isinstance(body, Response):
+            return body
+        injected = self._injected_failure(request, counter)
+        if injected is not None:
+            return injected
+
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            req, completion, cached = await anyio.to_thread.run_sync(self._prepare, body, headers)
+        except ApiError as exc:
+            state.bad_requests += 1
+            return exc.response()
+        state.prompt_tokens += completion.prompt_tokens
+        abort = asyncio.Event()
+        state.running[req.rid] = abort
+        job = self._submit(req, completion, cached, abort)
+        admitted = _AdmittedChat(req, completion, cached, abort, job)
+
+        if req.stream:
+            return await self._stream(admitted)
+        return await self._reply(admitted, received)
+
+    async def _read_body(self, request: Request) -> dict[str, Any] | Response:
+        """The JSON object of the request (recorded for /mock/requests), or the 400 refusing it."""
+        state = self.state
         raw = await request.body()
         # http_server.py `validate_json_request`, then FastAPI's body parsing: both end in
         # SGLang's RequestValidationError handler (400, type "Bad Request").
@@ -127,7 +201,12 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             return validation_error(
                 [{"type": kind, "loc": ("body",), "msg": f"Invalid request body: {kind}"}]
             ).response()
+        return body
 
+    def _injected_failure(self, request: Request, counter: int) -> Response | None:
+        """The failure `X-Mock-Fail` or `--fail-rate` asks for, if any."""
+        state = self.state
+        config = self.config
         forced = request.headers.get("x-mock-fail")
         if forced is not None:
             if not forced.strip().isdigit() or not 400 <= int(forced) <= 599:
@@ -140,80 +219,13 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         if config.fail_rate > 0 and _fail_roll(config.seed, counter) < config.fail_rate:
             state.failures += 1
             return _injected(config.fail_status)
-
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        try:
-            req, completion, cached = await anyio.to_thread.run_sync(_prepare, body, headers)
-        except ApiError as exc:
-            state.bad_requests += 1
-            return exc.response()
-        state.prompt_tokens += completion.prompt_tokens
-        abort = asyncio.Event()
-        state.running[req.rid] = abort
-        job: Job | None = None
-        if scheduler is not None and req.abort_message is None:
-            job = Job(
-                req.prompt_ids,
-                completion.ids,
-                cache_namespace(None, req.lora, None),
-                abort,
-                req.lora,
-            )
-            scheduler.submit(job)
-        else:
-            state.count_prompt(completion.prompt_tokens, cached, req.lora)
-
-        if req.stream:
-            state.streams += 1
-            events = stream_events(req, completion, cached, state, abort, scheduler, job)
-            # serving_chat.py `_handle_streaming_request` waits for the first chunk (the
-            # role chunk, with the first token) before the 200 goes out.
-            try:
-                first = await events.__anext__()
-            except StopAsyncIteration:
-                return error_response("mock engine is shutting down", "InternalServerError", 503)
-
-            async def body() -> AsyncIterator[Part]:
-                yield first
-                async for event in events:
-                    yield event
-
-            return StreamingResponse(
-                body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-            )
-        state.flight(+1)
-        try:
-            start = time.monotonic()
-            if scheduler is not None and job is not None:
-                status = await scheduler.wait(job, completion.completion_tokens)
-                cached = job.cached
-            else:
-                delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
-                status = await interruptible_sleep(state, delay_ms / 1000, abort)
-            if status == "closing":
-                return error_response("mock engine is shutting down", "InternalServerError", 503)
-            if status == "abort" and job is not None:
-                done = max(0, min(job.done, completion.completion_tokens - 1))
-                completion = generator.aborted(completion, done)
-                state.aborted += 1
-            elif status == "abort":
-                # Tokens "generated" before the abort arrived.
-                spent_ms = (time.monotonic() - start) * 1000 - config.ttft_ms
-                done = int(spent_ms // config.token_delay_ms) if config.token_delay_ms > 0 else 0
-                done = max(0, min(done, completion.completion_tokens - 1))
-                completion = generator.aborted(completion, done)
-                state.aborted += 1
-            out = Outcome(completion, cached, state.weight_version, time.monotonic() - received)
-            reply = await anyio.to_thread.run_sync(build_reply, req, out, state)
-        finally:
-            state.flight(-1)
-            state.running.pop(req.rid, None)
-        state.tokens_generated += completion.completion_tokens
-        return PartsResponse(reply)
+        return None
 
     def _prepare(
-        body: dict[str, Any], headers: dict[str, str]
+        self, body: dict[str, Any], headers: dict[str, str]
     ) -> tuple[ChatRequest, Completion, int]:
+        state = self.state
+        generator = self.generator
         req = parse_chat(body, headers, state)
         completion = generator.generate(
             req.prompt_ids,
@@ -230,7 +242,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         if after is not None and after < completion.completion_tokens:
             completion = generator.aborted(completion, after)
             state.aborted += 1
-        if scheduler is not None:
+        if self.scheduler is not None:
             return req, completion, 0  # the scheduler matches it at admission
         # The radix cache keeps what had KV computed: the prompt and all but the last token.
         sequence = req.prompt_ids + completion.ids[:-1]
@@ -239,28 +251,121 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         )
         return req, completion, cached
 
-    async def health(request: Request) -> Response:
+    def _submit(
+        self, req: ChatRequest, completion: Completion, cached: int, abort: asyncio.Event
+    ) -> Job | None:
+        """The step scheduler's job for this request, or None when it is paced by sleeps."""
+        if self.scheduler is not None and req.abort_message is None:
+            job = Job(
+                req.prompt_ids,
+                completion.ids,
+                cache_namespace(None, req.lora, None),
+                abort,
+                req.lora,
+            )
+            self.scheduler.submit(job)
+            return job
+        self.state.count_prompt(completion.prompt_tokens, cached, req.lora)
+        return None
+
+    async def _stream(self, admitted: _AdmittedChat) -> Response:
+        state = self.state
+        state.streams += 1
+        events = stream_events(
+            admitted.req,
+            admitted.completion,
+            admitted.cached,
+            state,
+            admitted.abort,
+            self.scheduler,
+            admitted.job,
+        )
+        # serving_chat.py `_handle_streaming_request` waits for the first chunk (the
+        # role chunk, with the first token) before the 200 goes out.
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            return error_response("mock engine is shutting down", "InternalServerError", 503)
+
+        async def body() -> AsyncIterator[Part]:
+            yield first
+            async for event in events:
+                yield event
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def _reply(self, admitted: _AdmittedChat, received: float) -> Response:
+        """The non-stream reply, once the scheduler or the sleeps say it is generated."""
+        req, job = admitted.req, admitted.job
+        # Both change below: an abort shortens the completion, the scheduler finds the hit.
+        completion, cached = admitted.completion, admitted.cached
+        state = self.state
+        config = self.config
+        scheduler = self.scheduler
+        state.flight(+1)
+        try:
+            start = time.monotonic()
+            if scheduler is not None and job is not None:
+                status = await scheduler.wait(job, completion.completion_tokens)
+                cached = job.cached
+            else:
+                delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
+                status = await interruptible_sleep(state, delay_ms / 1000, admitted.abort)
+            if status == "closing":
+                return error_response("mock engine is shutting down", "InternalServerError", 503)
+            if status == "abort" and job is not None:
+                done = max(0, min(job.done, completion.completion_tokens - 1))
+                completion = self.generator.aborted(completion, done)
+                state.aborted += 1
+            elif status == "abort":
+                # Tokens "generated" before the abort arrived.
+                spent_ms = (time.monotonic() - start) * 1000 - config.ttft_ms
+                done = int(spent_ms // config.token_delay_ms) if config.token_delay_ms > 0 else 0
+                done = max(0, min(done, completion.completion_tokens - 1))
+                completion = self.generator.aborted(completion, done)
+                state.aborted += 1
+            out = Outcome(completion, cached, state.weight_version, time.monotonic() - received)
+            reply = await anyio.to_thread.run_sync(build_reply, req, out, state)
+        finally:
+            state.flight(-1)
+            state.running.pop(req.rid, None)
+        state.tokens_generated += completion.completion_tokens
+        return PartsResponse(reply)
+
+
+@dataclass(eq=False)
+class SGLangServerRoutes:
+    """SGLang http_server.py's health, model and control routes (/generate is NativeRoutes)."""
+
+    config: MockEngineConfig
+    state: EngineState
+
+    async def health(self, request: Request) -> Response:
         # http_server.py `health_generate` (also GET /health): a 200 with an empty body once
         # the engine answers (SGLang probes it with a one-token generation first).
         return Response(status_code=200)
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        config = self.config
         model = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "mock"}
         return json_response({"object": "list", "data": [model]})
 
-    async def model_info(request: Request) -> Response:
+    async def model_info(self, request: Request) -> Response:
+        config = self.config
         return json_response(
             {
                 "model_path": config.model_name,
                 "served_model_name": config.model_name,
                 "is_generation": True,
-                "weight_version": state.weight_version,
+                "weight_version": self.state.weight_version,
                 "reasoning_parser": config.reasoning_parser,
                 "tool_call_parser": config.tool_call_parser,
             }
         )
 
-    async def abort_request(request: Request) -> Response:
+    async def abort_request(self, request: Request) -> Response:
         # http_server.py `/abort_request` -> tokenizer_manager.abort_request: rid prefix
         # match (scheduler.py), or every request with abort_all; 200 with an empty body.
         body = await _json_body(request)
@@ -269,13 +374,14 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             return validation_error([error]).response()
         rid = body.get("rid") or ""
         abort_all = body.get("abort_all") is True
-        for running_rid, event in list(state.running.items()):
+        for running_rid, event in list(self.state.running.items()):
             if abort_all or (rid and running_rid.startswith(rid)):
                 event.set()
         return Response(status_code=200)
 
-    async def update_weight_version(request: Request) -> Response:
+    async def update_weight_version(self, request: Request) -> Response:
         # http_server.py `/update_weight_version` (UpdateWeightVersionReqInput).
+        state = self.state
         body = await _json_body(request)
         new = body.get("new_version") if isinstance(body, dict) else None
         if not isinstance(new, str) or not new:
@@ -290,7 +396,16 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
         )
 
-    async def abort_next(request: Request) -> Response:
+
+@dataclass(eq=False)
+class MockAdminRoutes:
+    """The mock's own /mock/* routes: abort scheduling, recorded requests, counters."""
+
+    state: EngineState
+    scheduler: StepScheduler | None
+
+    async def abort_next(self, request: Request) -> Response:
+        state = self.state
         body = await _json_body(request)
         after = body.get("after_tokens", 0) if isinstance(body, dict) else None
         if type(after) is not int or after < 0:
@@ -298,7 +413,8 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         state.abort_next.append(after)
         return json_response({"pending": len(state.abort_next)})
 
-    async def recent_requests(request: Request) -> Response:
+    async def recent_requests(self, request: Request) -> Response:
+        state = self.state
         last_raw = request.query_params.get("last")
         last = len(state.recent)
         if last_raw is not None:
@@ -317,9 +433,9 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         )
         return Response(body, media_type="application/json")
 
-    native = NativeRoutes(state, scheduler)
-
-    async def stats(request: Request) -> Response:
+    async def stats(self, request: Request) -> Response:
+        state = self.state
+        scheduler = self.scheduler
         return json_response(
             {
                 **state.stats(),
@@ -333,29 +449,11 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             }
         )
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        # FastAPI's default HTTPException handler (SGLang's own handler is registered for
-        # fastapi.HTTPException, which the router's starlette exception is not):
-        # {"detail": "Not Found"} as JSON, e.g. for the Gateway's GET /get_load.
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        detail = exc.detail if isinstance(exc, HTTPException) else "Internal Server Error"
-        return json_response({"detail": detail}, status)
 
-    routes = [
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/generate", native.generate, methods=["POST", "PUT"]),
-        Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
-        Route("/v1/loads", native.loads, methods=["GET"]),
-        Route("/metrics", native.metrics, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/abort_request", abort_request, methods=["POST"]),
-        Route("/update_weight_version", update_weight_version, methods=["POST"]),
-        Route("/mock/abort_next", abort_next, methods=["POST"]),
-        Route("/mock/requests", recent_requests, methods=["GET"]),
-        Route("/mock/stats", stats, methods=["GET"]),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
-    app.state.engine = state
-    return app
+async def _not_found(request: Request, exc: Exception) -> Response:
+    # FastAPI's default HTTPException handler (SGLang's own handler is registered for
+    # fastapi.HTTPException, which the router's starlette exception is not):
+    # {"detail": "Not Found"} as JSON, e.g. for the Gateway's GET /get_load.
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "Internal Server Error"
+    return json_response({"detail": detail}, status)

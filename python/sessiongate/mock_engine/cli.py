@@ -57,6 +57,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Deterministic HTTP engine speaking SGLang 0.5.23's OpenAI chat "
         "contract (input_ids, meta_info, sglext, routed_experts). See docs/mock-engine.md.",
     )
+    # One flat option list (no argparse groups): the helpers keep --help's order.
+    _add_server_arguments(p, d)
+    _add_completion_pacing_arguments(p, d)
+    _add_fault_arguments(p, d)
+    _add_reply_feature_arguments(p, d)
+    _add_step_scheduler_arguments(p, d)
+    p.add_argument(
+        "--log-level",
+        default=d.log_level,
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    p.set_defaults(run=run)
+    return p
+
+
+def _add_server_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """Address, seed, tokenizer and served model name."""
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--seed", type=int, default=d.seed, help="engine seed (default %(default)s)")
@@ -67,6 +84,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="HF tokenizer dir (default: built-in ChatML tokenizer)",
     )
     p.add_argument("--model-name", default=d.model_name)
+
+
+def _add_completion_pacing_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """Completion lengths and the ttft + per-token delays of the sleep pacing."""
     p.add_argument(
         "--completion-tokens",
         type=int,
@@ -85,6 +106,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--token-delay-ms", type=float, default=d.token_delay_ms, help="delay per generated token"
     )
+
+
+def _add_fault_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """Injected failures of chat requests."""
     p.add_argument(
         "--fail-rate",
         type=float,
@@ -92,6 +117,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fraction of chat requests answered with --fail-status",
     )
     p.add_argument("--fail-status", type=int, default=d.fail_status)
+
+
+def _add_reply_feature_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """The SGLang features a reply carries: routed experts, tool calls, stream steps, weight
+    version, LoRA, parsers, indexer top-k and cached-token reports."""
     p.add_argument("--r3-layers", type=int, default=d.r3_layers, help="0 = no routed_experts")
     p.add_argument("--r3-topk", type=int, default=d.r3_topk)
     p.add_argument("--r3-experts", type=int, default=d.r3_experts)
@@ -148,6 +178,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=d.prefix_cache_tokens,
         help="token budget of the prefix cache behind cached_tokens (0 = off)",
     )
+
+
+def _add_step_scheduler_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """The step scheduler (prefill and decode steps) instead of per-request sleeps."""
     p.add_argument(
         "--step-scheduler",
         action="store_true",
@@ -184,13 +218,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="step scheduler: uncached prompt tokens one prefill step admits, as SGLang's "
         "flag (the first request of a step always; default %(default)s)",
     )
-    p.add_argument(
-        "--log-level",
-        default=d.log_level,
-        choices=["critical", "error", "warning", "info", "debug", "trace"],
-    )
-    p.set_defaults(run=run)
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> MockEngineConfig:

@@ -286,106 +286,32 @@ def parse_generate(
     want_r3 = _lax_bool(want_r3_raw) if want_r3_raw is not None else False
     contract_check(body)
     stream = body.get("stream") is True
-    text, input_ids = body.get("text"), body.get("input_ids")
-    if text is None and input_ids is None:
-        raise GenerateValueError("Either text, input_ids or input_embeds should be provided.")
-    prompts: list[Any]
-    if text is not None:
-        is_single = isinstance(text, str)
-        prompts = [text] if is_single else list(text)
-        from_text = True
-    else:
-        assert isinstance(input_ids, list)  # the contract gate saw to it
-        if len(input_ids) == 0:
-            raise GenerateValueError("input_ids cannot be empty.")
-        is_single = _is_int(input_ids[0])
-        prompts = [input_ids] if is_single else list(input_ids)
-        from_text = False
+    prompts, is_single, from_text = _prompts(body)
     sampling = body.get("sampling_params")
-    samplings = sampling if isinstance(sampling, list) else [sampling or {}]
-    n = samplings[0].get("n") or 1 if samplings else 1
-    if any((s.get("n") or 1) != n for s in samplings):
-        raise GenerateValueError(
-            "The parallel_sample_num should be the same for all samples in sample params."
-        )
-    if n > 1:
-        raise GenerateValueError("the mock engine does not model parallel sampling (n > 1)")
+    _refuse_parallel_sampling(sampling)
     num = len(prompts)
-    rid = body.get("rid")
-    extra_key, cache_salt = body.get("extra_key"), body.get("cache_salt")
     if is_single:
-        if isinstance(sampling, list):
-            raise GenerateValueError("the mock engine needs sampling_params to be an object")
-        rids = [rid if isinstance(rid, str) else uuid.uuid4().hex]
-        for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
-            if value is not None and not isinstance(value, str):
-                raise GenerateValueError(f"{name} should be a string for a single request.")
-        keys = [extra_key or None]
-        salts = [cache_salt or None]
+        rids, keys, salts = _single_request_keys(body, sampling)
     else:
-        if rid is None:
-            rids = [uuid.uuid4().hex for _ in range(num)]
-        elif isinstance(rid, str):
-            rids = [f"{rid}_{i}" for i in range(num)]
-        else:
-            if len(rid) != num:
-                raise GenerateValueError(
-                    "The specified rids length mismatch with the batch_size for batch processing."
-                )
-            rids = list(rid)
-        keys, salts = [], []
-        for name, value, out in (("extra_key", extra_key, keys), ("cache_salt", cache_salt, salts)):
-            if value is None:
-                out.extend([None] * num)
-            elif isinstance(value, str):
-                out.extend([value or None] * num)
-            else:
-                if len(value) != num:
-                    raise GenerateValueError(
-                        f"The length of {name} should be equal to the batch size."
-                    )
-                out.extend(v or None for v in value)
-        if len(set(rids)) != len(rids):
-            dupes = [r for r in dict.fromkeys(rids) if rids.count(r) > 1]
-            raise GenerateValueError(f"Duplicate request IDs detected within the request: {dupes}")
+        rids, keys, salts = _batch_request_keys(body, num)
     samplings = _per_item(sampling if isinstance(sampling, list) else None, num, sampling or {})
     loras = _per_item(body.get("lora_path"), num, None)
     return_logprobs = _per_item(body.get("return_logprob"), num, False)
     starts = _per_item(body.get("logprob_start_len"), num, -1)
     tops = _per_item(body.get("top_logprobs_num"), num, 0)
     # tokenizer_manager.py `_validate_and_resolve_lora` runs for the whole request first.
-    resolved: list[str | None] = []
-    for lora in loras:
-        try:
-            resolved.append(_lora({"lora_path": lora}, cfg.model_name, cfg.lora_adapters))
-        except ApiError as exc:
-            raise GenerateValueError(exc.message) from None
+    resolved = _resolve_loras(loras, cfg)
     r3_start = body.get("routed_experts_start_len") or 0
     items: list[GenItem] = []
     for i in range(num):
-        if from_text:
-            ids = list(tokenizer.encode(prompts[i]))
-        else:
-            ids = list(prompts[i])
-            if ids and (min(ids) < 0 or max(ids) >= tokenizer.vocab_size):
-                raise GenerateValueError(f"input_ids out of range [0, {tokenizer.vocab_size})")
+        ids = _prompt_ids(prompts[i], from_text, tokenizer)
         sp = samplings[i] or {}
         _verify_sampling(sp)
         stop = sp.get("stop")
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         r3_error = None
         if want_r3 and cfg.r3_enabled:  # scheduler.py `handle_generate_request`
-            if r3_start < 0:
-                r3_error = (
-                    f"recv_req.routed_experts_start_len={r3_start} is lower than 0. "
-                    "Please use a non-negative routed_experts_start_len."
-                )
-            elif r3_start > len(ids):
-                r3_error = (
-                    f"recv_req.routed_experts_start_len={r3_start} is higher than the number "
-                    f"of input tokens len(req.origin_input_ids)={len(ids)}. Please use a "
-                    "smaller routed_experts_start_len."
-                )
+            r3_error = _r3_start_error(r3_start, len(ids))
         items.append(
             GenItem(
                 rid=rids[i],
@@ -417,6 +343,124 @@ def parse_generate(
                 # tokenizer_manager.py `_handle_abort_finish_reason`: 400 -> ValueError.
                 raise GenerateValueError(item.r3_error)
     return GenRequest(items, is_single, stream)
+
+
+def _prompts(body: Mapping[str, Any]) -> tuple[list[Any], bool, bool]:
+    """The prompts of a body (texts or token id lists), whether it is a single request, and
+    whether the prompts are texts."""
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if text is None and input_ids is None:
+        raise GenerateValueError("Either text, input_ids or input_embeds should be provided.")
+    prompts: list[Any]
+    if text is not None:
+        is_single = isinstance(text, str)
+        prompts = [text] if is_single else list(text)
+        from_text = True
+    else:
+        assert isinstance(input_ids, list)  # the contract gate saw to it
+        if len(input_ids) == 0:
+            raise GenerateValueError("input_ids cannot be empty.")
+        is_single = _is_int(input_ids[0])
+        prompts = [input_ids] if is_single else list(input_ids)
+        from_text = False
+    return prompts, is_single, from_text
+
+
+def _refuse_parallel_sampling(sampling: Any) -> None:
+    """SGLang's check that every item has the same `n`, then the mock's refusal of n > 1."""
+    samplings = sampling if isinstance(sampling, list) else [sampling or {}]
+    n = samplings[0].get("n") or 1 if samplings else 1
+    if any((s.get("n") or 1) != n for s in samplings):
+        raise GenerateValueError(
+            "The parallel_sample_num should be the same for all samples in sample params."
+        )
+    if n > 1:
+        raise GenerateValueError("the mock engine does not model parallel sampling (n > 1)")
+
+
+def _single_request_keys(
+    body: Mapping[str, Any], sampling: Any
+) -> tuple[list[str], list[str | None], list[str | None]]:
+    """The rid, extra_key and cache_salt of a single-prompt request, as one-item lists."""
+    rid = body.get("rid")
+    extra_key, cache_salt = body.get("extra_key"), body.get("cache_salt")
+    if isinstance(sampling, list):
+        raise GenerateValueError("the mock engine needs sampling_params to be an object")
+    rids = [rid if isinstance(rid, str) else uuid.uuid4().hex]
+    for name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
+        if value is not None and not isinstance(value, str):
+            raise GenerateValueError(f"{name} should be a string for a single request.")
+    return rids, [extra_key or None], [cache_salt or None]
+
+
+def _batch_request_keys(
+    body: Mapping[str, Any], num: int
+) -> tuple[list[str], list[str | None], list[str | None]]:
+    """The rids, extra_keys and cache_salts of a batch, one per prompt; rids are unique."""
+    rid = body.get("rid")
+    extra_key, cache_salt = body.get("extra_key"), body.get("cache_salt")
+    if rid is None:
+        rids = [uuid.uuid4().hex for _ in range(num)]
+    elif isinstance(rid, str):
+        rids = [f"{rid}_{i}" for i in range(num)]
+    else:
+        if len(rid) != num:
+            raise GenerateValueError(
+                "The specified rids length mismatch with the batch_size for batch processing."
+            )
+        rids = list(rid)
+    keys: list[str | None] = []
+    salts: list[str | None] = []
+    for name, value, out in (("extra_key", extra_key, keys), ("cache_salt", cache_salt, salts)):
+        if value is None:
+            out.extend([None] * num)
+        elif isinstance(value, str):
+            out.extend([value or None] * num)
+        else:
+            if len(value) != num:
+                raise GenerateValueError(f"The length of {name} should be equal to the batch size.")
+            out.extend(v or None for v in value)
+    if len(set(rids)) != len(rids):
+        dupes = [r for r in dict.fromkeys(rids) if rids.count(r) > 1]
+        raise GenerateValueError(f"Duplicate request IDs detected within the request: {dupes}")
+    return rids, keys, salts
+
+
+def _resolve_loras(loras: list[Any], cfg: MockEngineConfig) -> list[str | None]:
+    """The adapter of each item (`_lora`'s checks), a refusal as GenerateValueError."""
+    resolved: list[str | None] = []
+    for lora in loras:
+        try:
+            resolved.append(_lora({"lora_path": lora}, cfg.model_name, cfg.lora_adapters))
+        except ApiError as exc:
+            raise GenerateValueError(exc.message) from None
+    return resolved
+
+
+def _prompt_ids(prompt: Any, from_text: bool, tokenizer: TokenizerLike) -> list[int]:
+    """A prompt as token ids: a text tokenised, ids checked against the vocabulary."""
+    if from_text:
+        return list(tokenizer.encode(prompt))
+    ids = list(prompt)
+    if ids and (min(ids) < 0 or max(ids) >= tokenizer.vocab_size):
+        raise GenerateValueError(f"input_ids out of range [0, {tokenizer.vocab_size})")
+    return ids
+
+
+def _r3_start_error(r3_start: int, prompt_len: int) -> str | None:
+    """scheduler.py's refusal of a routed_experts_start_len outside the prompt, if any."""
+    if r3_start < 0:
+        return (
+            f"recv_req.routed_experts_start_len={r3_start} is lower than 0. "
+            "Please use a non-negative routed_experts_start_len."
+        )
+    if r3_start > prompt_len:
+        return (
+            f"recv_req.routed_experts_start_len={r3_start} is higher than the number "
+            f"of input tokens len(req.origin_input_ids)={prompt_len}. Please use a "
+            "smaller routed_experts_start_len."
+        )
+    return None
 
 
 # ---- generation tweaks: stop strings and stop token ids ----

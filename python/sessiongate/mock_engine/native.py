@@ -72,7 +72,7 @@ def _sse(payload: Any, splices: dict[str, list[Part]] | None = None) -> list[Par
 
 
 @dataclass(slots=True)
-class _Run:
+class _InFlightPrompt:
     """One prompt of a /generate request on its way through the engine."""
 
     item: GenItem
@@ -186,12 +186,12 @@ class NativeRoutes:
         payload: Any = outs[0] if greq.is_single else outs
         return PartsResponse(dumps_spliced(payload, splices))
 
-    def _prepare(self, items: list[GenItem]) -> list[_Run]:
+    def _prepare(self, items: list[GenItem]) -> list[_InFlightPrompt]:
         """Generate every prompt's output (worker thread), and without the scheduler match
         and fill the prefix cache as the chat route does."""
         state = self.state
         gen = state.generator
-        runs: list[_Run] = []
+        runs: list[_InFlightPrompt] = []
         for item in items:
             completion = gen.generate(
                 item.prompt_ids,
@@ -202,7 +202,7 @@ class NativeRoutes:
             )
             completion = apply_stops(item, completion, state.tokenizer)
             abort = asyncio.Event()
-            run = _Run(item, completion, abort)
+            run = _InFlightPrompt(item, completion, abort)
             state.prompt_tokens += len(item.prompt_ids)
             ns = cache_namespace(item.extra_key, item.lora, item.cache_salt)
             limit = (
@@ -223,11 +223,11 @@ class NativeRoutes:
             state.running[run.item.rid] = run.abort
         return runs
 
-    def _submit(self, run: _Run) -> None:
+    def _submit(self, run: _InFlightPrompt) -> None:
         if self.scheduler is not None and run.job is not None:
             self.scheduler.submit(run.job)
 
-    async def _wait(self, run: _Run, tokens: int, first: bool, step: int) -> str:
+    async def _wait(self, run: _InFlightPrompt, tokens: int, first: bool, step: int) -> str:
         """Until `tokens` output tokens exist: the scheduler's progress, or the chat
         route's sleeps (`step` tokens' delay, plus the ttft before the first output)."""
         if run.job is not None and self.scheduler is not None:
@@ -240,7 +240,7 @@ class NativeRoutes:
             self.state, seconds + cfg.token_delay_ms * step / 1000, run.abort
         )
 
-    async def _finish(self, run: _Run) -> Completion | None:
+    async def _finish(self, run: _InFlightPrompt) -> Completion | None:
         self._submit(run)
         start = time.monotonic()
         total = run.completion.completion_tokens
@@ -276,7 +276,7 @@ class NativeRoutes:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _item_events(
-        self, run: _Run, index: int | None, received: float
+        self, run: _InFlightPrompt, index: int | None, received: float
     ) -> AsyncIterator[list[Part]]:
         """tokenizer_manager.py, non-incremental streaming: one chunk per engine step with
         the cumulative text, output_ids and meta_info; the first chunk carries
@@ -343,7 +343,7 @@ class NativeRoutes:
                 return
 
     async def _stream(
-        self, runs: list[_Run], is_single: bool, received: float
+        self, runs: list[_InFlightPrompt], is_single: bool, received: float
     ) -> AsyncIterator[Part]:
         state = self.state
         state.flight(+len(runs))
@@ -355,7 +355,7 @@ class NativeRoutes:
             else:
                 queue: asyncio.Queue[list[Part] | None] = asyncio.Queue()
 
-                async def pump(run: _Run, index: int) -> None:
+                async def pump(run: _InFlightPrompt, index: int) -> None:
                     try:
                         async for parts in self._item_events(run, index, received):
                             await queue.put(parts)

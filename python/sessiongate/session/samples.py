@@ -54,7 +54,7 @@ class TokenDecoder(Protocol):
 
 
 @dataclass
-class _Turn:
+class _TurnSample:
     """One record as a per-turn sample: its tokens are `accumulated[:prompt_len + kept]`."""
 
     index: int
@@ -199,10 +199,10 @@ def assemble_samples(
 
 def _turns(
     records: Sequence[TurnRecord], accumulated: Sequence[int], max_trim_tokens: int
-) -> list[_Turn]:
+) -> list[_TurnSample]:
     """Per-turn samples, each trimmed of the trailing sampled tokens the accumulated ids do
     not contain (the framework's cursor walk over `accumulated_token_ids`)."""
-    turns: list[_Turn] = []
+    turns: list[_TurnSample] = []
     cursor = 0
     total = len(accumulated)
     addition = r3_rows.is_addition(records)
@@ -230,7 +230,7 @@ def _turns(
             )
         cursor += matched
         turns.append(
-            _Turn(
+            _TurnSample(
                 index=index,
                 prompt_len=record.prompt_len,
                 kept=matched,
@@ -276,7 +276,7 @@ def _lifecycle(record: TurnRecord, previous: TurnRecord | None, turn: int) -> di
 
 
 def _check_turn_payloads(
-    records: Sequence[TurnRecord], turns: Sequence[_Turn], r3_topk: int, indexer_topk: int
+    records: Sequence[TurnRecord], turns: Sequence[_TurnSample], r3_topk: int, indexer_topk: int
 ) -> None:
     """Every turn's own replay payload must hold whole rows for its untrimmed tokens: the
     framework decodes each one, so a bad payload fails the whole assembly even if the
@@ -294,9 +294,9 @@ def _check_turn_payloads(
             _indexer_shape(record, rows, width, indexer_topk, what)
 
 
-def _truncate(turns: list[_Turn], max_seq_len: int) -> list[_Turn]:
+def _truncate(turns: list[_TurnSample], max_seq_len: int) -> list[_TurnSample]:
     """Cut at turn boundaries so no turn exceeds `max_seq_len` tokens (prompt included)."""
-    kept: list[_Turn] = []
+    kept: list[_TurnSample] = []
     for turn in turns:
         if turn.length <= max_seq_len:
             kept.append(turn)
@@ -311,7 +311,7 @@ def _truncate(turns: list[_Turn], max_seq_len: int) -> list[_Turn]:
     return kept
 
 
-def _merge(turns: list[_Turn]) -> list[_Turn]:
+def _merge(turns: list[_TurnSample]) -> list[_TurnSample]:
     """The turns that merge into one sample, checked like the framework's pairwise merge."""
     merged = [turns[0]]
     for turn in turns[1:]:
@@ -336,7 +336,7 @@ def _merge(turns: list[_Turn]) -> list[_Turn]:
 def _materialize(
     records: Sequence[TurnRecord],
     accumulated: Sequence[int],
-    merged: list[_Turn],
+    merged: list[_TurnSample],
     tokenizer: TokenDecoder,
     r3_topk: int,
     indexer_topk: int,
@@ -385,7 +385,7 @@ def _materialize(
 
 
 def _merged_routed(
-    records: Sequence[TurnRecord], last: _Turn, rows: int, r3_topk: int
+    records: Sequence[TurnRecord], last: _TurnSample, rows: int, r3_topk: int
 ) -> tuple[tuple[int, int, int], ReplayRows] | None:
     if r3_rows.is_addition(records):
         replay = r3_rows.addition_routed_rows(records, rows)
@@ -403,7 +403,7 @@ def _merged_routed(
 
 
 def _merged_indexer(
-    records: Sequence[TurnRecord], last: _Turn, rows: int, indexer_topk: int
+    records: Sequence[TurnRecord], last: _TurnSample, rows: int, indexer_topk: int
 ) -> tuple[tuple[int, int, int], ReplayRows] | None:
     record = records[last.index]
     if not last.has_indexer or record.indexer_topk is None:
