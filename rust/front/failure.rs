@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 
 /// The 502 message of an exchange that failed below HTTP: `kind` names the failure the way
 /// the Python client's exception class does (`ConnectFailed`, `TimeoutError`, ...).
+#[pyfunction(name = "front_transport_error_text")]
 pub fn transport_error_text(
     method: &str,
     url: &str,
@@ -21,12 +22,14 @@ pub fn transport_error_text(
 }
 
 /// The detail of a connection that could not be made to `host:port`, `why` as the OS said.
+#[pyfunction(name = "front_connect_failed_text")]
 pub fn connect_failed_text(host: &str, port: u16, why: &str) -> String {
     format!("cannot connect to {host}:{port}: {why}")
 }
 
 /// The host of an authority as Python's `urlsplit(url).hostname` gives it: lowercased, an
 /// IPv6 address without its brackets.
+#[pyfunction(name = "front_url_hostname")]
 pub fn url_hostname(host: &str) -> String {
     let bare = match host.strip_prefix('[') {
         Some(rest) => rest.strip_suffix(']').unwrap_or(rest),
@@ -36,6 +39,7 @@ pub fn url_hostname(host: &str) -> String {
 }
 
 /// `why` of a connection not made within `seconds` (Python's `str(float)` of them).
+#[pyfunction(name = "front_connect_timed_out")]
 pub fn connect_timed_out(seconds: f64) -> String {
     format!("timed out after {}s", py_float(seconds))
 }
@@ -96,32 +100,8 @@ pub fn retry_target(
         .or_else(|| others.clone().next())
 }
 
-#[pyfunction]
-pub(crate) fn front_transport_error_text(
-    method: &str,
-    url: &str,
-    path: &str,
-    kind: &str,
-    detail: &str,
-) -> String {
-    transport_error_text(method, url, path, kind, detail)
-}
-
-#[pyfunction]
-pub(crate) fn front_connect_failed_text(host: &str, port: u16, why: &str) -> String {
-    connect_failed_text(host, port, why)
-}
-
-#[pyfunction]
-pub(crate) fn front_url_hostname(host: &str) -> String {
-    url_hostname(host)
-}
-
-#[pyfunction]
-pub(crate) fn front_connect_timed_out(seconds: f64) -> String {
-    connect_timed_out(seconds)
-}
-
+/// `retry_target` over an availability list, for the twin test (an index past it: not
+/// available).
 #[pyfunction]
 pub(crate) fn front_retry_target(
     order: Vec<usize>,
