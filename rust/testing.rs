@@ -5,6 +5,9 @@
 
 use pyo3::prelude::*;
 
+use crate::front::failure::{
+    connect_failed_text, connect_timed_out, front_retry_target, transport_error_text, url_hostname,
+};
 use crate::front::reliability::{front_backoff_ms, PyBreaker, PyHealthCounter};
 use crate::front::{front_forwarded_headers, front_route};
 use crate::relay::json_reject;
@@ -18,5 +21,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(front_backoff_ms, m)?)?;
     m.add_class::<PyBreaker>()?;
     m.add_class::<PyHealthCounter>()?;
+    m.add_function(wrap_pyfunction!(transport_error_text, m)?)?;
+    m.add_function(wrap_pyfunction!(connect_failed_text, m)?)?;
+    m.add_function(wrap_pyfunction!(connect_timed_out, m)?)?;
+    m.add_function(wrap_pyfunction!(url_hostname, m)?)?;
+    m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
     Ok(())
 }

@@ -250,8 +250,6 @@ class CompiledFront:
         keepalive_timeout: float,
         upstream_timeout: float,
         connect_timeout: float,
-        health_interval: float,
-        health_path: str,
         threads: int,
         latency_buckets: list[float],
         dispatch: bool = False,
@@ -270,7 +268,8 @@ class CompiledFront:
         ``engine_policy_options`` choose the engine of each proxied request (as
         ``EnginePolicy``; the policy's trims run every ``eviction_interval_secs``);
         ``reliability`` is ``dataclasses.asdict`` of a ``ReliabilityConfig`` (retries, circuit
-        breakers, health thresholds; None: the defaults)."""
+        breakers, health thresholds; None: the defaults). The front probes no engine itself:
+        its process's prober passes each verdict to ``probed``."""
     def take_handoffs(self) -> list[tuple[int, bytes]]:
         """Drain the queued hand-offs: ``(fd now owned by the caller, bytes already read)``."""
     def take_requests(self) -> list[DispatchedRequest]:
@@ -285,6 +284,10 @@ class CompiledFront:
         afresh over them, engines in both sets keeping their connections and health;
         requests in flight finish on the pool they started on. ValueError for an empty list,
         a URL the front cannot relay to (not plain ``http://``) or a stopped front."""
+    def probed(self, url: str, error: str | None = None) -> bool:
+        """A health probe's verdict on the engine at ``url`` (as given, trailing "/"
+        stripped; ``error`` None: it passed), which flips its health at the health
+        thresholds of ``reliability``. False when the current set has no such engine."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned
@@ -348,6 +351,22 @@ def front_backoff_ms(
     attempt: int, initial_ms: int, max_ms: int, multiplier: float, jitter: float, sample: float
 ) -> int:
     """The relay's retry backoff (``engines.reliability.backoff_ms``'s twin)."""
+
+def front_transport_error_text(method: str, url: str, path: str, kind: str, detail: str) -> str:
+    """The relay's 502 text (``engines.client.transport_error_text``'s twin)."""
+
+def front_connect_failed_text(host: str, port: int, why: str) -> str:
+    """``http.client.connect_failed_text``'s twin."""
+
+def front_connect_timed_out(seconds: float) -> str:
+    """``http.client.connect_timed_out``'s twin (Python's ``str(float)``)."""
+
+def front_url_hostname(host: str) -> str:
+    """The host of an authority as ``urlsplit(url).hostname`` gives it."""
+
+def front_retry_target(order: list[int], failed: int, available: list[bool]) -> int | None:
+    """Where the relay retries after a connect failure (``engines.pool.retry_target``'s
+    twin)."""
 
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""

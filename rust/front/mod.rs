@@ -16,6 +16,7 @@ use tokio::sync::watch;
 
 mod conn;
 mod dispatch;
+pub(crate) mod failure;
 mod head;
 mod hop;
 pub(crate) mod reliability;
@@ -51,7 +52,6 @@ struct Running {
 pub struct CompiledFront {
     shared: Arc<Shared>,
     running: Mutex<Option<Running>>,
-    health_interval: Duration,
 }
 
 /// The engines' base URLs, parsed and distinct.
@@ -132,7 +132,7 @@ impl CompiledFront {
     #[pyo3(signature = (
         listen_fd, notify_fd, upstreams, *, max_body_bytes, api_key, session_headers,
         header_timeout, body_timeout, keepalive_timeout, upstream_timeout, connect_timeout,
-        health_interval, health_path, threads, latency_buckets, dispatch = false,
+        threads, latency_buckets, dispatch = false,
         engine_policy = "round_robin", engine_policy_options = None, reliability = None
     ))]
     #[allow(clippy::too_many_arguments)]
@@ -148,8 +148,6 @@ impl CompiledFront {
         keepalive_timeout: f64,
         upstream_timeout: f64,
         connect_timeout: f64,
-        health_interval: f64,
-        health_path: String,
         threads: i64,
         latency_buckets: Vec<f64>,
         dispatch: bool,
@@ -194,7 +192,6 @@ impl CompiledFront {
             dispatch,
         };
         let connect_timeout = seconds("connect_timeout", connect_timeout)?;
-        let health_interval = seconds("health_interval", health_interval)?;
         let options = EngineOptions::from_dict(engine_policy_options)?;
         let reliability = reliability::Config::from_dict(reliability)?;
         let urls = targets.iter().map(|t| t.url.clone()).collect();
@@ -203,7 +200,6 @@ impl CompiledFront {
             targets,
             config.upstream_timeout,
             connect_timeout,
-            &health_path,
             router,
             reliability,
         )
@@ -252,13 +248,11 @@ impl CompiledFront {
             stopping.clone(),
         ));
         if let Some(interval) = pool.eviction_interval() {
-            runtime.spawn(Arc::clone(&pool).evict_forever(interval, stopping.clone()));
+            runtime.spawn(Arc::clone(&pool).evict_forever(interval, stopping));
         }
-        runtime.spawn(pool.probe_forever(health_interval, stopping));
         Ok(Self {
             shared,
             running: Mutex::new(Some(Running { runtime, shutdown })),
-            health_interval,
         })
     }
 
@@ -322,13 +316,19 @@ impl CompiledFront {
         if let Some(interval) = pool.eviction_interval() {
             running
                 .runtime
-                .spawn(Arc::clone(&pool).evict_forever(interval, stopping.clone()));
+                .spawn(Arc::clone(&pool).evict_forever(interval, stopping));
         }
-        running
-            .runtime
-            .spawn(Arc::clone(&pool).probe_forever(self.health_interval, stopping));
         self.shared.set_pool(pool).retire();
         Ok(())
+    }
+
+    /// One health probe's verdict on the engine at `url` (`error` None: it passed), from the
+    /// process's one prober (the engine registry's): the front probes nothing itself. It
+    /// flips the engine's health at the `--health-*-threshold`s, as a probe of its own did.
+    /// False when the front's current set has no engine at `url`.
+    #[pyo3(signature = (url, error = None))]
+    fn probed(&self, url: &str, error: Option<String>) -> bool {
+        self.shared.pool().probed_url(url, error)
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -1,8 +1,10 @@
 //! The upstream engines of the front: one pooled keep-alive HTTP/1.1 client each, the engine
 //! routing policy choosing among them (`rust/engine_policy/`, cache_aware by default), retries
 //! with backoff after a connect failure or a 429 / 503 reply head, a circuit breaker per
-//! engine (`reliability.rs`), and a health prober with failure / success thresholds.
-//! Mirrors `python/sessiongate/engines/pool.py` and `client.py` for stateless traffic.
+//! engine (`reliability.rs`), and health with failure / success thresholds. The probes
+//! themselves are the process's engine registry's (`engines/registry.py`): one prober per
+//! engine per process, whose verdicts arrive through `probed_url`. Mirrors
+//! `python/sessiongate/engines/pool.py` and `client.py` for stateless traffic.
 
 use std::error::Error as StdError;
 use std::io;
@@ -11,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue, ACCEPT_ENCODING};
 use hyper::http::uri::{Authority, PathAndQuery, Scheme};
@@ -20,8 +22,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, Error as ClientError};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
+use super::failure::{
+    connect_failed_text, connect_timed_out, retry_target, transport_error_text, url_hostname,
+};
 use super::hop::{connection_named, forwarded};
 use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
@@ -98,7 +102,6 @@ where
 struct Upstream {
     target: Target,
     client: Client<HttpConnector, Body>,
-    probe_uri: Uri,
     healthy: AtomicBool,
     /// Why it was last marked down (kept until it is up again).
     last_error: Mutex<Option<String>>,
@@ -142,8 +145,7 @@ pub struct Pool {
     retry_order: Vec<usize>,
     timeout: Duration,
     connect_timeout: Duration,
-    health_path: String,
-    /// Replaced by a new engine set: its probe and trim loops end at their next wake-up;
+    /// Replaced by a new engine set: its trim loop ends at its next wake-up;
     /// requests still on it finish.
     retired: AtomicBool,
     reliability: Config,
@@ -163,19 +165,10 @@ impl Pool {
         targets: Vec<Target>,
         timeout: Duration,
         connect_timeout: Duration,
-        health_path: &str,
         router: Router,
         reliability: Config,
     ) -> Result<Self, String> {
-        Self::build(
-            targets,
-            timeout,
-            connect_timeout,
-            health_path,
-            router,
-            reliability,
-            None,
-        )
+        Self::build(targets, timeout, connect_timeout, router, reliability, None)
     }
 
     /// The pool of a new engine set, with this one's settings and policy (its state starts
@@ -188,7 +181,6 @@ impl Pool {
             targets,
             self.timeout,
             self.connect_timeout,
-            &self.health_path,
             router,
             self.reliability.clone(),
             Some(self),
@@ -203,7 +195,6 @@ impl Pool {
         targets: Vec<Target>,
         timeout: Duration,
         connect_timeout: Duration,
-        health_path: &str,
         mut router: Router,
         reliability: Config,
         previous: Option<&Pool>,
@@ -216,13 +207,6 @@ impl Pool {
         for target in targets {
             let kept =
                 previous.and_then(|p| p.upstreams.iter().find(|u| u.target.url == target.url));
-            let probe = format!("http://{}{}{health_path}", target.authority, target.prefix);
-            let probe_uri = probe.parse::<Uri>().map_err(|e| {
-                format!(
-                    "health_path '{health_path}' does not make a valid URL with upstream '{}' ({e})",
-                    target.url
-                )
-            })?;
             // A kept engine keeps its connections, health, breaker and probe streak, and its
             // counters carry on (a Prometheus counter never goes back).
             let (client, healthy, last_error, sent, breaker, probes, retries) = match kept {
@@ -254,7 +238,6 @@ impl Pool {
             upstreams.push(Upstream {
                 target,
                 client,
-                probe_uri,
                 healthy: AtomicBool::new(healthy),
                 last_error: Mutex::new(last_error),
                 sent: AtomicU64::new(sent),
@@ -279,7 +262,6 @@ impl Pool {
             retry_order,
             timeout,
             connect_timeout,
-            health_path: health_path.to_string(),
             retired: AtomicBool::new(false),
             reliability,
             any_open: AtomicBool::new(any_open),
@@ -323,6 +305,18 @@ impl Pool {
         let available = error.is_none() && lock(&upstream.breaker).allows(self.now());
         lock(&self.router).set_healthy(index, available);
         *last = error;
+    }
+
+    /// A probe's verdict on the engine at `url` (the registry's prober, `CompiledFront.probed`):
+    /// false when no engine of this set has that URL.
+    pub fn probed_url(&self, url: &str, error: Option<String>) -> bool {
+        match self.upstreams.iter().position(|u| u.target.url == url) {
+            Some(index) => {
+                self.probed(index, error);
+                true
+            }
+            None => false,
+        }
     }
 
     /// One probe's verdict: it flips the engine's health only at its threshold.
@@ -438,16 +432,9 @@ impl Pool {
         }
     }
 
-    /// Where to retry after `failed` could not be connected to (`pool.py::_failed(None, i)`).
+    /// Where to retry after `failed` could not be connected to (`failure.rs`).
     fn retry_target(&self, failed: usize) -> Option<usize> {
-        if self.upstreams.len() == 1 {
-            return None;
-        }
-        let order = self.retry_order.iter().copied();
-        order
-            .clone()
-            .find(|&i| i != failed && self.available(i))
-            .or_else(|| order.clone().find(|&i| i != failed))
+        retry_target(&self.retry_order, failed, |i| self.available(i))
     }
 
     /// Send `request` and wait for the reply head; Err is the 502 message. A connect failure
@@ -519,11 +506,8 @@ impl Pool {
     ) -> Result<Response<Incoming>, Failure> {
         let upstream = &self.upstreams[index];
         let message = |kind: &str, detail: &str| {
-            format!(
-                "upstream transport error: {method} {}{} failed ({kind}: {detail})",
-                upstream.target.url,
-                path_and_query.path()
-            )
+            let path = path_and_query.path();
+            transport_error_text(method.as_str(), &upstream.target.url, path, kind, detail)
         };
         let uri = upstream
             .uri(path_and_query)
@@ -563,62 +547,6 @@ impl Pool {
             Err(_) => {
                 self.outcome(index, false);
                 Err(Failure::Other(message("TimeoutError", "timed out")))
-            }
-        }
-    }
-
-    /// None when upstream `index` answers the health path with a 2xx in time, else why not
-    /// (the messages of `EngineClient.check`).
-    async fn check(&self, index: usize) -> Option<String> {
-        let upstream = &self.upstreams[index];
-        let what = format!("GET {}{}", upstream.target.url, self.health_path);
-        let mut request = Request::new(Body::default());
-        *request.uri_mut() = upstream.probe_uri.clone();
-        let exchange = async {
-            let reply = upstream
-                .client
-                .request(request)
-                .await
-                .map_err(|e| describe(&e, &upstream.target, self.connect_timeout))?;
-            let status = reply.status().as_u16();
-            reply
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| describe(&e, &upstream.target, self.connect_timeout))?;
-            Ok::<u16, (&str, String)>(status)
-        };
-        let timeout = self.reliability.health_check_timeout_secs;
-        match tokio::time::timeout(Duration::from_secs_f64(timeout), exchange).await {
-            Ok(Ok(status)) if (200..300).contains(&status) => None,
-            Ok(Ok(status)) => Some(format!("{what} answered {status}")),
-            Ok(Err((kind, detail))) => Some(format!("{what} failed ({kind}: {detail})")),
-            Err(_) => Some(format!("{what} timed out after {}s", py_g(timeout))),
-        }
-    }
-
-    /// Probe every upstream now and then every `interval`, until shutdown.
-    pub async fn probe_forever(
-        self: Arc<Self>,
-        interval: Duration,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        loop {
-            if self.retired.load(Relaxed) {
-                return;
-            }
-            let mut probes = JoinSet::new();
-            for index in 0..self.upstreams.len() {
-                let pool = Arc::clone(&self);
-                probes.spawn(async move {
-                    let verdict = pool.check(index).await;
-                    pool.probed(index, verdict);
-                });
-            }
-            while probes.join_next().await.is_some() {}
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = shutdown.wait_for(|stopping| *stopping) => return,
             }
         }
     }
@@ -687,16 +615,6 @@ fn io_text(error: &io::Error) -> String {
     }
 }
 
-/// Python's `f"{x:g}"` for the common values a probe timeout takes ("5", "0.5").
-fn py_g(seconds: f64) -> String {
-    format!("{seconds}")
-}
-
-/// Python's `str(float)` for the common values a timeout takes ("10.0", "0.5").
-fn py_float(seconds: f64) -> String {
-    format!("{seconds:?}")
-}
-
 /// The exception-like kind and detail of a failed exchange, for the 502 and probe messages.
 fn describe(
     error: &(dyn StdError + 'static),
@@ -707,19 +625,13 @@ fn describe(
         let port = target.authority.port_u16().unwrap_or(80);
         let why = match find::<io::Error>(error) {
             Some(e) if e.kind() == io::ErrorKind::TimedOut => {
-                format!(
-                    "timed out after {}s",
-                    py_float(connect_timeout.as_secs_f64())
-                )
+                connect_timed_out(connect_timeout.as_secs_f64())
             }
             Some(e) => io_text(e),
             None => innermost(error),
         };
-        let host = target.authority.host();
-        return (
-            "ConnectFailed",
-            format!("cannot connect to {host}:{port}: {why}"),
-        );
+        let host = url_hostname(target.authority.host());
+        return ("ConnectFailed", connect_failed_text(&host, port, &why));
     }
     if let Some(e) = find::<io::Error>(error) {
         return ("ConnectionError", io_text(e));
@@ -815,7 +727,6 @@ mod tests {
             targets,
             Duration::from_secs(1),
             Duration::from_secs(1),
-            "/health",
             router,
             Config::default(),
         );

@@ -98,3 +98,60 @@ def test_pool_set_urls_keeps_kept_engines_and_drops_removed_pins() -> None:
         await pool.aclose()
 
     asyncio.run(scenario())
+
+
+def test_one_prober_feeds_the_pools_of_its_process() -> None:
+    """Each round checks each engine once (the embedded mock too: the pools have it), with
+    the configured path and timeout; every fed pool takes the verdict at its thresholds and
+    runs no health loop of its own; the registry's state follows the verdict at once."""
+    checked: list[tuple[str, str, float]] = []
+    verdicts = {"http://a:1": "GET http://a:1/ready answered 503", "http://b:2": None}
+
+    async def checker(url: str, path: str, timeout: float) -> str | None:
+        checked.append((url, path, timeout))
+        return verdicts[url]
+
+    async def scenario() -> None:
+        pool = EnginePool(["http://A:1/", "http://b:2"])  # as typed on the command line
+        registry = EngineRegistry(
+            pool.urls, health_path="/ready", health_timeout=0.5, checker=checker
+        )
+        registry.engines[engine_id("http://b:2")].model_info = {"model_path": "m"}
+        fed: list[tuple[str, str | None]] = []
+        pool.fed_by(registry.feed)
+        registry.feed(lambda url, error: fed.append((url, error)))
+        pool.start()
+        assert pool._prober is None  # fed: no loop of its own
+        for _ in range(3):  # the failure threshold
+            await registry.probe_once()
+        assert sorted(checked) == sorted(
+            [("http://a:1", "/ready", 0.5), ("http://b:2", "/ready", 0.5)] * 3
+        )
+        assert fed.count(("http://a:1", verdicts["http://a:1"])) == 3
+        assert pool.healthy == [False, True]
+        assert pool.last_error[0] == verdicts["http://a:1"]
+        a = registry.engines[engine_id("http://a:1")]
+        assert not a.healthy and a.state.endswith("answered 503")
+        await pool.aclose()
+        await registry.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_the_embedded_mock_is_probed_for_the_pools_only() -> None:
+    checked: list[str] = []
+
+    async def checker(url: str, path: str, timeout: float) -> str | None:
+        checked.append(url)
+        return "down"
+
+    async def scenario() -> None:
+        registry = EngineRegistry(["http://mock:9"], placeholder=True, checker=checker)
+        fed: list[tuple[str, str | None]] = []
+        registry.feed(lambda url, error: fed.append((url, error)))
+        await registry.probe_once()
+        assert checked == ["http://mock:9"] and fed == [("http://mock:9", "down")]
+        [mock] = registry.listing()
+        assert mock.healthy  # the placeholder's state is not the registry's to keep
+
+    asyncio.run(scenario())

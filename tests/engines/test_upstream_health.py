@@ -13,10 +13,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -28,6 +26,7 @@ from sessiongate.config.launch import RouterLaunch
 from sessiongate.dataplane.placement.supervisor import Supervisor, SupervisorConfig
 from sessiongate.engines.client import EngineUnreachable
 from sessiongate.engines.pool import EnginePool
+from support.http_stub import json_stub
 from support.procs import ServerProcess, free_port, mock_engine
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -160,33 +159,12 @@ def test_request_transport_failure_marks_down_and_success_marks_up() -> None:
 # -- serve on a port another process already answers /health on -------------------------
 
 
-class _Impostor(BaseHTTPRequestHandler):
-    """Answers every GET like a healthy gateway would."""
-
-    def do_GET(self) -> None:
-        body = b'{"status":"ok"}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture()
 def impostor() -> Iterator[int]:
-    """A plain HTTP server on a thread answering 200 on /health; yields its port."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Impostor)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    """A plain HTTP server on a thread answering 200 on /health (and any GET); yields its
+    port."""
+    with json_stub() as server:
+        yield server.port
 
 
 def _group_gone(pgid: int) -> bool:

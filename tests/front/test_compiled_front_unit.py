@@ -30,37 +30,6 @@ def closed_port_url() -> str:
         return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-def one_shot_health_server() -> tuple[str, threading.Event]:
-    """A URL that answers exactly one request (the front's first health probe) with 200 and
-    `connection: close`, then stops listening: healthy at start, refused afterwards."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(1)
-    sock.settimeout(LIVENESS)
-    done = threading.Event()
-
-    def serve() -> None:
-        try:
-            conn, _ = sock.accept()
-            with conn:
-                conn.settimeout(LIVENESS)
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-        except OSError:
-            pass
-        finally:
-            sock.close()
-            done.set()
-
-    threading.Thread(target=serve, daemon=True).start()
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", done
-
-
 # The front and its clients -----------------------------------------------------------------
 
 
@@ -238,10 +207,11 @@ def test_502_when_the_only_upstream_refuses(make_front: Any) -> None:
 def test_a_connect_failure_retries_on_the_other_upstream(
     upstream: Upstream, make_front: Any
 ) -> None:
-    first, probed = one_shot_health_server()
+    first = closed_port_url()
     front = make_front([first, upstream.url])
-    # The first probe found it up; now it is gone, and round robin starts with it.
-    assert probed.wait(LIVENESS)
+    # A probe found it up (the process's prober feeds the front its verdicts); now it is
+    # gone, and round robin starts with it.
+    assert front.core.probed(first, None)
     client = front.connect()
     client.sendall(post(CHAT, b'{"retry":1}'))
     status, _, body = Reader(client).response()
@@ -505,12 +475,22 @@ def test_bad_settings_are_refused(upstream: Upstream) -> None:
 
 
 def test_a_down_upstream_is_reported_by_the_probe(make_front: Any) -> None:
+    """The front probes nothing itself: the verdicts of its process's prober (the engine
+    registry's) flip an engine's health at the thresholds, as `EnginePool._probed` does."""
     url = closed_port_url()
-    front = make_front([url], health_interval=0.05)
-    stats = front.wait_until(lambda s: not s["upstreams"][0]["healthy"])
-    assert stats["upstreams"][0]["last_error"].startswith(
-        f"GET {url}/health failed (ConnectFailed: "
-    )
+    front = make_front([url + "/"])
+    why = f"GET {url}/health failed (ConnectFailed: cannot connect)"
+    health = lambda: front.stats()["upstreams"][0]  # noqa: E731
+    for _ in range(2):  # below the failure threshold (3)
+        assert front.core.probed(url, why)
+        assert health()["healthy"] is True and "last_error" not in health()
+    assert front.core.probed(url, why)
+    assert health()["healthy"] is False and health()["last_error"] == why
+    assert front.core.probed(url, None)  # below the success threshold (2)
+    assert health()["healthy"] is False and health()["last_error"] == why
+    assert front.core.probed(url)
+    assert health()["healthy"] is True and "last_error" not in health()
+    assert not front.core.probed("http://127.0.0.1:1", None)  # not an engine of its set
 
 
 # Whole requests on the wire: served or handed off, as the specification says ---------------

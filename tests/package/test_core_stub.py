@@ -112,7 +112,9 @@ FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest"})
 # (tests/primitives/test_forwarding_twin.py), `front_backoff_ms`'s, `FrontCircuitBreaker`'s
 # and `FrontHealthCounter`'s are `engines/reliability.py` (tests/primitives/
 # test_reliability_twin.py), `reserved_header_names` is compared with
-# `primitives/header_names.py`, `json_reject` is the relay scanner's verdict.
+# `primitives/header_names.py`, `json_reject` is the relay scanner's verdict, and the failure
+# texts' and `front_retry_target`'s are in `engines/client.py`, `http/client.py` and
+# `engines/pool.py` (tests/engines/test_engine_client_twin.py).
 TEST_HOOKS = frozenset(
     {
         "json_reject",
@@ -122,6 +124,11 @@ TEST_HOOKS = frozenset(
         "front_backoff_ms",
         "FrontCircuitBreaker",
         "FrontHealthCounter",
+        "front_transport_error_text",
+        "front_connect_failed_text",
+        "front_connect_timed_out",
+        "front_url_hostname",
+        "front_retry_target",
     }
 )
 TEST_HOOKS_HEADING = "# Test hooks (rust/testing.rs)"

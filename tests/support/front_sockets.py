@@ -234,8 +234,6 @@ class Front:
             "keepalive_timeout": 5.0,
             "upstream_timeout": LIVENESS,
             "connect_timeout": 2.0,
-            "health_interval": 3600.0,
-            "health_path": "/health",
             "threads": 2,
             "latency_buckets": [0.001, 0.01, 0.1, 1.0],
             **overrides,

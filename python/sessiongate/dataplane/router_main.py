@@ -70,11 +70,16 @@ def run(args: argparse.Namespace) -> int:
     )
     # The static engines are the workers' (the same configuration); with remote workers the
     # router knows none, and sends a set only once one registers.
+    reliability = config.engines.reliability
     registry = EngineRegistry(
         backends,
         placeholder=launch.engines_placeholder,
         interval=config.engines.health_interval,
+        health_path=reliability.health_check_endpoint,
+        health_timeout=reliability.health_check_timeout_secs,
     )
+    if door is not None:
+        registry.feed(door.probed)  # the front's one prober (it runs none itself)
     gateway = GatewayShell(router, registry, front=door)
     app = GatewayApp(gateway.handle, settings)
     host = config.listen.host

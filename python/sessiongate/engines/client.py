@@ -25,6 +25,13 @@ MAX_UPSTREAM_REPLY = 2 << 30
 _IDENTITY = ("accept-encoding", "identity")
 
 
+def transport_error_text(method: str, url: str, path: str, kind: str, detail: str) -> str:
+    """The 502 message of an exchange with an engine that failed below HTTP; `kind` names the
+    failure (the exception class: `ConnectFailed`, `TimeoutError`, ...). Twinned by
+    `rust/front/failure.rs`: a client reads the same words whichever front relayed it."""
+    return f"upstream transport error: {method} {url}{path} failed ({kind}: {detail})"
+
+
 class EngineTransportError(UpstreamError):
     """The exchange with the upstream failed below HTTP (connect, reset, cut reply, timeout)."""
 
@@ -122,9 +129,7 @@ class EngineClient:
     def _error(self, method: str, path: str, exc: BaseException) -> UpstreamError:
         kind = type(exc).__name__
         detail = str(exc) or ("timed out" if isinstance(exc, TimeoutError) else "")
-        message = (
-            f"upstream transport error: {method} {self.base_url}{path} failed ({kind}: {detail})"
-        )
+        message = transport_error_text(method, self.base_url, path, kind, detail)
         if isinstance(exc, ConnectFailed):
             return EngineUnreachable(message, base_url=self.base_url)
         return EngineTransportError(

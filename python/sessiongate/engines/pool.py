@@ -32,6 +32,9 @@ The health state is also what `/health` and `/metrics` report, so it is kept wit
 upstream too: the probe runs whatever the count, a transport failure of a real request marks
 the upstream down at once and any reply (below 500) marks it up again; probes flip it only
 after `--health-failure-threshold` failures or `--health-success-threshold` passes in a row.
+The probes are the pool's own health loop in a worker process; where the engine registry
+lives in the same process (`serve --workers 0`), its prober feeds the pool instead
+(`fed_by`), so each engine is probed once per process.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from sessiongate.engines.client import (
     EngineUnreachable,
 )
 from sessiongate.engines.policy import EnginePolicy, EngineRoutingConfig
+from sessiongate.engines.registry import HealthSink, same_engine
 from sessiongate.engines.reliability import (
     OPEN,
     RETRYABLE_STATUSES,
@@ -83,6 +87,17 @@ def rendezvous_order(key: str, urls: Sequence[str]) -> list[int]:
 
     raw = key.encode()
     return sorted(range(len(urls)), key=lambda i: rendezvous_weight(raw, urls[i]), reverse=True)
+
+
+def retry_target(order: Sequence[int], failed: int, available: Sequence[bool]) -> int | None:
+    """Where a stateless request goes after engine `failed` could not be connected to: the
+    first engine of `order` (the rendezvous order of the empty key) other than `failed` that
+    is available, else the first other one; None with a single engine. Twinned by
+    `rust/front/failure.rs`, so both fronts retry on the same engine."""
+    if len(order) <= 1:
+        return None
+    others = [index for index in order if index != failed]
+    return next((index for index in others if available[index]), others[0] if others else None)
 
 
 class NoEngine:
@@ -163,6 +178,9 @@ class EnginePool:
         # Whether a family's first call is placed by the policy (else by rendezvous).
         self.places_by_policy = self.engine_routing.policy not in RENDEZVOUS_PLACEMENT
         self._prober: asyncio.Task[None] | None = None
+        # True once another prober of this process feeds `probed` (`fed_by`): no health
+        # loop of its own then.
+        self._fed = False
         self._evictor: asyncio.Task[None] | None = None
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
         # answered with none (an engine that is not SGLang).
@@ -185,7 +203,7 @@ class EnginePool:
     def start(self) -> None:
         """Start periodic health checks (idempotent; needs a running loop). With one upstream
         they steer nothing, but they are what `/health` reports about the engine."""
-        if self._prober is None:
+        if self._prober is None and not self._fed:
             self._prober = asyncio.create_task(self._probe_forever())
         if self._evictor is None and self.engine_routing.evicts:
             self._evictor = asyncio.create_task(self._evict_forever())
@@ -211,6 +229,20 @@ class EnginePool:
                     result = f"health probe failed: {type(result).__name__}: {result}"
                 self._probed(index, result)
             await asyncio.sleep(self.health_interval)
+
+    def fed_by(self, feed: Callable[[HealthSink], None]) -> None:
+        """Take the health verdicts of this process's one prober (`EngineRegistry.feed`)
+        instead of probing: call before `start`."""
+        self._fed = True
+        feed(self.probed)
+
+    def probed(self, url: str, error: str | None) -> None:
+        """A probe's verdict on the engine at `url` (None: healthy); ignored when it is not
+        in this set (the URL as the registry normalises it)."""
+        for index, mine in enumerate(self.urls):
+            if same_engine(mine, url):
+                self._probed(index, error)
+                return
 
     def _probed(self, index: int, error: str | None) -> None:
         """One probe's verdict, which flips the engine's health only at its threshold."""
@@ -443,18 +475,18 @@ class EnginePool:
     ) -> int | None:
         """Re-pin the family off `index` (already marked down); the upstream to retry on, if
         any. A stateless request retries on the next engine in the rendezvous order of the
-        empty key (as the compiled front does)."""
+        empty key (`retry_target`, the compiled front's choice too)."""
         if len(self.urls) <= 1 or index >= len(self.urls):
             return None
         if root_id is None:
-            retry = self._choose("", avoid=index)
-        else:
-            retry = self._place(root_id, headers, body, avoid=index)
+            now = self.clock()
+            available = [self._available(i, now) for i in range(len(self.urls))]
+            return retry_target(rendezvous_order("", self.urls), index, available)
+        retry = self._place(root_id, headers, body, avoid=index)
         if retry == index:
             return None
-        if root_id is not None:
-            self.pins[root_id] = retry
-            self.repins += 1
+        self.pins[root_id] = retry
+        self.repins += 1
         return retry
 
     def forget(self, root_id: str) -> None:

@@ -54,17 +54,35 @@ async def _get_json(
     return None, why
 
 
-async def probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
-    """One probe of the engine at `url` (a fresh client: nothing shared with the pools)."""
-    client = EngineClient(url, timeout=timeout, connect_timeout=timeout)
+async def check(url: str, path: str = "/health", timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """One health probe of the engine at `url`: None when `path` answers a 2xx within
+    `timeout`, else why not (the text `/health` shows as the engine's `last_error`). A fresh
+    client each time, as a pool's client would be: a probe that reused the pools' kept-alive
+    connection would say nothing about whether a new one can be made."""
+    client = EngineClient(url)
     try:
-        problem = await client.check("/health", timeout=timeout)
-        if problem is not None:
-            return ProbeResult(problem)
-        server_info, _ = await _get_json(client, ("/server_info", "/get_server_info"))
-        model_info, why = await _get_json(client, ("/model_info", "/get_model_info"))
-        if model_info is None:
-            return ProbeResult(f"{url}: no model info ({why})", server_info=server_info)
-        return ProbeResult(None, model_info, server_info)
+        return await client.check(path, timeout)
     finally:
         await client.aclose()
+
+
+async def describe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """The engine's model and server info (a health check passed already); an error when it
+    has no model info."""
+    client = EngineClient(url, timeout=timeout, connect_timeout=timeout)
+    try:
+        server_info, _ = await _get_json(client, ("/server_info", "/get_server_info"))
+        model_info, why = await _get_json(client, ("/model_info", "/get_model_info"))
+    finally:
+        await client.aclose()
+    if model_info is None:
+        return ProbeResult(f"{url}: no model info ({why})", server_info=server_info)
+    return ProbeResult(None, model_info, server_info)
+
+
+async def probe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
+    """Whether a registered engine may be admitted: its health, then its model info."""
+    problem = await check(url, "/health", timeout)
+    if problem is not None:
+        return ProbeResult(problem)
+    return await describe(url, timeout=timeout)

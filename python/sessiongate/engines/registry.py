@@ -14,6 +14,14 @@ registered engine.
 
 Whenever the admitted set changes, `on_change` gets the new URL list (the in-process core's
 pool, or the router's message to every worker).
+
+The registry's prober is the one prober of its process: each interval it probes every engine
+once (`GET` of the health path; a registration's admission probe reads the model info too),
+keeps its own state from the verdict and passes the verdict on to every pool of the process
+that `feed` gave it (the compiled front's relay pool, the in-process core's `EnginePool`).
+Those apply their `--health-*-threshold`s to it as to a probe of their own, and run none:
+probing an engine once per pool only multiplied the requests an engine answers and let the
+pools of one process disagree about it for an interval.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from sessiongate.engines.probe import ProbeResult, probe
+from sessiongate.engines.probe import PROBE_TIMEOUT_S, ProbeResult, check, describe, probe
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,10 @@ PROBING = "probing"
 READY = "ready"
 
 Prober = Callable[[str], Awaitable[ProbeResult]]
+# (url, path, timeout) -> None when healthy, else why not.
+Checker = Callable[[str, str, float], Awaitable[str | None]]
+# A pool told each health verdict: (url, None when healthy, else why not).
+HealthSink = Callable[[str, str | None], None]
 OnChange = Callable[[list[str]], Awaitable[None]]
 
 
@@ -62,6 +74,17 @@ def normalise_url(raw: str) -> str:
         host = f"[{host}]"  # IPv6
     netloc = host if port is None else f"{host}:{port}"
     return f"{parts.scheme.lower()}://{netloc}{parts.path.rstrip('/')}"
+
+
+def same_engine(given: str, normalised: str) -> bool:
+    """Whether the URL a pool was given names the engine the registry knows as `normalised`
+    (a pool keeps its URLs as given: `--backend` as typed, minus a trailing "/")."""
+    if given == normalised:
+        return True
+    try:
+        return normalise_url(given) == normalised
+    except BadEngineUrl:
+        return False
 
 
 def engine_id(url: str) -> str:
@@ -113,9 +136,14 @@ class EngineRegistry:
         on_change: OnChange | None = None,
         prober: Prober = probe,
         interval: float = 5.0,
+        health_path: str = "/health",
+        health_timeout: float = PROBE_TIMEOUT_S,
+        checker: Checker = check,
     ) -> None:
         """`static_urls`: the `--backend` engines (admitted from the start); `placeholder`:
-        they are the embedded mock, replaced by the first registration."""
+        they are the embedded mock, replaced by the first registration. `prober` admits a
+        registered engine; `checker` is the periodic health probe (`health_path`, within
+        `health_timeout`: `--health-check-endpoint`, `--health-check-timeout-secs`)."""
         self.engines: dict[str, Engine] = {}
         for raw in static_urls:
             url = normalise_url(raw)
@@ -125,6 +153,10 @@ class EngineRegistry:
         self.on_change = on_change
         self.prober = prober
         self.interval = interval
+        self.health_path = health_path
+        self.health_timeout = health_timeout
+        self.checker = checker
+        self._sinks: list[HealthSink] = []
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[None]] = {}
         # Serialises `on_change` calls so the last set sent is the current one.
@@ -191,6 +223,11 @@ class EngineRegistry:
             await self._propagate()
         return engine
 
+    def feed(self, sink: HealthSink) -> None:
+        """Pass every health verdict of this registry's prober to `sink` from now on (a pool
+        that then probes nothing itself)."""
+        self._sinks.append(sink)
+
     async def _probe(self, engine: Engine) -> None:
         try:
             result = await self.prober(engine.url)
@@ -198,20 +235,56 @@ class EngineRegistry:
             result = ProbeResult(f"probe failed: {type(exc).__name__}: {exc}")
         if self.engines.get(engine.id) is not engine:
             return  # removed while probing
+        self._judged(engine, result.error)
         if result.error is None:
-            engine.state = READY
             engine.model_info = result.model_info
             engine.server_info = result.server_info
             if not engine.admitted:
                 engine.admitted = True
                 logger.warning("engine %s (%s) is ready", engine.id, engine.url)
                 await self._propagate()
-        else:
-            if engine.state != f"unreachable: {result.error}":
-                logger.warning(
-                    "engine %s (%s) is unreachable: %s", engine.id, engine.url, result.error
-                )
-            engine.state = f"unreachable: {result.error}"
+
+    def _judged(self, engine: Engine, error: str | None) -> None:
+        """The engine's state after a probe said `error` (None: healthy)."""
+        if error is None:
+            engine.state = READY
+            return
+        if engine.state != f"unreachable: {error}":
+            logger.warning("engine %s (%s) is unreachable: %s", engine.id, engine.url, error)
+        engine.state = f"unreachable: {error}"
+
+    async def _check(self, engine: Engine) -> None:
+        """One periodic probe of an engine in the set: a health check, whose verdict the
+        registry and every fed pool take (the embedded mock's: the pools only); an engine
+        not known to be an SGLang one yet (a static engine) is then asked its model info."""
+        try:
+            error = await self.checker(engine.url, self.health_path, self.health_timeout)
+        except Exception as exc:  # a probe bug must not take the registry down
+            error = f"health probe failed: {type(exc).__name__}: {exc}"
+        if self.engines.get(engine.id) is not engine:
+            return  # removed while probing: no pool has it any more
+        for sink in self._sinks:
+            try:
+                sink(engine.url, error)
+            except Exception:  # one pool's bug must not keep the verdict from the others
+                logger.exception("a pool did not take the health of %s", engine.url)
+        if engine.static and self.placeholder:
+            return
+        self._judged(engine, error)
+        if error is None and engine.model_info is None:
+            result = await describe(engine.url)
+            if result.error is None and self.engines.get(engine.id) is engine:
+                engine.model_info = result.model_info
+                engine.server_info = result.server_info
+
+    async def probe_once(self) -> None:
+        """One probe of every engine: admitted ones are health-checked (`_check`), the
+        others probed for admission."""
+        engines = list(self.engines.values())
+        await asyncio.gather(
+            *(self._check(e) if e.admitted else self._probe(e) for e in engines),
+            return_exceptions=True,
+        )
 
     async def _propagate(self) -> None:
         self.changed = True
@@ -223,15 +296,16 @@ class EngineRegistry:
     # -- lifetime ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Re-probe every engine on the interval (needs a running loop; idempotent)."""
+        """Probe every engine now and on the interval (needs a running loop; idempotent)."""
         if self._task is None:
             self._task = asyncio.create_task(self._probe_forever())
 
     async def _probe_forever(self) -> None:
+        # From the start, not one interval in: `/health` must say an engine is down before
+        # any traffic finds it so.
         while True:
+            await self.probe_once()
             await asyncio.sleep(self.interval)
-            engines = [e for e in self.engines.values() if not (e.static and self.placeholder)]
-            await asyncio.gather(*(self._probe(e) for e in engines), return_exceptions=True)
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -31,6 +31,7 @@ import uvicorn
 
 from sessiongate.config.engines import EngineRoutingConfig, ReliabilityConfig
 from sessiongate.config.gateway import GatewayConfig
+from sessiongate.engines.registry import same_engine
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
 from sessiongate.front.http_server import QuietServer, serve_until_exit
@@ -54,10 +55,10 @@ class FrontOptions:
 
     upstreams: Sequence[str]
     upstream_timeout: float
-    health_interval: float
     threads: int
     # The bounds of the request-duration histogram the front fills (the metrics' buckets).
     latency_buckets: Sequence[float]
+    # The health path the process's prober (the engine registry's) checks for the front.
     health_path: str = "/health"
     # How stateless requests choose an engine (`--policy`; round robin by default).
     engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
@@ -106,7 +107,6 @@ def front_options(
     return FrontOptions(
         upstreams=list(upstreams),
         upstream_timeout=config.engines.timeout,
-        health_interval=config.engines.health_interval,
         threads=threads,
         latency_buckets=latency_buckets,
         engine_routing=config.engines.routing,
@@ -164,8 +164,6 @@ class CompiledFrontDoor:
             keepalive_timeout=KEEPALIVE_TIMEOUT_S,
             upstream_timeout=self.options.upstream_timeout,
             connect_timeout=min(CONNECT_TIMEOUT_S, self.options.upstream_timeout),
-            health_interval=self.options.health_interval,
-            health_path=self.options.health_path,
             threads=self.options.threads,
             latency_buckets=list(self.options.latency_buckets),
             dispatch=True,
@@ -184,6 +182,17 @@ class CompiledFrontDoor:
         Python instead, whose session core proxies (or refuses) through its own pool."""
         self.engines = list(urls)
         self._apply_engines()
+
+    def probed(self, url: str, error: str | None) -> None:
+        """A health verdict of the process's prober (`EngineRegistry.feed`) on the engine the
+        registry knows as `url`: the front probes nothing itself."""
+        front = self._front
+        if front is None:
+            return
+        for given in self.engines if self.engines is not None else self.options.upstreams:
+            if same_engine(given, url):
+                front.probed(given.rstrip("/"), error)
+                return
 
     def _apply_engines(self) -> None:
         if self._front is None or self.engines is None:

@@ -61,6 +61,17 @@ class ConnectFailed(HttpError):
     pass
 
 
+def connect_failed_text(host: str, port: int, why: str) -> str:
+    """Why a connection to `host:port` could not be made (`why`: as the OS said). Twinned by
+    `rust/front/failure.rs`, so a 502 reads the same whichever front relayed the request."""
+    return f"cannot connect to {host}:{port}: {why}"
+
+
+def connect_timed_out(seconds: float) -> str:
+    """`why` of a connection not made within `seconds` (twinned by `failure.rs`)."""
+    return f"timed out after {float(seconds)}s"
+
+
 class ProtocolFailure(HttpError):
     pass
 
@@ -416,11 +427,12 @@ class HttpClient:
                     _Connection, host, port, ssl=self._tls() if scheme == "https" else None
                 )
         except TimeoutError as exc:
-            raise ConnectFailed(
-                f"cannot connect to {host}:{port}: timed out after {self._connect_timeout}s"
-            ) from exc
+            limit = self._connect_timeout
+            # No limit of ours: the OS gave up (ETIMEDOUT), and says so.
+            why = connect_timed_out(limit) if limit is not None else str(exc) or "timed out"
+            raise ConnectFailed(connect_failed_text(host, port, why)) from exc
         except OSError as exc:
-            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise ConnectFailed(connect_failed_text(host, port, str(exc))) from exc
         return conn
 
     def _take_idle(

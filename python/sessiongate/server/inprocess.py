@@ -59,11 +59,20 @@ def run_in_process(
     listen_port = port
     port = door.port if door is not None else port
     core = build_core(config)
-    # The engine set is this process's: registrations go straight to the core's pool. With
-    # the embedded mock (`watched`), the first registered engine replaces it.
+    # The engine set is this process's: registrations go straight to the core's pool, and
+    # the registry's prober is the core pool's and the front's too (one probe per engine).
+    # With the embedded mock (`watched`), the first registered engine replaces it.
+    pool = core.upstream
     engines = EngineRegistry(
-        core.upstream.urls, placeholder=bool(watched), interval=core.upstream.health_interval
+        pool.urls,
+        placeholder=bool(watched),
+        interval=pool.health_interval,
+        health_path=pool.health_path,
+        health_timeout=pool.reliability.health_check_timeout_secs,
     )
+    pool.fed_by(engines.feed)
+    if door is not None:
+        engines.feed(door.probed)
     gateway = GatewayShell(LocalSessions(core), engines, front=door)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)

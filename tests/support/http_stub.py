@@ -1,0 +1,57 @@
+"""A plain HTTP server on a loopback thread that answers every GET with 200 and one small
+JSON object, counting the GETs by path: an engine stand-in that is healthy and has model
+info, or another service squatting on a port."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class JsonStub(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.gets: Counter[str] = Counter()
+        self.lock = threading.Lock()  # handlers run on threads of their own
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: JsonStub
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.gets[self.path] += 1
+        body = self.server.body
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def json_stub(body: bytes = b'{"status":"ok"}') -> Iterator[JsonStub]:
+    """The stub serving until the block ends."""
+    server = JsonStub(body)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
