@@ -29,7 +29,7 @@ from chaos import (
     stop_worker_case,
 )
 
-from sessiongate.dataplane.router.shard_router import Router
+from sessiongate.dataplane.router.shard_router import ShardRouter
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
@@ -149,7 +149,7 @@ class _Channel:
 
 
 def test_new_root_ids_avoid_down_and_stalled_workers() -> None:
-    router = Router(3)
+    router = ShardRouter(3)
     router.channels = [  # type: ignore[list-item]
         _Channel(0, up=False, beat_age=0.1),
         _Channel(1, up=True, beat_age=60.0),

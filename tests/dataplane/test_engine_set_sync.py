@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any, cast
 
-from sessiongate.dataplane.router.shard_router import Router
+from sessiongate.dataplane.router.shard_router import ShardRouter
 from sessiongate.dataplane.router.worker_channel import WorkerChannel
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.gateway.shell import GatewayShell
@@ -39,7 +39,7 @@ class RecordingChannel:
 
 def test_a_restarted_workers_first_request_waits_for_the_engine_set() -> None:
     async def main() -> RecordingChannel:
-        router = Router(1)
+        router = ShardRouter(1)
         registry = EngineRegistry(["http://127.0.0.1:9"])
         gateway = GatewayShell(router, registry)
         first = RecordingChannel(0)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sessiongate.dataplane.router.shard_router import Router
+from sessiongate.dataplane.router.shard_router import ShardRouter
 from sessiongate.front.routes import DEFAULT_SESSION_HEADERS, classify, session_header_names
 from sessiongate.primitives import shard_index
 from sessiongate.protocol import Op
@@ -21,8 +21,8 @@ class _Channel:
         self.last_heartbeat = time.monotonic()
 
 
-def router_with(*up: bool) -> Router:
-    router = Router(len(up))
+def router_with(*up: bool) -> ShardRouter:
+    router = ShardRouter(len(up))
     router.channels = [_Channel(i, up=u) for i, u in enumerate(up)]  # type: ignore[misc]
     return router
 

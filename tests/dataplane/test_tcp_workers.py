@@ -406,7 +406,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
     from types import SimpleNamespace
 
     from sessiongate.dataplane.placement.remote import RemoteSettings, RemoteWorker
-    from sessiongate.dataplane.router.shard_router import Router
+    from sessiongate.dataplane.router.shard_router import ShardRouter
     from sessiongate.dataplane.transport.tcp import listen_socket
     from sessiongate.dataplane.worker.server import WorkerServer
     from sessiongate.protocol import CoreReply, CoreRequest
@@ -444,7 +444,7 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
         server = WorkerServer(fake_core(), secret, None)
         accepting = asyncio.create_task(server.accept_forever(listener))
         dead = Endpoint("127.0.0.1", free_port())
-        router = Router(
+        router = ShardRouter(
             1,
             remotes=lambda router, index: RemoteWorker(router, index, dead, RemoteSettings(secret)),
         )

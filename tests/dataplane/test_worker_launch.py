@@ -155,7 +155,7 @@ def serve_argv(tmp_path: Path) -> list[str]:
 def forwarded(tmp_path: Path) -> tuple[GatewayConfig, CoreConfig, GatewayConfig]:
     config = serve_config(build_parser().parse_args(serve_argv(tmp_path)))
     core = serve_core_config(config)
-    return config, core, worker_config(config, core.backends, local_workers=WORKERS)
+    return config, core, worker_config(config, core.engine_urls, local_workers=WORKERS)
 
 
 def launched(
@@ -204,7 +204,7 @@ def test_a_local_worker_gets_serves_config(tmp_path: Path, monkeypatch: pytest.M
 def test_a_ray_worker_gets_serves_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ray actors run a TCP worker (no descriptor) with the same configuration."""
     config, core, _ = forwarded(tmp_path)
-    for_ray = worker_config(config, core.backends, local_workers=WORKERS, placed_elsewhere=True)
+    for_ray = worker_config(config, core.engine_urls, local_workers=WORKERS, placed_elsewhere=True)
     launch = launched(WorkerLaunch(for_ray, fd=None, index=INDEX), monkeypatch)
     assert launch.fd is None
     got = core_config(launch.config, STANDALONE, program="sessiongate worker")

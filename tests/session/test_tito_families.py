@@ -77,7 +77,7 @@ def test_explicit_flags_win_over_the_family() -> None:
 def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
     args = serve_args("--tito-model", "qwen35")
     core = serve_core_config(args)
-    sessions = worker_config(args, core.backends, local_workers=1).sessions
+    sessions = worker_config(args, core.engine_urls, local_workers=1).sessions
     assert sessions.tito_model == "qwen35"
     # Resolved in the configuration the workers get (serve resolves these two itself).
     assert sessions.allowed_append_roles == "assistant,tool,user"

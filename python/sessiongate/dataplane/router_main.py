@@ -22,7 +22,7 @@ from sessiongate.process.children import die_with_parent
 if TYPE_CHECKING:
     from sessiongate.config.launch import RouterLaunch
     from sessiongate.dataplane.placement.remote import RemoteSettings
-    from sessiongate.dataplane.router.shard_router import RemoteConnector, Router
+    from sessiongate.dataplane.router.shard_router import RemoteConnector, ShardRouter
     from sessiongate.dataplane.transport.tcp import Endpoint
 
 MODULES_REPORT_ENV = "SESSIONGATE_ROUTER_MODULES_REPORT"
@@ -35,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from sessiongate.config.launch import RouterLaunch, read_launch
-    from sessiongate.dataplane.router.shard_router import Router, open_channel, watch_control_socket
+    from sessiongate.dataplane.router.shard_router import (
+        ShardRouter,
+        open_channel,
+        watch_control_socket,
+    )
     from sessiongate.engines.registry import EngineRegistry
     from sessiongate.front.asgi import GatewayApp, frontend_settings
     from sessiongate.front.compiled import open_front_door, serve_with_front
@@ -65,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         who="router",
         registered=registered,
     )
-    router = Router(
+    router = ShardRouter(
         len(fds) or len(endpoints), remotes=_remote_connector(remote_settings, endpoints)
     )
     # The static engines are the workers' (the same configuration); with remote workers the
@@ -123,7 +127,7 @@ def _remote_connector(
         return None
     from sessiongate.dataplane.placement.remote import RemoteWorker
 
-    def connect(router: Router, index: int) -> RemoteWorker:
+    def connect(router: ShardRouter, index: int) -> RemoteWorker:
         return RemoteWorker(router, index, endpoints[index], settings)
 
     return connect

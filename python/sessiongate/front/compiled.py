@@ -53,7 +53,7 @@ STOP_GRACE_S = 1.0
 class FrontOptions:
     """What the front needs beyond the HTTP front-end settings."""
 
-    upstreams: Sequence[str]
+    engine_urls: Sequence[str]
     upstream_timeout: float
     threads: int
     # The bounds of the request-duration histogram the front fills (the metrics' buckets).
@@ -72,20 +72,20 @@ def default_front_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
-def front_unsupported(upstreams: Sequence[str], *, registered: bool = False) -> str | None:
+def front_unsupported(engine_urls: Sequence[str], *, registered: bool = False) -> str | None:
     """Why the compiled front cannot serve this configuration, or None. `registered`: the
     engines register at run time (`--backend none`), so none known yet is fine."""
-    if not upstreams and not registered:
-        return "the router does not know the upstreams (its workers do)"
-    https = [url for url in upstreams if not url.startswith("http://")]
+    if not engine_urls and not registered:
+        return "the router does not know the engines (its workers do)"
+    https = [url for url in engine_urls if not url.startswith("http://")]
     if https:
-        return f"the compiled front speaks plain http:// to upstreams, not {https[0]}"
+        return f"the compiled front speaks plain http:// to engines, not {https[0]}"
     return None
 
 
 def front_options(
     config: GatewayConfig,
-    upstreams: Sequence[str],
+    engine_urls: Sequence[str],
     latency_buckets: Sequence[float],
     *,
     registered: bool = False,
@@ -95,7 +95,7 @@ def front_options(
     front = config.front
     if front.front == "python":
         return None
-    problem = front_unsupported(upstreams, registered=registered)
+    problem = front_unsupported(engine_urls, registered=registered)
     if problem is not None:
         if front.front == "compiled":
             raise SystemExit(f"--front compiled: {problem}; use --front python or auto")
@@ -105,7 +105,7 @@ def front_options(
         raise SystemExit("--front-threads must be at least 1")
     reliability = config.engines.reliability
     return FrontOptions(
-        upstreams=list(upstreams),
+        engine_urls=list(engine_urls),
         upstream_timeout=config.engines.timeout,
         threads=threads,
         latency_buckets=latency_buckets,
@@ -155,7 +155,7 @@ class CompiledFrontDoor:
         self._front = CompiledFront(
             self.listener.fileno(),
             self._wake_write,
-            list(self.options.upstreams),
+            list(self.options.engine_urls),
             max_body_bytes=self.frontend.max_body_bytes,
             api_key=self.frontend.api_key,
             session_headers=list(self.frontend.session_headers),
@@ -285,7 +285,7 @@ class CompiledFrontDoor:
 def open_front_door(
     config: GatewayConfig,
     frontend: FrontendSettings,
-    upstreams: Sequence[str],
+    engine_urls: Sequence[str],
     latency_buckets: Sequence[float],
     *,
     who: str,
@@ -294,7 +294,7 @@ def open_front_door(
     """The front door `config` asks for, its public socket bound (`listen.host`,
     `listen.port`); None for the Python front. SystemExit naming `who` when the address
     cannot be bound. `registered`: the engines register at run time (`use_engines`)."""
-    options = front_options(config, upstreams, latency_buckets, registered=registered)
+    options = front_options(config, engine_urls, latency_buckets, registered=registered)
     if options is None:
         return None
     host, port = config.listen.host, config.listen.port

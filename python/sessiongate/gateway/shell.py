@@ -28,7 +28,7 @@ METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
 class SessionBackend(Protocol):
     """Where the sessions are: this process's core (`LocalSessions`) or the workers behind
-    the router (`Router`)."""
+    the router (`ShardRouter`)."""
 
     async def handle(self, request: CoreRequest) -> CoreReply:
         """Answer a session operation or `/health`; errors come back as replies."""

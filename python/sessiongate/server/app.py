@@ -36,7 +36,7 @@ def create_app(
     """The gateway app and the core it hands requests to (close the core on shutdown)."""
     config = CoreConfig(
         settings=session_settings or SessionSettings(),
-        backends=(backend_urls,) if isinstance(backend_urls, str) else tuple(backend_urls),
+        engine_urls=(backend_urls,) if isinstance(backend_urls, str) else tuple(backend_urls),
         timeout=upstream_timeout,
     )
     return app_for(config, frontend_settings, tokenizer=tokenizer)

@@ -51,10 +51,10 @@ def run_in_process(
     door = open_front_door(
         gateway_config,
         frontend,
-        config.backends,
+        config.engine_urls,
         LATENCY_BUCKETS,
         who="sessiongate",
-        registered=not config.backends,  # `--backend none`
+        registered=not config.engine_urls,  # `--backend none`
     )
     listen_port = port
     port = door.port if door is not None else port

@@ -223,7 +223,7 @@ def run_local(config: GatewayConfig) -> int:
         if count == 0:
             from sessiongate.server.inprocess import run_in_process
 
-            core = dataclasses.replace(core, backends=tuple(engines))
+            core = dataclasses.replace(core, engine_urls=tuple(engines))
             return run_in_process(live, frontend, core, described, watched)
         for_workers = worker_config(
             live, engines, local_workers=count, placed_elsewhere=config.workers.ray

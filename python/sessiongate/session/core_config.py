@@ -52,7 +52,7 @@ class CoreConfig:
     """Everything a session core needs to be built (session.factory.build_core)."""
 
     settings: SessionSettings
-    backends: tuple[str, ...]
+    engine_urls: tuple[str, ...]
     timeout: float = 600.0
     health_interval: float = 5.0
     # Tokenizer directory (None: the built-in one) and a chat template file replacing its own.
@@ -92,7 +92,7 @@ def core_config(
     urls = engine_urls(config.engines, embedded_mock=False) if engines is None else engines
     return CoreConfig(
         settings=settings,
-        backends=tuple(urls),
+        engine_urls=tuple(urls),
         timeout=config.engines.timeout,
         health_interval=config.engines.health_interval,
         tokenizer=sessions.tokenizer,

@@ -25,7 +25,7 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
         if tokenizer is not None
         else load_tokenizer(config.tokenizer, chat_template_path=config.chat_template_path),
         EnginePool(
-            list(config.backends),
+            list(config.engine_urls),
             timeout=config.timeout,
             health_interval=config.health_interval,
             engine_routing=config.engine_routing,

@@ -22,7 +22,7 @@ from sessiongate.dataplane.transport.handshake import HandshakeError, client_han
 from sessiongate.dataplane.transport.tcp import Endpoint, tune_socket
 
 if TYPE_CHECKING:
-    from sessiongate.dataplane.router.shard_router import Router
+    from sessiongate.dataplane.router.shard_router import ShardRouter
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class RemoteWorker:
     """Keeps slot `index` of the router connected to the worker at `endpoint`."""
 
     def __init__(
-        self, router: Router, index: int, endpoint: Endpoint, settings: RemoteSettings
+        self, router: ShardRouter, index: int, endpoint: Endpoint, settings: RemoteSettings
     ) -> None:
         self.router = router
         self.index = index

@@ -100,10 +100,10 @@ class RemoteSlot(Protocol):
 
 
 # Builds the connector of remote (TCP) worker slot `index` of a router.
-RemoteConnector = Callable[["Router", int], RemoteSlot]
+RemoteConnector = Callable[["ShardRouter", int], RemoteSlot]
 
 
-class Router:
+class ShardRouter:
     """The sessions are in workers: a `SessionBackend` (gateway/shell.py) over one channel
     per worker slot."""
 
@@ -522,7 +522,7 @@ async def open_channel(index: int, sock: socket.socket, generation: int = 0) -> 
 
 
 def watch_control_socket(
-    control: socket.socket, router: Router, on_supervisor_gone: Callable[[], None]
+    control: socket.socket, router: ShardRouter, on_supervisor_gone: Callable[[], None]
 ) -> None:
     """Receive notices from the supervisor, one JSON object per line: a replacement worker
     channel (`{"worker", "generation"}` with its socket passed along, SCM_RIGHTS) or a
