@@ -287,15 +287,15 @@ pub fn make_policy(
 }
 
 /// A policy and the engine states it decides on.
-pub struct Router {
+pub struct PolicyState {
     name: String,
     policy: Box<dyn Policy>,
     pub engines: EngineStates,
     options: Options,
 }
 
-impl Router {
-    /// An empty `urls` makes the router of a pool that relays nothing yet (the compiled
+impl PolicyState {
+    /// An empty `urls` makes the policy state of a pool that relays nothing yet (the compiled
     /// front before engines register): never `pick` on it.
     pub fn new(name: &str, urls: Vec<String>, options: Options) -> Result<Self, String> {
         options.check()?;
@@ -332,7 +332,7 @@ impl Router {
     }
 
     /// `pick` for a request whose key material the caller may have read already (outside
-    /// the lock a shared router sits behind: see `reads_body`).
+    /// the lock a shared policy state sits behind: see `reads_body`).
     pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
         let index = self.policy.pick(request, &mut self.engines);
         // A policy bug must not index out of bounds in the caller.
@@ -396,13 +396,13 @@ impl Router {
 /// `_core.EnginePolicy`: see `python/sessiongate/_core.pyi`.
 #[pyclass(name = "EnginePolicy", module = "sessiongate._core")]
 pub struct PyEnginePolicy {
-    router: Router,
+    state: PolicyState,
 }
 
 impl PyEnginePolicy {
     /// `index` as an engine index, IndexError (as the twin's) when there is no such engine.
     fn check(&self, index: i64) -> PyResult<usize> {
-        let n = self.router.engines.len();
+        let n = self.state.engines.len();
         match usize::try_from(index) {
             Ok(i) if i < n => Ok(i),
             _ => Err(PyIndexError::new_err(format!(
@@ -426,33 +426,33 @@ impl PyEnginePolicy {
             return Err(PyValueError::new_err("at least one engine URL is needed"));
         }
         let options = Options::from_dict(options)?;
-        let router = Router::new(name, engines, options).map_err(PyValueError::new_err)?;
-        Ok(Self { router })
+        let state = PolicyState::new(name, engines, options).map_err(PyValueError::new_err)?;
+        Ok(Self { state })
     }
 
     #[getter]
     fn name(&self) -> &str {
-        self.router.name()
+        self.state.name()
     }
 
     #[getter]
     fn in_flight(&self) -> Vec<u64> {
-        self.router.engines.in_flight.clone()
+        self.state.engines.in_flight.clone()
     }
 
     fn pick(&mut self, headers: Vec<(String, String)>, body: &[u8]) -> usize {
-        self.router.pick(&headers, body)
+        self.state.pick(&headers, body)
     }
 
     fn record(&mut self, index: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<()> {
         let index = self.check(index)?;
-        self.router.record(index, &headers, body);
+        self.state.record(index, &headers, body);
         Ok(())
     }
 
     fn started(&mut self, index: i64) -> PyResult<()> {
         let index = self.check(index)?;
-        self.router.started(index);
+        self.state.started(index);
         Ok(())
     }
 
@@ -460,7 +460,7 @@ impl PyEnginePolicy {
     fn finished(&mut self, index: i64, cached_tokens: Option<i64>) -> PyResult<()> {
         let _ = cached_tokens; // accepted for the callers' accounting; no policy uses it yet
         let index = self.check(index)?;
-        self.router.finished(index);
+        self.state.finished(index);
         Ok(())
     }
 
@@ -473,25 +473,25 @@ impl PyEnginePolicy {
             ),
             None => None,
         };
-        self.router.set_load(index, load);
+        self.state.set_load(index, load);
         Ok(())
     }
 
     fn set_healthy(&mut self, index: i64, healthy: bool) -> PyResult<()> {
         let index = self.check(index)?;
-        self.router.set_healthy(index, healthy);
+        self.state.set_healthy(index, healthy);
         Ok(())
     }
 
     fn evict(&mut self, now: f64) {
-        self.router.evict(now);
+        self.state.evict(now);
     }
 
     fn __repr__(&self) -> String {
         format!(
             "<EnginePolicy {} engines={:?}>",
-            self.router.name(),
-            self.router.engines.urls
+            self.state.name(),
+            self.state.engines.urls
         )
     }
 }

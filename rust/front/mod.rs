@@ -31,7 +31,7 @@ use server::{Config, Shared};
 use stats::Stats;
 use upstream::{parse_url, Pool};
 
-use crate::engine_policy::{Options as EngineOptions, Router};
+use crate::engine_policy::{Options as EngineOptions, PolicyState};
 
 /// Durations past this (including infinity) mean "no practical limit"; capped so deadline
 /// arithmetic cannot overflow.
@@ -195,12 +195,13 @@ impl CompiledFront {
         let options = EngineOptions::from_dict(engine_policy_options)?;
         let reliability = reliability::Config::from_dict(reliability)?;
         let urls = targets.iter().map(|t| t.url.clone()).collect();
-        let router = Router::new(engine_policy, urls, options).map_err(PyValueError::new_err)?;
+        let state =
+            PolicyState::new(engine_policy, urls, options).map_err(PyValueError::new_err)?;
         let pool = Pool::new(
             targets,
             config.upstream_timeout,
             connect_timeout,
-            router,
+            state,
             reliability,
         )
         .map_err(PyValueError::new_err)?;

@@ -30,7 +30,7 @@ use super::hop::{connection_named, forwarded};
 use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
-use crate::engine_policy::{Request as RoutingRequest, Router};
+use crate::engine_policy::{PolicyState, Request as RoutingRequest};
 use crate::hash::rendezvous_weight;
 
 pub type Body = Full<Bytes>;
@@ -137,8 +137,8 @@ pub struct UpstreamState {
 pub struct Pool {
     upstreams: Vec<Upstream>,
     /// The engine routing policy and the engines' states it decides on (in flight, health).
-    router: Mutex<Router>,
-    /// `Router::reads_body`, known up front so the body is scanned outside the lock.
+    state: Mutex<PolicyState>,
+    /// `PolicyState::reads_body`, known up front so the body is scanned outside the lock.
     reads_body: Option<bool>,
     created: Instant,
     /// Rendezvous order of the key "" over the URLs: where a failed request retries.
@@ -165,10 +165,10 @@ impl Pool {
         targets: Vec<Target>,
         timeout: Duration,
         connect_timeout: Duration,
-        router: Router,
+        state: PolicyState,
         reliability: Config,
     ) -> Result<Self, String> {
-        Self::build(targets, timeout, connect_timeout, router, reliability, None)
+        Self::build(targets, timeout, connect_timeout, state, reliability, None)
     }
 
     /// The pool of a new engine set, with this one's settings and policy (its state starts
@@ -176,12 +176,12 @@ impl Pool {
     /// health. Needs a tokio runtime context.
     pub fn successor(&self, targets: Vec<Target>) -> Result<Self, String> {
         let urls = targets.iter().map(|t| t.url.clone()).collect();
-        let router = lock(&self.router).with_urls(urls)?;
+        let state = lock(&self.state).with_urls(urls)?;
         Self::build(
             targets,
             self.timeout,
             self.connect_timeout,
-            router,
+            state,
             self.reliability.clone(),
             Some(self),
         )
@@ -195,7 +195,7 @@ impl Pool {
         targets: Vec<Target>,
         timeout: Duration,
         connect_timeout: Duration,
-        mut router: Router,
+        mut state: PolicyState,
         reliability: Config,
         previous: Option<&Pool>,
     ) -> Result<Self, String> {
@@ -234,7 +234,7 @@ impl Pool {
                 ),
             };
             any_open |= breaker.is_open();
-            router.set_healthy(upstreams.len(), healthy && !breaker.is_open());
+            state.set_healthy(upstreams.len(), healthy && !breaker.is_open());
             upstreams.push(Upstream {
                 target,
                 client,
@@ -255,8 +255,8 @@ impl Pool {
         retry_order.sort_by(|&a, &b| weights[b].cmp(&weights[a]));
         Ok(Self {
             upstreams,
-            reads_body: router.reads_body(),
-            router: Mutex::new(router),
+            reads_body: state.reads_body(),
+            state: Mutex::new(state),
             // The breakers' clock: a successor keeps it, as it keeps their states.
             created: previous.map_or_else(Instant::now, |p| p.created),
             retry_order,
@@ -274,7 +274,7 @@ impl Pool {
     }
 
     pub fn states(&self) -> Vec<UpstreamState> {
-        let in_flight = lock(&self.router).engines.in_flight.clone();
+        let in_flight = lock(&self.state).engines.in_flight.clone();
         let now = self.now();
         self.upstreams
             .iter()
@@ -303,7 +303,7 @@ impl Pool {
         let mut last = lock(&upstream.last_error);
         upstream.healthy.store(error.is_none(), Relaxed);
         let available = error.is_none() && lock(&upstream.breaker).allows(self.now());
-        lock(&self.router).set_healthy(index, available);
+        lock(&self.state).set_healthy(index, available);
         *last = error;
     }
 
@@ -350,7 +350,7 @@ impl Pool {
             self.any_open.store(true, Relaxed);
         }
         let available = after != OPEN && upstream.healthy.load(Relaxed);
-        lock(&self.router).set_healthy(index, available);
+        lock(&self.state).set_healthy(index, available);
     }
 
     /// Open breakers past their timeout let trial requests through again.
@@ -367,7 +367,7 @@ impl Pool {
             drop(breaker);
             still_open |= open;
             if was_open && !open {
-                lock(&self.router).set_healthy(index, upstream.healthy.load(Relaxed));
+                lock(&self.state).set_healthy(index, upstream.healthy.load(Relaxed));
             }
         }
         self.any_open.store(still_open, Relaxed);
@@ -393,12 +393,12 @@ impl Pool {
             // The scan of a large body must not hold the other front threads up.
             view.material(text_with_ids);
         }
-        let index = lock(&self.router).pick_request(&view);
+        let index = lock(&self.state).pick_request(&view);
         self.in_flight(index)
     }
 
     fn in_flight(self: &Arc<Self>, index: usize) -> InFlight {
-        lock(&self.router).started(index);
+        lock(&self.state).started(index);
         self.upstreams[index].sent.fetch_add(1, Relaxed);
         InFlight {
             pool: Arc::clone(self),
@@ -408,7 +408,7 @@ impl Pool {
 
     /// Seconds between the policy's trims, None when it keeps nothing to trim.
     pub fn eviction_interval(&self) -> Option<Duration> {
-        lock(&self.router)
+        lock(&self.state)
             .eviction_interval()
             .map(Duration::from_secs)
     }
@@ -428,7 +428,7 @@ impl Pool {
                 return;
             }
             let now = self.created.elapsed().as_secs_f64();
-            lock(&self.router).evict(now);
+            lock(&self.state).evict(now);
         }
     }
 
@@ -560,7 +560,7 @@ pub struct InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.pool.router).finished(self.index);
+        lock(&self.pool.state).finished(self.index);
     }
 }
 
@@ -717,17 +717,19 @@ mod tests {
         let _guard = rt.enter();
         let urls = ["http://a:1", "http://b:2", "http://c:3"];
         let targets = urls.iter().filter_map(|u| parse_url(u).ok()).collect();
-        let router = Router::new(
+        let state = PolicyState::new(
             "round_robin",
             urls.iter().map(|u| u.to_string()).collect(),
             Default::default(),
         );
-        let Ok(router) = router else { panic!("router") };
+        let Ok(state) = state else {
+            panic!("policy state")
+        };
         let pool = Pool::new(
             targets,
             Duration::from_secs(1),
             Duration::from_secs(1),
-            router,
+            state,
             Config::default(),
         );
         let Ok(pool) = pool else { panic!("pool") };
@@ -755,14 +757,14 @@ mod tests {
             .map(|_| pool.pick(&request.headers, &request.body))
             .collect();
         assert!(!guards.iter().any(|g| g.index == order[0]));
-        assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 4);
+        assert_eq!(lock(&pool.state).engines.in_flight.iter().sum::<u64>(), 4);
         // The states /metrics reads: per engine in flight now, and sent in all.
         let states = pool.states();
         assert_eq!(states.iter().map(|s| s.in_flight).sum::<u64>(), 4);
         assert_eq!(states.iter().map(|s| s.sent).sum::<u64>(), 4);
         assert_eq!(states[order[0]].sent, 0);
         drop(guards);
-        assert_eq!(lock(&pool.router).engines.in_flight.iter().sum::<u64>(), 0);
+        assert_eq!(lock(&pool.state).engines.in_flight.iter().sum::<u64>(), 0);
         let states = pool.states();
         assert_eq!(states.iter().map(|s| s.in_flight).sum::<u64>(), 0);
         assert_eq!(states.iter().map(|s| s.sent).sum::<u64>(), 4);
