@@ -1,7 +1,7 @@
 //! Engine routing: which engine a stateless request goes to. One file per policy, this file
 //! the trait, what a policy sees, the factory and the Python class (`_core.EnginePolicy`).
 //! The specification is `python/sessiongate/engines/policy/`; the twin test
-//! (tests/primitives/test_engine_policy_twin.py) holds both to the same picks.
+//! (tests/engines/test_engine_policy_twin.py) holds both to the same picks.
 
 use std::cell::OnceCell;
 

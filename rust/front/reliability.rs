@@ -1,6 +1,6 @@
 //! Engine-facing reliability of the front's relay: the retry backoff schedule, a circuit
 //! breaker per engine and the health probes' thresholds. The twin of
-//! `python/sessiongate/engines/reliability.py` (`tests/primitives/test_reliability_twin.py`);
+//! `python/sessiongate/engines/reliability.py` (`tests/engines/test_reliability_twin.py`);
 //! no clock is read here: every decision takes `now` in seconds.
 
 use pyo3::exceptions::PyValueError;

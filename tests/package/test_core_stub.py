@@ -109,7 +109,7 @@ FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest"})
 # The test hooks (rust/testing.rs), declared under one heading at the end of the stub, have
 # no twin in `primitives`: `front_route`'s is `front/routes.py::front_decision`
 # (tests/front/test_front_route_twin.py), `front_forwarded_headers`'s is `http/forwarding.py`
-# (tests/primitives/test_forwarding_twin.py), `front_backoff_ms`'s, `FrontCircuitBreaker`'s
+# (tests/http/test_forwarding_twin.py), `front_backoff_ms`'s, `FrontCircuitBreaker`'s
 # and `FrontHealthCounter`'s are `engines/reliability.py` (tests/primitives/
 # test_reliability_twin.py), `reserved_header_names` is compared with
 # `primitives/header_names.py`, `json_reject` is the relay scanner's verdict, and the failure

@@ -106,3 +106,12 @@ def test_no_function_is_over_120_lines(root: str) -> None:
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
     assert not long, long
+
+
+def test_every_package_has_its_tests_folder() -> None:
+    """tests/<package>/ mirrors python/sessiongate/<package>/ (docs/development.md, "Test")."""
+    packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(
+        name for name in packages if not any((ROOT / "tests" / name).glob("test_*.py"))
+    )
+    assert not missing, missing

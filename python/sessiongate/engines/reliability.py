@@ -1,6 +1,6 @@
 """Engine-facing reliability: health thresholds, retries with backoff, a circuit breaker per
 engine. The specification of what `rust/front/reliability.rs` decides (twin-tested in
-`tests/primitives/test_reliability_twin.py`), and what the Python upstream pool uses itself.
+`tests/engines/test_reliability_twin.py`), and what the Python upstream pool uses itself.
 
 The options are `ReliabilityConfig` (config/engines.py), with the SGLang Model Gateway's
 names and defaults (sglang-router 0.3.2); what each means here is in docs/reliability.md,

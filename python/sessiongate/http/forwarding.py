@@ -1,7 +1,7 @@
 """Which headers a proxy passes on, both ways: the one rule for every path that forwards
 headers (the Python front's proxy, session turns, the workers' upstream client), the twin of
 `rust/front/hop.rs`, which the compiled front applies (twin-tested in
-tests/primitives/test_forwarding_twin.py).
+tests/http/test_forwarding_twin.py).
 
 Dropped in both directions:
 - the hop-by-hop fields RFC 9110 §7.6.1 names, and `HTTP2-Settings` (RFC 9113 §3.2.1);

@@ -7,7 +7,7 @@ list, and it picks among `EngineStates.candidates()`: the healthy engines, or al
 none is (a request then finds out for itself, as the round robin always did).
 
 This package is the specification; `rust/engine_policy/` is its compiled twin, which must
-make the same picks for the same sequence of calls (tests/primitives/test_engine_policy_twin.py).
+make the same picks for the same sequence of calls (tests/engines/test_engine_policy_twin.py).
 """
 
 from __future__ import annotations

@@ -217,7 +217,8 @@ def test_render_tools_block():
         [{"role": "system", "content": "SYS"}, user], add_generation_prompt=False, tools=tools
     )
     assert with_system.startswith("<|im_start|>system\nSYS\n\n# Tools\n")
-    # The tool as SGLang's pydantic dump gives it (tests/session/test_tool_schema.py), not as sent.
+    # The tool as SGLang's pydantic dump gives it (tests/tokenizer/test_tool_schema.py), not
+    # as sent.
     dumped = {
         "type": "function",
         "function": {"name": "get_weather", "description": "Ünïcode", "parameters": None},
