@@ -65,6 +65,7 @@ class SessionRegistry:
             chat_template_kwargs=self.settings.chat_template_kwargs,
             boundary_stop_tokens=self.settings.boundary_stop_tokens,
             end_of_turn_token=self.settings.end_of_turn_token,
+            comparator=self.settings.tito_comparator,
         )
         self.upstream = upstream
         self.sessions: dict[str, Session] = {}
