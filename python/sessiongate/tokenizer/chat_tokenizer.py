@@ -18,8 +18,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
 from sessiongate.tokenizer.message_shape import sglang_messages
+from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
 from sessiongate.tokenizer.tool_schema import template_tools
 
 __all__ = [
@@ -141,9 +141,10 @@ class ChatTokenizer:
         The messages reach the template shaped as SGLang shapes them (message_shape.py):
         assistant tool-call ``arguments`` given as JSON text become the object they denote
         (text that is not a JSON object raises TokenizerError), ``content: null`` becomes
-        ``""``, other null members are dropped, a tool's text parts are joined. ``tools`` reach it as SGLang's
-        pydantic dump of them (tool_schema.py; an empty list is None), and a tool SGLang
-        refuses raises TokenizerError. Neither ``messages`` nor ``tools`` is changed.
+        ``""``, other null members are dropped, a tool's text parts are joined. ``tools``
+        reach it as SGLang's pydantic dump of them (tool_schema.py; an empty list is None),
+        and a tool SGLang refuses raises TokenizerError. Neither ``messages`` nor ``tools``
+        is changed.
         """
         _check_messages(messages)
         messages = sglang_messages(messages)
