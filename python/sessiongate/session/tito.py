@@ -380,9 +380,7 @@ class TitoEngine:
             chat_template_kwargs=kwargs,
         )
         actual = _as_list(accumulated)
-        report = compare_like_framework(
-            self.tokenizer, self.framework_comparator, expected, actual
-        )
+        report = compare_like_framework(self.tokenizer, self.framework_comparator, expected, actual)
         return report, self._detail(expected, actual, kwargs)
 
     def _detail(

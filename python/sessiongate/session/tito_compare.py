@@ -96,7 +96,9 @@ def compare_like_framework(
             )
         ]
     found: list[dict[str, Any]] = []
-    for index, ((special, exp_ids), (_, act_ids)) in enumerate(zip(exp_segs, act_segs, strict=True)):
+    for index, ((special, exp_ids), (_, act_ids)) in enumerate(
+        zip(exp_segs, act_segs, strict=True)
+    ):
         if special:
             if exp_ids != act_ids:
                 found.append(
@@ -117,9 +119,7 @@ def compare_like_framework(
     return found
 
 
-def _entry(
-    kind: str, index: int, expected: str, actual: str, detail: str | None
-) -> dict[str, Any]:
+def _entry(kind: str, index: int, expected: str, actual: str, detail: str | None) -> dict[str, Any]:
     return {
         "type": kind,
         "segment_index": index,
