@@ -341,7 +341,7 @@ class Load:
         self.sessions_checked += 1
         if len(records) != answered or document["metadata"]["num_turns"] != answered:
             self.violations.append((sid, f"{len(records)} records for {answered} turns"))
-        if document["metadata"].get("tito_session_mismatch"):
+        if document["metadata"].get("tito_session_mismatch_detail"):
             self.violations.append((sid, "tito mismatch"))
         ids = [r["request"].get("input_ids", []) for r in records]
         for turn in range(1, len(ids)):

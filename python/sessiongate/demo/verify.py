@@ -27,7 +27,9 @@ def trajectory_problems(session: dict[str, Any]) -> list[str]:
     metadata = session["metadata"]
     if metadata["accumulated_token_ids"] != previous:
         problems.append("accumulated_token_ids != last prompt + completion")
-    mismatch = metadata.get("tito_session_mismatch") or []
+    # sessiongate's own view: the framework's report also counts a last turn cut off by
+    # max_tokens (no end-of-turn token sampled) as special_token_count.
+    mismatch = metadata.get("tito_session_mismatch_detail") or []
     if mismatch:
         problems.append(f"re-render mismatch: {mismatch}")
     return problems

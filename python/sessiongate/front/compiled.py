@@ -189,7 +189,7 @@ class CompiledFrontDoor:
         front = self._front
         if front is None:
             return
-        for given in self.engines if self.engines is not None else self.options.upstreams:
+        for given in self.engines if self.engines is not None else self.options.engine_urls:
             if same_engine(given, url):
                 front.probed(given.rstrip("/"), error)
                 return

@@ -106,6 +106,8 @@ class SessionMetadata(Open):
     accumulated_token_ids: list[int]
     max_trim_tokens: int
     tito_session_mismatch: list[dict[str, Any]] | None = None
+    # sessiongate's finer view of the same comparison (docs/tokenizer.md).
+    tito_session_mismatch_detail: list[dict[str, Any]] | None = None
     parent_session_id: str | None = None
     child_session_ids: list[str] = []
     num_turns: int = 0

@@ -20,7 +20,8 @@ from starlette.responses import Response
 from sessiongate.mock_engine.body_slices import json_response
 from sessiongate.mock_engine.state import EngineState
 from sessiongate.mock_engine.tokens import TokenizerLike
-from sessiongate.tokenizer.tool_arguments import ToolArgumentsError, template_messages
+from sessiongate.tokenizer.message_shape import sglang_messages
+from sessiongate.tokenizer.tool_arguments import ToolArgumentsError
 
 # SGLang's ChatCompletionRequest.model default (protocol.py DEFAULT_MODEL_NAME).
 DEFAULT_MODEL = "default"
@@ -162,11 +163,12 @@ def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
         if low < 0 or high >= tokenizer.vocab_size:
             raise ApiError(f"input_ids out of range [0, {tokenizer.vocab_size})")
         return list(ids)
-    # serving_chat.py `_apply_jinja_template` parses assistant tool-call arguments before it
-    # renders (`normalize_assistant_tool_call_arguments`, strict); its ValueError is a 400
-    # "BadRequest" in serving_base.py `handle_request`.
+    # serving_chat.py `_apply_jinja_template` shapes the messages before it renders
+    # (tokenizer/message_shape.py): arguments parsed (`normalize_assistant_tool_call_arguments`,
+    # strict; its ValueError is a 400 "BadRequest" in serving_base.py `handle_request`), null
+    # content "", null members dropped, a tool's text parts joined.
     try:
-        messages = template_messages(body["messages"])
+        messages = sglang_messages(body["messages"])
     except ToolArgumentsError as exc:
         raise ApiError(exc.reason, "BadRequest") from exc
     kwargs = body.get("chat_template_kwargs") or {}

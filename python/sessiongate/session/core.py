@@ -63,6 +63,7 @@ class SessionCore:
             chat_template_kwargs=settings.chat_template_kwargs,
             boundary_stop_tokens=settings.boundary_stop_tokens,
             end_of_turn_token=settings.end_of_turn_token,
+            comparator=settings.tito_comparator,
         )
         self.memory = FreedMemory()
         self.table = SessionTable(settings, upstream, self.memory, stamper=stamper, store=store)

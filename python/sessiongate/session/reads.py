@@ -63,18 +63,22 @@ class SessionReads:
                 tools = session.tools
                 template_kwargs = session.template_kwargs
         metadata: dict[str, Any] = {"max_trim_tokens": self.tito.max_trim_tokens}
+        detail: list[dict[str, Any]] | None = None
         if accumulated:
             try:
-                metadata["tito_session_mismatch"] = await asyncio.to_thread(
-                    functools.partial(self.tito.mismatches, template_kwargs=template_kwargs),
+                report, detail = await asyncio.to_thread(
+                    functools.partial(self.tito.mismatch_report, template_kwargs=template_kwargs),
                     messages,
                     tools,
                     accumulated,
                 )
+                metadata["tito_session_mismatch"] = report
             except (GatewayError, ValueError) as exc:
                 metadata["tito_session_mismatch_error"] = str(exc)
         if tree is not None:
             metadata["tree"] = tree.table
+        if detail is not None:  # after the framework's keys: sessiongate's own
+            metadata["tito_session_mismatch_detail"] = detail
         return session, records, accumulated, metadata, tree
 
     async def get(self, request: CoreRequest) -> CoreReply:

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sessiongate.session.tito_compare import ComparatorSpec
+
 DEFAULT_APPEND_ROLES = frozenset({"tool", "user"})
 # How a `stream: true` session turn reaches the upstream (docs/api.md, "Streamed turns").
 StreamUpstream = Literal["buffered", "relay"]
@@ -26,6 +28,9 @@ class SessionSettings:
     # The token that ends an assistant turn, when the family names it (Inkling); None: the
     # first special token the template renders after an assistant's content.
     end_of_turn_token: str | None = None
+    # How `tito_session_mismatch` compares (`--tito-model`'s family; session/tito_compare.py);
+    # None: derived from the chat template.
+    tito_comparator: ComparatorSpec | None = None
     # Ask the upstream for routed experts (R3).
     r3: bool = False
     # Experts per token per layer, to shape R3 as [tokens, layers, topk] in trajectory files

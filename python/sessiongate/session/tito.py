@@ -16,6 +16,11 @@ from typing import Any
 
 from sessiongate.errors import BadRequest, TitoMismatch
 from sessiongate.session.messages import Message
+from sessiongate.session.tito_compare import (
+    ComparatorSpec,
+    FrameworkComparator,
+    compare_like_framework,
+)
 from sessiongate.tokenizer import ChatTokenizer, TokenizerError, check_template_kwargs
 
 # Renders the appended messages after an assistant turn without re-rendering the history.
@@ -94,6 +99,7 @@ class TitoEngine:
         chat_template_kwargs: TemplateKwargs | None = None,
         boundary_stop_tokens: Sequence[str] = (),
         end_of_turn_token: str | None = None,
+        comparator: ComparatorSpec | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_trim_tokens = max_trim_tokens
@@ -122,6 +128,10 @@ class TitoEngine:
             self.turn_suffix_ids = self.turn_suffix_for(None)
         except BadRequest as exc:  # a bad server setting is a startup error, not a 400
             raise ValueError(f"server chat_template_kwargs: {exc}") from exc
+        # `tito_session_mismatch`'s comparator: the family's (`--tito-model`), resolved now so
+        # a tokenizer without its tokens is a startup error; else derived from the template
+        # on first use (`framework_comparator`).
+        self._comparator = _resolve(tokenizer, comparator) if comparator is not None else None
 
     def resolve_chat_template_kwargs(self, request_value: object) -> dict[str, Any]:
         """The kwargs a turn renders with: server defaults overlaid by the request's
@@ -314,6 +324,28 @@ class TitoEngine:
             f"at index {first}"
         )
 
+    @property
+    def framework_comparator(self) -> FrameworkComparator:
+        """How `mismatches` compares, as the framework's `create_comparator` configures it.
+
+        Without a family: the template's assistant header (`ChatTokenizer.assistant_header`;
+        none known, every text difference is non-assistant), every special token a boundary
+        but those inside the header after its first (Kimi's `<|im_middle|>`, as the
+        framework's Kimi families leave it out), and the template's turn suffix plus the
+        boundary stop tokens trimmed from both tails (the framework's Qwen3, MiniMax and
+        GLM 4.7 families trim exactly those).
+        """
+        if self._comparator is None:
+            header = self.tokenizer.assistant_header
+            specials = self.tokenizer.special_token_ids
+            inside = frozenset(self.tokenizer.encode(header)[1:]) & specials if header else None
+            self._comparator = FrameworkComparator(
+                assistant_start=header or None,
+                special_ids=specials - (inside or frozenset()),
+                trim_ids=frozenset(self.turn_suffix_ids) | self.boundary_stop_ids,
+            )
+        return self._comparator
+
     def mismatches(
         self,
         messages: Sequence[Message],
@@ -321,7 +353,25 @@ class TitoEngine:
         accumulated: Sequence[int],
         template_kwargs: TemplateKwargs | None = None,
     ) -> list[dict[str, Any]]:
-        """Compare the accumulated ids with a fresh render of the whole history."""
+        """`tito_session_mismatch`: the accumulated ids against a fresh render of the whole
+        history, as the rollout framework's comparator reports it (session/tito_compare.py)."""
+        return self.mismatch_report(messages, tools, accumulated, template_kwargs)[0]
+
+    def mismatch_report(
+        self,
+        messages: Sequence[Message],
+        tools: object,
+        accumulated: Sequence[int],
+        template_kwargs: TemplateKwargs | None = None,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(`tito_session_mismatch`, `tito_session_mismatch_detail`) from one render.
+
+        The first is the framework's report (`mismatches`). The detail is sessiongate's finer
+        view of the same ids (`compare_token_sequences`): it drops from the render only what
+        was never sampled (the turn suffix, and the end-of-turn token after a length
+        cut-off), compares segments by ids (equal text with other ids is an entry with
+        `text_equal` true), and counts the empty runs between special tokens as segments.
+        """
         kwargs = self._effective(template_kwargs)
         expected = self.tokenizer.apply_chat_template(
             list(messages),
@@ -329,14 +379,20 @@ class TitoEngine:
             tools=_tools_or_none(tools),
             chat_template_kwargs=kwargs,
         )
+        actual = _as_list(accumulated)
+        report = compare_like_framework(self.tokenizer, self.framework_comparator, expected, actual)
+        return report, self._detail(expected, actual, kwargs)
+
+    def _detail(
+        self, expected: list[int], accumulated: list[int], kwargs: TemplateKwargs
+    ) -> list[dict[str, Any]]:
         if self.boundary_stop_ids:
             # The template renders no stop token at the end of the history; the record ends
-            # with the sampled one (or none after a cut-off). The framework's comparator trims
-            # these from both tails.
+            # with the sampled one (or none after a cut-off): trimmed from both tails.
             return compare_token_sequences(
                 self.tokenizer,
                 _trim_trailing(expected, self.boundary_stop_ids),
-                _trim_trailing(list(accumulated), self.boundary_stop_ids),
+                _trim_trailing(accumulated, self.boundary_stop_ids),
                 self.end_of_turn_id,
                 turn_openers=self.turn_openers,
             )
@@ -346,19 +402,40 @@ class TitoEngine:
         tail = self.turn_suffix_for(kwargs)
         if accumulated and accumulated[-1] != self.end_of_turn_id:
             tail = [self.end_of_turn_id, *tail]
-        if tail and expected[-len(tail) :] == tail and list(accumulated[-len(tail) :]) != tail:
+        if tail and expected[-len(tail) :] == tail and accumulated[-len(tail) :] != tail:
             expected = expected[: -len(tail)]
-        return compare_token_sequences(
-            self.tokenizer, expected, list(accumulated), self.end_of_turn_id
+        return compare_token_sequences(self.tokenizer, expected, accumulated, self.end_of_turn_id)
+
+
+_COMPARATOR_TOKEN = "a turn boundary of this model family's comparator"
+
+
+def _resolve(tokenizer: ChatTokenizer, spec: ComparatorSpec) -> FrameworkComparator:
+    """`spec`'s token texts as ids of `tokenizer`; ValueError for one it lacks."""
+    if spec.boundaries is not None:
+        specials = frozenset(_token_ids(tokenizer, spec.boundaries, _COMPARATOR_TOKEN))
+    else:
+        specials = tokenizer.special_token_ids - frozenset(
+            _token_ids(tokenizer, spec.not_boundaries, _COMPARATOR_TOKEN)
         )
+    trim: set[int] = set()
+    for text in spec.trailing:
+        ids = tokenizer.encode(text)
+        if len(ids) != 1:
+            # The framework asserts a single newline token for its families too.
+            raise ValueError(f"the tokenizer encodes {text!r} as {len(ids)} tokens, not one")
+        trim.add(ids[0])
+    return FrameworkComparator(spec.assistant_start, specials, frozenset(trim))
 
 
-def _token_ids(tokenizer: ChatTokenizer, tokens: Sequence[str]) -> list[int]:
+def _token_ids(
+    tokenizer: ChatTokenizer, tokens: Sequence[str], what: str = "a stop token of this model"
+) -> list[int]:
     ids = []
     for token in tokens:
         token_id = tokenizer.token_to_id(token)
         if token_id is None:
-            raise ValueError(f"the tokenizer has no {token!r} token, a stop token of this model")
+            raise ValueError(f"the tokenizer has no {token!r} token, {what}")
         ids.append(token_id)
     return ids
 

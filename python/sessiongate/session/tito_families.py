@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from sessiongate.session.tito_compare import ComparatorSpec
+
 # What the framework allows when a family does not narrow it.
 ALL_APPEND_ROLES = frozenset({"tool", "user", "system", "assistant"})
 # Families whose template ignores a system message after the first (MiniMax) or refuses it
@@ -48,6 +50,25 @@ class TitoFamily:
     # after an assistant's content is not it (Inkling closes each block with
     # `<|end_message|>`; the turn ends at `<|content_model_end_sampling|>`).
     end_of_turn_token: str | None = None
+    # How `tito_session_mismatch` compares a record with a re-render: the family's
+    # `create_comparator` settings (session/tito_compare.py). The framework's DEFAULT family
+    # names no assistant start, so every text difference there is `non_assistant_text`.
+    comparator: ComparatorSpec = field(default_factory=ComparatorSpec)
+
+
+# Each family's `create_comparator` settings, as its TITOTokenizer subclass sets them in
+# miles/utils/chat_template_utils/tito_tokenizer.py: `_default_assistant_start_str`,
+# `special_token_ids`, `trailing_token_ids` (the newline Qwen3 and MiniMax templates put after
+# a turn's stop token; GLM 4.7's stop tokens that open the next message).
+_QWEN3 = ComparatorSpec("<|im_start|>assistant", trailing=("\n",))
+_NEMOTRON3 = ComparatorSpec("<|im_start|>assistant\n", trailing=("\n",))
+_KIMI = ComparatorSpec("<|im_assistant|>", not_boundaries=("<|im_middle|>",))
+_MINIMAX = ComparatorSpec("]~b]ai", trailing=("\n",))
+_GLM47 = ComparatorSpec("<|assistant|>", trailing=("<|observation|>", "<|user|>"))
+_INKLING = ComparatorSpec(
+    "<|message_model|>",
+    boundaries=("<|message_user|>", "<|message_model|>", "<|message_system|>", "<|message_tool|>"),
+)
 
 
 def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
@@ -60,30 +81,39 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
         for f in (
             # The framework's DEFAULT: the stock template, every role, nothing pinned.
             _family("default", {}),
-            _family("qwen3", {"clear_thinking": False}, needs_fixed_template=True),
+            _family(
+                "qwen3", {"clear_thinking": False}, needs_fixed_template=True, comparator=_QWEN3
+            ),
             _family(
                 "qwen35",
                 {"clear_thinking": False},
                 allowed_append_roles=_NO_SYSTEM,
                 needs_fixed_template=True,
+                comparator=_QWEN3,
             ),
-            _family("qwennext", {"clear_thinking": False}, needs_fixed_template=True),
+            _family(
+                "qwennext", {"clear_thinking": False}, needs_fixed_template=True, comparator=_QWEN3
+            ),
             # Stock template, append-only once history thinking is not truncated.
-            _family("nemotron3", {"truncate_history_thinking": False}),
+            _family("nemotron3", {"truncate_history_thinking": False}, comparator=_NEMOTRON3),
             # K2.5's stock template has no preserve_thinking switch; K2.6's has.
-            _family("kimi25", {"preserve_thinking": True}, needs_fixed_template=True),
-            _family("kimi26", {"preserve_thinking": True}),
+            _family(
+                "kimi25", {"preserve_thinking": True}, needs_fixed_template=True, comparator=_KIMI
+            ),
+            _family("kimi26", {"preserve_thinking": True}, comparator=_KIMI),
             _family(
                 "minimax_m25",
                 {"clear_thinking": False},
                 allowed_append_roles=_NO_SYSTEM,
                 needs_fixed_template=True,
+                comparator=_MINIMAX,
             ),
             _family(
                 "minimax_m27",
                 {"clear_thinking": False},
                 allowed_append_roles=_NO_SYSTEM,
                 needs_fixed_template=True,
+                comparator=_MINIMAX,
             ),
             # GLM 4.7's stock template has the clear_thinking switch. One trailing token of
             # the previous checkpoint (the dropped stop token) may differ in the next.
@@ -92,6 +122,7 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
                 {"clear_thinking": False},
                 max_trim_tokens=1,
                 boundary_stop_tokens=("<|user|>", "<|observation|>"),
+                comparator=_GLM47,
             ),
             # The framework renders Inkling with its fixed template (SGLang serves it with a
             # token-level renderer, but the gateway sends ids): nothing pinned, every role,
@@ -101,6 +132,7 @@ FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
                 {},
                 needs_fixed_template=True,
                 end_of_turn_token="<|content_model_end_sampling|>",
+                comparator=_INKLING,
             ),
         )
     }

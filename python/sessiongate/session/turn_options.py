@@ -130,6 +130,7 @@ def turn_settings(sessions: SessionsConfig) -> dict[str, Any]:
         "chat_template_kwargs": kwargs,
         "boundary_stop_tokens": family.boundary_stop_tokens if family is not None else (),
         "end_of_turn_token": family.end_of_turn_token if family is not None else None,
+        "tito_comparator": family.comparator if family is not None else None,
         "stream_upstream": sessions.stream_upstream,
         "smg_routing_key": sessions.smg_routing_key,
     }

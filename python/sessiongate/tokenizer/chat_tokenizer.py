@@ -18,8 +18,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from sessiongate.tokenizer.message_shape import sglang_messages
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
-from sessiongate.tokenizer.tool_arguments import template_messages
 from sessiongate.tokenizer.tool_schema import template_tools
 
 __all__ = [
@@ -138,14 +138,16 @@ class ChatTokenizer:
         over ``chat_template_kwargs``, and neither may set ``messages``, ``tools`` or
         ``add_generation_prompt``.
 
-        Assistant tool-call ``arguments`` given as JSON text reach the template as the object
-        they denote, as SGLang and the rollout framework render them (see tool_arguments.py);
-        text that is not a JSON object raises TokenizerError. ``tools`` reach it as SGLang's
-        pydantic dump of them (tool_schema.py; an empty list is None), and a tool SGLang
-        refuses raises TokenizerError. Neither ``messages`` nor ``tools`` is changed.
+        The messages reach the template shaped as SGLang shapes them (message_shape.py):
+        assistant tool-call ``arguments`` given as JSON text become the object they denote
+        (text that is not a JSON object raises TokenizerError), ``content: null`` becomes
+        ``""``, other null members are dropped, a tool's text parts are joined. ``tools``
+        reach it as SGLang's pydantic dump of them (tool_schema.py; an empty list is None),
+        and a tool SGLang refuses raises TokenizerError. Neither ``messages`` nor ``tools``
+        is changed.
         """
         _check_messages(messages)
-        messages = template_messages(messages)
+        messages = sglang_messages(messages)
         if tools is not None and (
             not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
         ):
