@@ -239,26 +239,26 @@ def _worker_families(lines: list[str], workers: Sequence[WorkerGauge]) -> None:
 def _upstream_families(
     lines: list[str], workers: Sequence[WorkerGauge], engines: Sequence[EngineGauge]
 ) -> None:
-    """The upstreams as each worker's pool sees them, and the engines of the set."""
+    """The engines as each worker's pool sees them, and the engines of the set."""
     _family(
         lines,
         "sessiongate_upstream_affinity_hits_total",
         "counter",
-        "Turns sent to the upstream their session tree was already pinned to.",
+        "Turns sent to the engine their session family was already pinned to.",
         [(f'worker="{w.index}"', w.affinity_hits) for w in workers],
     )
     _family(
         lines,
         "sessiongate_upstream_repins_total",
         "counter",
-        "Session trees moved to another upstream after theirs failed.",
+        "Session families moved to another engine after theirs failed.",
         [(f'worker="{w.index}"', w.repins) for w in workers],
     )
     _family(
         lines,
         "sessiongate_upstream_up",
         "gauge",
-        "1 when the upstream answers (health probe or last request), by worker and URL.",
+        "1 when the engine answers (health probe or last request), by worker and URL.",
         [
             (f'worker="{w.index}",url="{_label(url)}"', int(up))
             for w in workers
@@ -270,7 +270,7 @@ def _upstream_families(
         lines,
         "sessiongate_upstream_circuit_breaker_state",
         "gauge",
-        "The upstream's circuit breaker: 0 closed, 1 open, 2 half-open, by worker and URL.",
+        "The engine's circuit breaker: 0 closed, 1 open, 2 half-open, by worker and URL.",
         [
             (f'worker="{w.index}",url="{_label(url)}"', state)
             for w in workers
@@ -281,7 +281,7 @@ def _upstream_families(
         lines,
         "sessiongate_upstream_retries_total",
         "counter",
-        "Requests sent again after the upstream refused a connection or answered 429 / 503.",
+        "Requests sent again after the engine refused a connection or answered 429 / 503.",
         [
             (f'worker="{w.index}",url="{_label(url)}"', retries)
             for w in workers
@@ -476,7 +476,7 @@ def _front_families(lines: list[str], front: Mapping[str, Any]) -> None:
         lines,
         "sessiongate_front_upstream_up",
         "gauge",
-        "1 when the upstream answers the compiled front's probes and requests, by URL.",
+        "1 when the engine answers the compiled front's probes and requests, by URL.",
         [
             (f'url="{_label(str(u.get("url")))}"', int(bool(u.get("healthy"))))
             for u in front.get("upstreams", [])
@@ -486,7 +486,7 @@ def _front_families(lines: list[str], front: Mapping[str, Any]) -> None:
         lines,
         "sessiongate_front_upstream_circuit_breaker_state",
         "gauge",
-        "The compiled front's circuit breaker of the upstream: 0 closed, 1 open, 2 half-open.",
+        "The compiled front's circuit breaker of the engine: 0 closed, 1 open, 2 half-open.",
         [
             (f'url="{_label(url)}"', state)
             for url, state, _ in reliability_gauges(front.get("upstreams", []))
@@ -496,7 +496,7 @@ def _front_families(lines: list[str], front: Mapping[str, Any]) -> None:
         lines,
         "sessiongate_front_upstream_retries_total",
         "counter",
-        "Requests the compiled front sent again after the upstream refused a connection or "
+        "Requests the compiled front sent again after the engine refused a connection or "
         "answered 429 / 503.",
         [
             (f'url="{_label(url)}"', retries)

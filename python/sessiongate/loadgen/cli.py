@@ -39,9 +39,9 @@ EXIT_INTERRUPTED = 130
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "bench",
-        help="drive multi-turn, sub-agent session trees against sessiongate or any "
+        help="drive multi-turn, sub-agent session families against sessiongate or any "
         "OpenAI endpoint and report throughput, latency and errors",
-        description="Load driver: replay synthetic or recorded (JSONL trace) session trees "
+        description="Load driver: replay synthetic or recorded (JSONL trace) session families "
         "against the sessiongate session API or a plain OpenAI-compatible endpoint, with "
         "live progress and a summary (docs/bench.md).",
     )
@@ -234,13 +234,13 @@ def add_pacing_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency",
         type=int,
         default=None,
-        help=f"session trees in flight ({DEFAULT_CONCURRENCY}; unlimited with --request-rate)",
+        help=f"session families in flight ({DEFAULT_CONCURRENCY}; unlimited with --request-rate)",
     )
     p.add_argument(
         "--request-rate",
         type=float,
         default=None,
-        help="Poisson arrivals of session trees per second",
+        help="Poisson arrivals of session families per second",
     )
     p.add_argument(
         "--warmup",

@@ -1,4 +1,4 @@
-"""Run one session tree against a target, recording every request.
+"""Run one session family against a target, recording every request.
 
 A session sends its turns in order with the full history (its own non-assistant messages
 from the spec, the target's assistant replies). Children start after the reply of the turn

@@ -1,4 +1,4 @@
-"""When session trees start: concurrency cap, Poisson arrivals, count or duration, warm-up.
+"""When session families start: concurrency cap, Poisson arrivals, count or duration, warm-up.
 
 - `concurrency`: at most this many trees in flight (children do not count: they belong
   to their tree). A closed loop: a tree starts when one finishes.

@@ -1,4 +1,4 @@
-"""The JSONL trace format: read and write session trees (docs/bench.md, "Trace format").
+"""The JSONL trace format: read and write session families (docs/bench.md, "Trace format").
 
 One JSON object per line. An optional first line `{"sessiongate_trace": 1, ...}` carries
 workload-wide settings (`tools`, `r3`, and `generator`: how a synthetic trace was made).

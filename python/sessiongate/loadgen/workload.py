@@ -1,4 +1,4 @@
-"""What a bench run sends: session trees as plain data, and the seeded synthetic generator.
+"""What a bench run sends: session families as plain data, and the seeded synthetic generator.
 
 A workload is a sequence of root `SessionSpec`s. A session is a list of turns; each turn
 appends some non-assistant messages to the history, asks for a reply of at most
