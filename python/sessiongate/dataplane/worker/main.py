@@ -15,16 +15,16 @@ import logging
 import signal
 import socket
 import sys
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sessiongate.config.launch import WorkerLaunch, read_launch
+from sessiongate.dataplane.worker.status import core_status, restart_note
 from sessiongate.process.children import die_with_parent
 from sessiongate.process.memory import keep_freed_records_warm
 from sessiongate.session.core_config import core_config, supervised
 
 if TYPE_CHECKING:
-    from sessiongate.session.core import SessionCore
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -54,36 +54,6 @@ def run(args: argparse.Namespace) -> int:
         reason = "interrupted"
     logger.info("exiting: %s", reason)
     return 0
-
-
-def restart_note(index: int) -> str:
-    """Appended to 404s for unknown sessions by a worker that replaced a lost one."""
-    return (
-        f" (worker {index} was restarted at {time.strftime('%H:%M:%S')}; sessions it "
-        "held before were lost with the previous worker process)"
-    )
-
-
-def core_status(core: SessionCore) -> dict[str, Any]:
-    """The core's part of each heartbeat."""
-    return {
-        "sessions": len(core.sessions),
-        "turns_recorded": core.turns_recorded,
-        "turns_aborted": core.turns_aborted,
-        "r3_missing_turns": core.r3_missing_turns,
-        "relay_buffered_turns": core.relay_buffered_turns,
-        "affinity_hits": core.upstream.affinity_hits,
-        "repins": core.upstream.repins,
-        "sessions_ended": core.stamper.ended if core.stamper else 0,
-        # The router reports these per worker in /health and as sessiongate_upstream_up.
-        "upstream": "down" if core.upstream.all_down else "ok",
-        "upstreams": core.upstream.upstream_states(),
-        # Per engine: requests in flight and sent (the router sums them over its workers for
-        # /metrics' per-engine gauges).
-        "engines": core.upstream.engine_counts(),
-        # Limits and their usage: the router shows them per worker in /health and /metrics.
-        **core.limits_status(),
-    }
 
 
 async def _main(launch: WorkerLaunch, sock: socket.socket) -> str:

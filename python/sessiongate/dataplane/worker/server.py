@@ -303,7 +303,7 @@ class WorkerServer:
     ) -> None:
         from sessiongate.dataplane.transport.connection import FrameConnection
         from sessiongate.dataplane.worker.loop import WorkerLoop
-        from sessiongate.dataplane.worker.main import core_status, restart_note
+        from sessiongate.dataplane.worker.status import core_status, restart_note
 
         index = int(router.get("index") or 0)
         previous = router.get("previous_boot")
