@@ -293,6 +293,7 @@ def test_families_compare_with_the_frameworks_settings() -> None:
         for name, f in TITO_FAMILIES.items()
     }
     qwen = ("<|im_start|>assistant", None, ("\n",))
+    DS_ROLES = ("<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>")  # noqa: N806
     assert settings == {
         "default": (None, None, ()),
         "qwen3": qwen,
@@ -304,6 +305,9 @@ def test_families_compare_with_the_frameworks_settings() -> None:
         "minimax_m25": ("]~b]ai", None, ("\n",)),
         "minimax_m27": ("]~b]ai", None, ("\n",)),
         "glm47": ("<|assistant|>", None, ("<|observation|>", "<|user|>")),
+        # DeepSeekV32/V4TITOTokenizer: `special_token_ids` are the two role tokens only.
+        "deepseekv32": ("<\uff5cAssistant\uff5c>", DS_ROLES, ()),
+        "deepseekv4": ("<\uff5cAssistant\uff5c>", DS_ROLES, ()),
         "inkling": (
             "<|message_model|>",
             ("<|message_user|>", "<|message_model|>", "<|message_system|>", "<|message_tool|>"),

@@ -16,7 +16,7 @@ from sessiongate.session.core_config import worker_config
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.tito import TitoEngine
 from sessiongate.session.tito_families import FAMILIES as TITO_FAMILIES
-from sessiongate.session.tito_families import NOT_SUPPORTED
+from sessiongate.session.tito_families import TitoFamily
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 from support.family_templates import FAMILIES, family_tokenizer_dir
 
@@ -39,16 +39,15 @@ def test_without_a_family_the_defaults_are_unchanged() -> None:
 @pytest.mark.parametrize(
     ("name", "kwargs", "roles"),
     [
-        ("qwen3", {"clear_thinking": False}, {"tool", "user", "system", "assistant"}),
-        ("qwen35", {"clear_thinking": False}, {"tool", "user", "assistant"}),
-        ("kimi26", {"preserve_thinking": True}, {"tool", "user", "system", "assistant"}),
+        # The widest of the framework's rows for the family (miles_tito_tokenizers
+        # tokenizer.py SUPPORTED_TEMPLATES).
+        ("qwen3", {"clear_thinking": False}, {"tool", "user"}),
+        ("qwen35", {"clear_thinking": False}, {"tool", "user"}),
+        ("kimi26", {"preserve_thinking": True}, {"tool", "user"}),
         # MiniMax's template renders only a leading system message: a later one would vanish.
-        ("minimax_m25", {"clear_thinking": False}, {"tool", "user", "assistant"}),
-        (
-            "nemotron3",
-            {"truncate_history_thinking": False},
-            {"tool", "user", "system", "assistant"},
-        ),
+        ("minimax_m25", {"clear_thinking": False}, {"tool", "user"}),
+        ("nemotron3", {"truncate_history_thinking": False}, {"tool", "user", "system"}),
+        ("deepseekv4", {}, {"tool"}),
     ],
 )
 def test_a_family_sets_its_defaults(name: str, kwargs: dict[str, Any], roles: set[str]) -> None:
@@ -61,7 +60,7 @@ def test_a_family_sets_its_defaults(name: str, kwargs: dict[str, Any], roles: se
 def test_explicit_flags_win_over_the_family() -> None:
     s = settings(
         "--tito-model",
-        "minimax_m25",
+        "nemotron3",
         "--allowed-append-roles",
         "tool,user,system",
         "--max-trim-tokens",
@@ -71,7 +70,36 @@ def test_explicit_flags_win_over_the_family() -> None:
     )
     assert s.allowed_append_roles == {"tool", "user", "system"}
     assert s.max_trim_tokens == 2
-    assert dict(s.chat_template_kwargs) == {"clear_thinking": True, "x": 1}
+    assert dict(s.chat_template_kwargs) == {
+        "truncate_history_thinking": False,
+        "clear_thinking": True,
+        "x": 1,
+    }
+
+
+def test_the_roles_pick_the_frameworks_row_and_its_template() -> None:
+    # resolve_fixed_chat_template: the smallest row covering the roles. MiniMax's tool row is
+    # the stock template with nothing pinned; its tool+user row the fixed template.
+    tool_only = serve_core_config(
+        serve_args("--tito-model", "minimax_m25", "--allowed-append-roles", "tool")
+    )
+    assert tool_only.chat_template_path is None
+    assert dict(tool_only.settings.chat_template_kwargs) == {}
+    with_user = serve_core_config(serve_args("--tito-model", "minimax_m25"))
+    assert Path(with_user.chat_template_path or "").name == "minimax_m25_fixed.jinja"
+    assert dict(with_user.settings.chat_template_kwargs) == {"clear_thinking": False}
+    # A template given wins over the row's.
+    given = serve_core_config(serve_args("--tito-model", "qwen3", "--chat-template-path", __file__))
+    assert given.chat_template_path == __file__
+
+
+@pytest.mark.parametrize(
+    ("name", "roles"),
+    [("minimax_m25", "tool,user,system"), ("qwen3", "tool,user,assistant"), ("deepseekv4", "user")],
+)
+def test_roles_no_row_covers_are_refused_at_start(name: str, roles: str) -> None:
+    with pytest.raises(SystemExit, match=rf"--allowed-append-roles: the {name} family keeps"):
+        settings("--tito-model", name, "--allowed-append-roles", roles)
 
 
 def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
@@ -80,16 +108,28 @@ def test_workers_are_started_with_the_family_and_the_resolved_values() -> None:
     sessions = worker_config(args, core.engine_urls, local_workers=1).sessions
     assert sessions.tito_model == "qwen35"
     # Resolved in the configuration the workers get (serve resolves these two itself).
-    assert sessions.allowed_append_roles == "assistant,tool,user"
+    assert sessions.allowed_append_roles == "tool,user"
     assert sessions.max_trim_tokens == 0
 
 
-def test_unknown_and_unsupported_names_are_clear_errors() -> None:
+def test_unknown_names_are_clear_errors() -> None:
     with pytest.raises(SystemExit, match=r"unknown model family 'qwen9'.*known: default, qwen3"):
         settings("--tito-model", "qwen9")
-    for name in NOT_SUPPORTED:
-        with pytest.raises(SystemExit, match=rf"'{name}' is not supported yet"):
-            settings("--tito-model", name)
+
+
+@pytest.mark.parametrize(
+    ("name", "encoder"), [("deepseekv32", "deepseek_v32"), ("deepseekv4", "deepseek_v4")]
+)
+def test_deepseek_families_render_with_their_encoder(name: str, encoder: str) -> None:
+    core = serve_core_config(serve_args("--tito-model", name))
+    assert (core.prompt_encoder, core.chat_template_path) == (encoder, None)
+    # A template given replaces the encoder.
+    given = serve_core_config(serve_args("--tito-model", name, "--chat-template-path", __file__))
+    assert given.prompt_encoder is None
+
+
+def _row_kwargs(family: TitoFamily) -> dict[str, Any]:
+    return dict(family.template_kwargs)
 
 
 # --- a short agent session per family -----------------------------------------------------
@@ -187,7 +227,7 @@ def run_agent_session(
 def test_agent_session_is_token_exact_with_the_family_defaults(tmp_path: Path, name: str) -> None:
     tok = load_tokenizer(family_tokenizer_dir(tmp_path / name, name))
     kwargs = dict(settings("--tito-model", name).chat_template_kwargs)
-    assert kwargs == dict(TITO_FAMILIES[name].template_kwargs)
+    assert kwargs == _row_kwargs(TITO_FAMILIES[name])
     assert run_agent_session(name, tok, kwargs, kwargs) == (True, [])
     if not kwargs:
         return  # nothing pinned (Inkling)
@@ -214,7 +254,8 @@ def test_families_without_system_appends_lose_or_refuse_them(tmp_path: Path, nam
 
 
 def test_every_supported_family_has_a_test_template() -> None:
-    assert set(TITO_FAMILIES) - {"default"} == set(FAMILIES)
+    # DeepSeek's families have no template: tests/tokenizer/test_prompt_encoders.py.
+    assert set(TITO_FAMILIES) - {"default", "deepseekv32", "deepseekv4"} == set(FAMILIES)
 
 
 # --- GLM 4.7: the stop token is the next message's opener ---------------------------------
@@ -226,7 +267,7 @@ def glm(tmp_path: Path) -> tuple[ChatTokenizer, TitoEngine]:
     family = TITO_FAMILIES["glm47"]
     engine = TitoEngine(
         tok,
-        chat_template_kwargs=family.template_kwargs,
+        chat_template_kwargs=_row_kwargs(family),
         max_trim_tokens=family.max_trim_tokens,
         boundary_stop_tokens=family.boundary_stop_tokens,
     )

@@ -22,7 +22,7 @@ from sessiongate.session.settings import SessionSettings
 from sessiongate.session.store.options import records_for_workers, store_settings
 from sessiongate.session.store.records_store import StoreSettings
 from sessiongate.session.tree_options import session_mode_settings
-from sessiongate.session.turn_options import resolve_sessions, turn_settings
+from sessiongate.session.turn_options import prompt_encoder, resolve_sessions, turn_settings
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,8 @@ class CoreConfig:
     # Tokenizer directory (None: the built-in one) and a chat template file replacing its own.
     tokenizer: str | None = None
     chat_template_path: str | None = None
+    # A family's Python prompt encoder instead of a template (DeepSeek: --tito-model).
+    prompt_encoder: str | None = None
     # The session routing mode (None: no stamping) and its KEY=VALUE options.
     session_routing: str | None = None
     session_routing_opts: tuple[str, ...] = ()
@@ -97,6 +99,7 @@ def core_config(
         health_interval=config.engines.health_interval,
         tokenizer=sessions.tokenizer,
         chat_template_path=sessions.chat_template_path,
+        prompt_encoder=prompt_encoder(sessions),
         session_routing=config.session_routing.mode,
         session_routing_opts=tuple(config.session_routing.options),
         store=store_settings(config.records, role.shard),

@@ -23,7 +23,11 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
     core = SessionCore(
         tokenizer
         if tokenizer is not None
-        else load_tokenizer(config.tokenizer, chat_template_path=config.chat_template_path),
+        else load_tokenizer(
+            config.tokenizer,
+            chat_template_path=config.chat_template_path,
+            prompt_encoder=config.prompt_encoder,
+        ),
         EnginePool(
             list(config.engine_urls),
             timeout=config.timeout,

@@ -1,45 +1,60 @@
 """Per-model-family TITO defaults (`--tito-model NAME`), named as the rollout framework's
 `--tito-model` values.
 
-The framework pins, per family, template variables that keep its chat template append-only
-(a later message must not change how earlier turns render), the roles an agent may append
-after an assistant turn (narrowed where the template drops a role), and how many trailing
-checkpoint tokens may differ. These are the values read in its
-`miles/utils/chat_template_utils/tito_tokenizer.py`, with the two junction facts the generic
-renderer cannot derive from a template (GLM 4.7's stop tokens that open the next message,
-Inkling's end-of-turn token). Families whose prompts need more than that are named with the
-reason.
+The framework binds to each family a few rows (its TITO package's `SUPPORTED_TEMPLATES`,
+miles_tito_tokenizers/tokenizer.py): for a set of roles an agent may append after an
+assistant turn, the chat template that stays append-only for them (its own fixed template, or
+the model's stock one) and the template variables that keep it so. The roles asked for pick
+the smallest row that covers them; roles no row covers are refused. Those rows are restated
+here as data (tests/peer checks them against the installed package), so `--help` and start-up
+checks need no package; only a row's template file is read from it (`families` extra).
+
+Besides the rows: how many trailing checkpoint tokens may differ, the junction facts a
+generic renderer cannot derive from a template (GLM 4.7's stop tokens that open the next
+message, Inkling's end-of-turn token), the prompt encoder of a family without a template
+(DeepSeek), and the comparator `tito_session_mismatch` reports with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from sessiongate.session.tito_compare import ComparatorSpec
 
-# What the framework allows when a family does not narrow it.
+# What a family without rows allows (the framework's DEFAULT family takes any roles).
 ALL_APPEND_ROLES = frozenset({"tool", "user", "system", "assistant"})
-# Families whose template ignores a system message after the first (MiniMax) or refuses it
-# (Qwen3.5): an appended system message would vanish from the prompt without an error.
-_NO_SYSTEM = frozenset({"tool", "user", "assistant"})
+_TOOL = frozenset({"tool"})
+_TOOL_USER = frozenset({"tool", "user"})
+_TOOL_USER_SYSTEM = frozenset({"tool", "user", "system"})
+
+
+@dataclass(frozen=True)
+class TemplateRow:
+    """One row: appending `roles` is append-only with `template` (a file of the framework's
+    TITO package; None: the tokenizer's own template) under `kwargs`."""
+
+    roles: frozenset[str]
+    template: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
 class TitoFamily:
     """What `--tito-model NAME` sets. Explicit `--chat-template-kwargs` keys,
-    `--allowed-append-roles` and `--max-trim-tokens` win over these."""
+    `--chat-template-path`, `--allowed-append-roles` and `--max-trim-tokens` win."""
 
     name: str
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    allowed_append_roles: frozenset[str] = ALL_APPEND_ROLES
+    # The framework's rows; none: the stock template, any roles, nothing pinned.
+    rows: tuple[TemplateRow, ...] = ()
     max_trim_tokens: int = 0
-    # The framework renders this family with its own fixed template; the model's stock
-    # template does not honour `template_kwargs`, so give one that does with
-    # --chat-template-path.
-    needs_fixed_template: bool = False
+    # The framework renders this family with a fixed template its package does not ship:
+    # give one with --chat-template-path (Inkling).
+    brings_template: bool = False
+    # A Python prompt encoder instead of any template (tokenizer/prompt_encoders.py).
+    prompt_encoder: str | None = None
     # Stop tokens that also open the next message (GLM 4.7's `<|user|>`, `<|observation|>`:
     # its template closes no turn, the next role token does). The sampled one is dropped
     # where the next message joins, whichever it is, since the appended messages render their
@@ -54,6 +69,40 @@ class TitoFamily:
     # `create_comparator` settings (session/tito_compare.py). The framework's DEFAULT family
     # names no assistant start, so every text difference there is `non_assistant_text`.
     comparator: ComparatorSpec = field(default_factory=ComparatorSpec)
+
+    @property
+    def default_roles(self) -> frozenset[str]:
+        """The roles allowed when `--allowed-append-roles` is not given: the widest row's.
+
+        The framework's session server defaults to `tool` alone; agents that answer with a
+        user message after a tool turn are the common case here, so the default is the
+        widest set the family keeps append-only (`--allowed-append-roles tool` gives the
+        framework's).
+        """
+        if not self.rows:
+            return ALL_APPEND_ROLES
+        return max(self.rows, key=lambda row: len(row.roles)).roles
+
+    @property
+    def template_kwargs(self) -> Mapping[str, Any]:
+        """The template variables pinned under the default roles."""
+        row = self.row_for(self.default_roles)
+        return row.kwargs if row is not None else MappingProxyType({})
+
+    def row_for(self, roles: Iterable[str]) -> TemplateRow | None:
+        """The smallest row covering `roles` (the framework's `resolve_fixed_chat_template`);
+        None for a family without rows; ValueError naming the rows when none covers them."""
+        if not self.rows:
+            return None
+        wanted = frozenset(roles)
+        covering = [row for row in self.rows if wanted <= row.roles]
+        if not covering:
+            known = "; ".join(",".join(sorted(row.roles)) for row in self.rows)
+            raise ValueError(
+                f"the {self.name} family keeps appended roles {','.join(sorted(wanted))} "
+                f"append-only under no template of the rollout framework (its rows: {known})"
+            )
+        return min(covering, key=lambda row: len(row.roles))
 
 
 # Each family's `create_comparator` settings, as its TITOTokenizer subclass sets them in
@@ -71,82 +120,107 @@ _INKLING = ComparatorSpec(
 )
 
 
-def _family(name: str, kwargs: dict[str, Any], **rest: Any) -> TitoFamily:
-    return TitoFamily(name, MappingProxyType(kwargs), **rest)
+# DeepSeek's role tokens are spelled with FULLWIDTH VERTICAL LINE (U+FF5C), as in its vocabulary.
+_FW = "\uff5c"
+_DS_USER, _DS_ASSISTANT = f"<{_FW}User{_FW}>", f"<{_FW}Assistant{_FW}>"
+_DEEPSEEK = ComparatorSpec(_DS_ASSISTANT, boundaries=(_DS_USER, _DS_ASSISTANT))
 
 
+def _rows(*rows: tuple[frozenset[str], str | None, dict[str, Any]]) -> tuple[TemplateRow, ...]:
+    return tuple(
+        TemplateRow(roles, template, MappingProxyType(kwargs)) for roles, template, kwargs in rows
+    )
+
+
+def _qwen_rows(template: str) -> tuple[TemplateRow, ...]:
+    # Tool results alone keep the fixed template append-only as it is; a user message makes
+    # it drop earlier reasoning unless clear_thinking is false.
+    return _rows((_TOOL, template, {}), (_TOOL_USER, template, {"clear_thinking": False}))
+
+
+def _minimax_rows(template: str) -> tuple[TemplateRow, ...]:
+    # The stock template is append-only for tool results; a user message needs the fixed one.
+    return _rows((_TOOL, None, {}), (_TOOL_USER, template, {"clear_thinking": False}))
+
+
+# The rows as miles_tito_tokenizers 0.1.1 registers them (tokenizer.py, one class per family).
 FAMILIES: Mapping[str, TitoFamily] = MappingProxyType(
     {
         f.name: f
         for f in (
-            # The framework's DEFAULT: the stock template, every role, nothing pinned.
-            _family("default", {}),
-            _family(
-                "qwen3", {"clear_thinking": False}, needs_fixed_template=True, comparator=_QWEN3
-            ),
-            _family(
-                "qwen35",
-                {"clear_thinking": False},
-                allowed_append_roles=_NO_SYSTEM,
-                needs_fixed_template=True,
+            # The framework's DEFAULT: the stock template, any roles, nothing pinned.
+            TitoFamily("default"),
+            TitoFamily("qwen3", _qwen_rows("qwen3_fixed.jinja"), comparator=_QWEN3),
+            TitoFamily("qwen35", _qwen_rows("qwen3.5_fixed.jinja"), comparator=_QWEN3),
+            TitoFamily(
+                "qwennext",
+                _qwen_rows("qwen3_thinking_2507_and_next_fixed.jinja"),
                 comparator=_QWEN3,
             ),
-            _family(
-                "qwennext", {"clear_thinking": False}, needs_fixed_template=True, comparator=_QWEN3
-            ),
             # Stock template, append-only once history thinking is not truncated.
-            _family("nemotron3", {"truncate_history_thinking": False}, comparator=_NEMOTRON3),
-            # K2.5's stock template has no preserve_thinking switch; K2.6's has.
-            _family(
-                "kimi25", {"preserve_thinking": True}, needs_fixed_template=True, comparator=_KIMI
+            TitoFamily(
+                "nemotron3",
+                _rows(
+                    (_TOOL, None, {}),
+                    (_TOOL_USER, None, {"truncate_history_thinking": False}),
+                    (_TOOL_USER_SYSTEM, None, {"truncate_history_thinking": False}),
+                ),
+                comparator=_NEMOTRON3,
             ),
-            _family("kimi26", {"preserve_thinking": True}, comparator=_KIMI),
-            _family(
-                "minimax_m25",
-                {"clear_thinking": False},
-                allowed_append_roles=_NO_SYSTEM,
-                needs_fixed_template=True,
-                comparator=_MINIMAX,
+            # K2.5's stock template has no preserve_thinking switch; K2.6's has. Both have a
+            # tool+user row only.
+            TitoFamily(
+                "kimi25",
+                _rows((_TOOL_USER, "kimi_k25_fixed.jinja", {"preserve_thinking": True})),
+                comparator=_KIMI,
             ),
-            _family(
-                "minimax_m27",
-                {"clear_thinking": False},
-                allowed_append_roles=_NO_SYSTEM,
-                needs_fixed_template=True,
-                comparator=_MINIMAX,
+            TitoFamily(
+                "kimi26", _rows((_TOOL_USER, None, {"preserve_thinking": True})), comparator=_KIMI
+            ),
+            TitoFamily(
+                "minimax_m25", _minimax_rows("minimax_m25_fixed.jinja"), comparator=_MINIMAX
+            ),
+            TitoFamily(
+                "minimax_m27", _minimax_rows("minimax_m27_fixed.jinja"), comparator=_MINIMAX
             ),
             # GLM 4.7's stock template has the clear_thinking switch. One trailing token of
             # the previous checkpoint (the dropped stop token) may differ in the next.
-            _family(
+            TitoFamily(
                 "glm47",
-                {"clear_thinking": False},
+                _rows(
+                    (_TOOL, None, {}),
+                    (_TOOL_USER, None, {"clear_thinking": False}),
+                    (_TOOL_USER_SYSTEM, None, {"clear_thinking": False}),
+                ),
                 max_trim_tokens=1,
                 boundary_stop_tokens=("<|user|>", "<|observation|>"),
                 comparator=_GLM47,
             ),
-            # The framework renders Inkling with its fixed template (SGLang serves it with a
-            # token-level renderer, but the gateway sends ids): nothing pinned, every role,
-            # turns joined as they are.
-            _family(
+            # DeepSeek's encoders: tool results only (a user message after them is merged
+            # into the same user turn, which rewrites earlier text; V4 also drops earlier
+            # reasoning at a new user message unless the request has tools).
+            TitoFamily(
+                "deepseekv32",
+                _rows((_TOOL, None, {})),
+                prompt_encoder="deepseek_v32",
+                comparator=_DEEPSEEK,
+            ),
+            TitoFamily(
+                "deepseekv4",
+                _rows((_TOOL, None, {})),
+                prompt_encoder="deepseek_v4",
+                comparator=_DEEPSEEK,
+            ),
+            # Not in the framework's package 0.1.1: the framework renders Inkling with a fixed
+            # template of its own (SGLang serves it with a token-level renderer, but the
+            # gateway sends ids): nothing pinned, any roles, turns joined as they are.
+            TitoFamily(
                 "inkling",
-                {},
-                needs_fixed_template=True,
+                brings_template=True,
                 end_of_turn_token="<|content_model_end_sampling|>",
                 comparator=_INKLING,
             ),
         )
-    }
-)
-
-# Framework families the gateway cannot serve token-exactly yet, and why.
-NOT_SUPPORTED: Mapping[str, str] = MappingProxyType(
-    {
-        "deepseekv32": "no Jinja chat template: the framework renders with DeepSeek's Python "
-        "encoder, whose prompt text (tool-use instructions included) sessiongate does not "
-        "reproduce",
-        "deepseekv4": "no Jinja chat template (DeepSeek's Python encoder, as for deepseekv32), "
-        "and appended tool/user turns are merged, so the framework re-renders the whole "
-        "history",
     }
 )
 
@@ -156,7 +230,4 @@ def resolve_tito_family(name: str) -> TitoFamily:
     family = FAMILIES.get(name)
     if family is not None:
         return family
-    known = ", ".join(FAMILIES)
-    if name in NOT_SUPPORTED:
-        raise ValueError(f"{name!r} is not supported yet: {NOT_SUPPORTED[name]} (known: {known})")
-    raise ValueError(f"unknown model family {name!r} (known: {known})")
+    raise ValueError(f"unknown model family {name!r} (known: {', '.join(FAMILIES)})")

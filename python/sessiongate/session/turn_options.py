@@ -13,7 +13,7 @@ from typing import Any
 
 from sessiongate.config.sessions import SessionsConfig
 from sessiongate.session.settings import DEFAULT_APPEND_ROLES
-from sessiongate.session.tito_families import TitoFamily, resolve_tito_family
+from sessiongate.session.tito_families import TemplateRow, TitoFamily, resolve_tito_family
 
 
 def resolve_r3_topk(sessions: SessionsConfig) -> int:
@@ -60,22 +60,65 @@ def tito_family(sessions: SessionsConfig) -> TitoFamily | None:
         raise SystemExit(f"--tito-model: {exc}") from None
 
 
+def _roles(text: str) -> frozenset[str]:
+    return frozenset(r.strip() for r in text.split(",") if r.strip())
+
+
+def template_row(sessions: SessionsConfig) -> TemplateRow | None:
+    """The --tito-model family's row for the appended roles (resolved options), or None
+    without a family or rows; SystemExit when the family has no row for those roles."""
+    family = tito_family(sessions)
+    if family is None or sessions.allowed_append_roles is None:
+        return None
+    try:
+        return family.row_for(_roles(sessions.allowed_append_roles))
+    except ValueError as exc:
+        raise SystemExit(f"--allowed-append-roles: {exc}") from None
+
+
+def prompt_encoder(sessions: SessionsConfig) -> str | None:
+    """The prompt encoder the family renders with, unless a template file was given."""
+    family = tito_family(sessions)
+    if family is None or sessions.chat_template_path is not None:
+        return None
+    return family.prompt_encoder
+
+
+def _family_template(sessions: SessionsConfig, family: TitoFamily | None) -> str | None:
+    # The row's fixed template, read from the framework's package, when none was given.
+    if sessions.chat_template_path is not None or family is None:
+        return sessions.chat_template_path
+    row = template_row(sessions)
+    if row is None or row.template is None:
+        return None
+    from sessiongate.tokenizer import TokenizerError
+    from sessiongate.tokenizer.framework_tito import template_file
+
+    try:
+        return template_file(row.template, family.name)
+    except TokenizerError as exc:
+        raise SystemExit(
+            f"--tito-model {family.name}: {exc} (or give the template with --chat-template-path)"
+        ) from None
+
+
 def resolve_sessions(sessions: SessionsConfig) -> SessionsConfig:
     """The sessions options with what was left to be learned filled in: appended roles and
-    max trim tokens from the --tito-model family (else tool,user and 0), the R3 top-k from
-    the checkpoint, the chat template file's absolute path. A value given is kept. `serve`
-    hands its workers the resolved options, so each worker needs neither the checkpoint nor
-    the parent's working directory."""
+    max trim tokens from the --tito-model family (else tool,user and 0), the family's fixed
+    template for those roles (the rollout framework's), the R3 top-k from the checkpoint, the
+    chat template file's absolute path. A value given is kept. `serve` hands its workers the
+    resolved options, so each worker needs neither the checkpoint nor the parent's working
+    directory."""
     family = tito_family(sessions)
     roles = sessions.allowed_append_roles
     if roles is None:
         roles = ",".join(
-            sorted(family.allowed_append_roles if family is not None else DEFAULT_APPEND_ROLES)
+            sorted(family.default_roles if family is not None else DEFAULT_APPEND_ROLES)
         )
     trim = sessions.max_trim_tokens
     if trim is None:
         trim = family.max_trim_tokens if family is not None else 0
-    template = sessions.chat_template_path
+    template = _family_template(dataclasses.replace(sessions, allowed_append_roles=roles), family)
     return dataclasses.replace(
         sessions,
         allowed_append_roles=roles,
@@ -108,10 +151,11 @@ def turn_settings(sessions: SessionsConfig) -> dict[str, Any]:
             read_chat_template_file(sessions.chat_template_path)
         except TokenizerError as exc:
             raise SystemExit(f"--chat-template-path: {exc}") from None
+    row = template_row(sessions)
+    if row is not None:
+        # The row's variables are defaults: keys given with --chat-template-kwargs win.
+        kwargs = {**row.kwargs, **kwargs}
     family = tito_family(sessions)
-    if family is not None:
-        # The family's variables are defaults: keys given with --chat-template-kwargs win.
-        kwargs = {**family.template_kwargs, **kwargs}
     from sessiongate.session.messages import resolve_matcher
 
     try:

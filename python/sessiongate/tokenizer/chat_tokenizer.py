@@ -19,6 +19,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from sessiongate.tokenizer.message_shape import sglang_messages
+from sessiongate.tokenizer.prompt_encoders import PromptEncoder, encoder_for_model_type
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
 from sessiongate.tokenizer.tool_schema import template_tools
 
@@ -44,7 +45,8 @@ _PROBE_MARK = "sessiongate-probe-7f3a"
 
 
 class ChatTokenizer:
-    """A ``tokenizers.Tokenizer`` and a compiled chat template.
+    """A ``tokenizers.Tokenizer`` and a compiled chat template, or the prompt encoder of a
+    family that has none (DeepSeek V3.2 / V4: tokenizer/prompt_encoders.py).
 
     Instances are immutable after construction and safe to share between threads: the
     Rust tokenizer is thread-safe and the compiled template renders into a fresh context per
@@ -55,7 +57,7 @@ class ChatTokenizer:
         self,
         tokenizer: Tokenizer,
         *,
-        chat_template: str,
+        chat_template: str | PromptEncoder,
         eos_token: str,
         name_or_path: str,
         special_tokens: Mapping[str, Any] | None = None,
@@ -67,8 +69,10 @@ class ChatTokenizer:
         self._tok.no_truncation()
         self._tok.encode_special_tokens = False
         self._name_or_path = name_or_path
-        self._template: CompiledTemplate = compile_template(
-            chat_template, template_origin or name_or_path
+        self._template: CompiledTemplate | PromptEncoder = (
+            chat_template
+            if isinstance(chat_template, PromptEncoder)
+            else compile_template(chat_template, template_origin or name_or_path)
         )
         eos_id = tokenizer.token_to_id(eos_token)
         if eos_id is None:
@@ -153,6 +157,11 @@ class ChatTokenizer:
         ):
             raise TokenizerError("tools must be a list of objects or None")
         tools = template_tools(tools)
+        if isinstance(self._template, PromptEncoder):
+            # An encoder takes its own switches only: no special-token variables.
+            kwargs = dict(check_template_kwargs(chat_template_kwargs or {}))
+            kwargs.update(template_kwargs)
+            return self._template.render(messages, tools, kwargs)
         variables = {**self._special_vars}
         if chat_template_kwargs:
             variables.update(check_template_kwargs(chat_template_kwargs))
@@ -346,14 +355,27 @@ def load_tokenizer(
     path: str | os.PathLike[str] | None = None,
     *,
     chat_template_path: str | os.PathLike[str] | None = None,
+    prompt_encoder: str | None = None,
 ) -> ChatTokenizer:
     """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir.
 
     ``chat_template_path`` names a Jinja template file used instead of the tokenizer's own
     template (``--chat-template-path``, as the rollout framework sets
     ``tokenizer.chat_template`` and SGLang's ``--chat-template`` from the same file).
+    ``prompt_encoder`` names a Python prompt encoder used instead of any template
+    (``deepseek_v32``, ``deepseek_v4``: tokenizer/prompt_encoders.py); without either, a
+    directory whose ``config.json`` names a DeepSeek V3.2 / V4 ``model_type`` is rendered with
+    its encoder, as SGLang does.
     """
     builtin = path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME)
+    if chat_template_path is not None and prompt_encoder is not None:
+        raise TokenizerError("give a chat template or a prompt encoder, not both")
+    if prompt_encoder is None and chat_template_path is None and not builtin and path is not None:
+        prompt_encoder = encoder_for_model_type(_model_type(Path(path)))
+    if prompt_encoder is not None:
+        directory = BUILTIN_TOKENIZER_DIR if builtin or path is None else Path(path)
+        name = BUILTIN_TOKENIZER_NAME if builtin or path is None else os.fspath(path)
+        return _load_directory(directory, name=name, template=PromptEncoder(prompt_encoder))
     # `builtin` covers None; `or path is None` says so to the type checker.
     if chat_template_path is None:
         if builtin or path is None:
@@ -389,8 +411,17 @@ def _load_builtin() -> ChatTokenizer:
     return _load_directory(BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME)
 
 
+def _model_type(directory: Path) -> object:
+    # config.json next to the tokenizer, as a checkpoint has it; anything unreadable is "none".
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
 def _load_directory(
-    directory: Path, *, name: str, template: tuple[str, str] | None = None
+    directory: Path, *, name: str, template: tuple[str, str] | PromptEncoder | None = None
 ) -> ChatTokenizer:
     if not directory.exists():
         raise TokenizerError(
@@ -411,10 +442,16 @@ def _load_directory(
 
     config = _read_json_object(directory / "tokenizer_config.json", required=True)
     special_map = _read_json_object(directory / "special_tokens_map.json", required=False)
-    # A given template (source, origin) replaces the directory's: it need not have one.
-    chat_template, origin = (
-        template if template is not None else _find_chat_template(directory, config)
-    )
+    # A given template (source, origin) or encoder replaces the directory's: it need not
+    # have one.
+    chat_template: str | PromptEncoder
+    origin: str | None
+    if isinstance(template, PromptEncoder):
+        chat_template, origin = template, None
+    else:
+        chat_template, origin = (
+            template if template is not None else _find_chat_template(directory, config)
+        )
 
     special_tokens: dict[str, Any] = {}
     for source in (special_map, config):  # tokenizer_config.json wins, as in transformers
