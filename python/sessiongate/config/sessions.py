@@ -25,8 +25,9 @@ class SessionsConfig:
     )
     allowed_append_roles: str | None = option(
         "--allowed-append-roles",
-        help="roles an agent may append after an assistant turn (comma list; default: "
-        "--tito-model's, else tool,user)",
+        help="roles an agent may append after an assistant turn (comma list; default: the "
+        "widest row of --tito-model's family, else tool,user; with a family, roles none of "
+        "its rows covers are refused)",
     )
     max_trim_tokens: int | None = option(
         "--max-trim-tokens",
@@ -110,11 +111,12 @@ class SessionsConfig:
         "--tito-model",
         metavar="NAME",
         help="model family whose TITO defaults apply, named as the rollout framework's "
-        "--tito-model (qwen3, qwen35, qwennext, nemotron3, kimi25, kimi26, minimax_m25, "
-        "minimax_m27, glm47, inkling, default): its chat template variables, appended roles, "
-        "max trim tokens and stop-token rules; --chat-template-kwargs keys, "
-        "--allowed-append-roles and --max-trim-tokens given explicitly win (docs/tokenizer.md, "
-        "Model families)",
+        "--tito-model (default, qwen3, qwen35, qwennext, nemotron3, kimi25, kimi26, "
+        "minimax_m25, minimax_m27, glm47, deepseekv32, deepseekv4, inkling): the framework's "
+        "row for the appended roles (its fixed chat template, from the families extra, and "
+        "template variables), max trim tokens, stop-token rules, DeepSeek's prompt encoders; "
+        "--chat-template-path, --chat-template-kwargs keys, --allowed-append-roles and "
+        "--max-trim-tokens given explicitly win (docs/tokenizer.md, Model families)",
     )
     stream_upstream: str = option(
         "--stream-upstream",
