@@ -163,14 +163,23 @@ class TitoEngine:
         return list(cached)
 
     def _find_turn_suffix_ids(self, kwargs: TemplateKwargs) -> list[int]:
+        turn: Message = {"role": "assistant", "content": "ok"}
         try:
             rendered = self.tokenizer.apply_chat_template(
-                [_SYNTHETIC_SYSTEM, {"role": "assistant", "content": "ok"}],
-                add_generation_prompt=False,
-                chat_template_kwargs=kwargs,
+                [_SYNTHETIC_SYSTEM, turn], add_generation_prompt=False, chat_template_kwargs=kwargs
             )
-        except ValueError as exc:
-            raise BadRequest(f"chat template could not render a turn: {exc}") from exc
+        except ValueError:
+            # DeepSeek V3.2's encoder refuses, in thinking mode, an assistant turn without
+            # reasoning; the text after the end-of-turn token does not depend on it.
+            turn = {**turn, "reasoning_content": "ok"}
+            try:
+                rendered = self.tokenizer.apply_chat_template(
+                    [_SYNTHETIC_SYSTEM, turn],
+                    add_generation_prompt=False,
+                    chat_template_kwargs=kwargs,
+                )
+            except ValueError as exc:
+                raise BadRequest(f"chat template could not render a turn: {exc}") from exc
         if self.end_of_turn_id not in rendered:
             return []
         last = len(rendered) - 1 - rendered[::-1].index(self.end_of_turn_id)
