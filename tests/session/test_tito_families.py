@@ -336,3 +336,26 @@ def test_inkling_turns_end_at_the_stop_token_after_the_block_closers(tmp_path: P
     s = settings("--tito-model", "inkling")
     assert (s.end_of_turn_token, s.max_trim_tokens) == ("<|content_model_end_sampling|>", 0)
     assert s.allowed_append_roles == {"tool", "user", "system", "assistant"}
+
+
+# --- the rows are the framework's ----------------------------------------------------------
+
+
+def test_the_rows_are_the_framework_packages() -> None:
+    # miles_tito_tokenizers tokenizer.py: each family's SUPPORTED_TEMPLATES, as registered in
+    # tokenizer_type.py TITOTokenizerType; sessiongate restates them so --help and start-up
+    # checks need no package. Inkling is sessiongate's own (not in the package 0.1.1).
+    types = pytest.importorskip("miles_tito_tokenizers.tokenizer_type")
+    theirs = {
+        t.value: {
+            (row.allowed_roles, row.template, tuple(sorted(row.extra_kwargs.items())))
+            for row in types.TITOTokenizerType.get_tokenizer_class(t).SUPPORTED_TEMPLATES
+        }
+        for t in types.TITOTokenizerType
+    }
+    ours = {
+        name: {(row.roles, row.template, tuple(sorted(row.kwargs.items()))) for row in f.rows}
+        for name, f in TITO_FAMILIES.items()
+        if name != "inkling"
+    }
+    assert ours == theirs
