@@ -22,9 +22,7 @@ from typing import Any, Optional
 import pytest
 from pydantic import BaseModel, Field, ValidationError, model_serializer, model_validator
 
-from sessiongate.tokenizer import TokenizerError, load_tokenizer
-from sessiongate.tokenizer.message_shape import sglang_messages
-from sessiongate.tokenizer.sglang_rules import (
+from sessiongate.sglang_rules import (
     NEWEST,
     OLDEST,
     SGLANG_0_5_16,
@@ -33,6 +31,8 @@ from sessiongate.tokenizer.sglang_rules import (
     SglangRules,
     rules_for,
 )
+from sessiongate.tokenizer import TokenizerError, load_tokenizer
+from sessiongate.tokenizer.message_shape import sglang_messages
 from sessiongate.tokenizer.tool_schema import template_tools
 from support.tool_templates import tokenizer_dir
 

@@ -58,6 +58,9 @@ class CoreConfig:
     # Tokenizer directory (None: the built-in one) and a chat template file replacing its own.
     tokenizer: str | None = None
     chat_template_path: str | None = None
+    # The SGLang version whose rendering rules the tokenizer follows (`auto`: asked of the
+    # engines when the core is built; serve resolves it once for its workers).
+    sglang_version: str = "auto"
     # The session routing mode (None: no stamping) and its KEY=VALUE options.
     session_routing: str | None = None
     session_routing_opts: tuple[str, ...] = ()
@@ -97,6 +100,7 @@ def core_config(
         health_interval=config.engines.health_interval,
         tokenizer=sessions.tokenizer,
         chat_template_path=sessions.chat_template_path,
+        sglang_version=sessions.sglang_version,
         session_routing=config.session_routing.mode,
         session_routing_opts=tuple(config.session_routing.options),
         store=store_settings(config.records, role.shard),

@@ -18,8 +18,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from sessiongate.sglang_rules import NEWEST, SglangRules
 from sessiongate.tokenizer.message_shape import sglang_messages
-from sessiongate.tokenizer.sglang_rules import NEWEST, SglangRules
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
 from sessiongate.tokenizer.tool_schema import template_tools
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sessiongate.tokenizer.sglang_rules import NEWEST, SglangRules
+from sessiongate.sglang_rules import NEWEST, SglangRules
 from sessiongate.tokenizer.template import TokenizerError
 from sessiongate.tokenizer.tool_arguments import template_messages
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from sessiongate.tokenizer.sglang_rules import NEWEST, SglangRules
+from sessiongate.sglang_rules import NEWEST, SglangRules
 from sessiongate.tokenizer.template import TokenizerError
 
 __all__ = ["template_tools"]

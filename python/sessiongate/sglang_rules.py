@@ -1,20 +1,24 @@
 """Which SGLang version's rendering rules apply: the text a chat template sees depends on it.
 
 SGLang does not hand a request's ``tools`` and ``messages`` to the chat template as sent: it
-validates them into its pydantic models and renders their dumps (tool_schema.py,
-message_shape.py). Those models change between releases, so the same request renders to
+validates them into its pydantic models and renders their dumps (tokenizer/tool_schema.py,
+tokenizer/message_shape.py). Those models change between releases, so the same request renders to
 different prompts on different engines: SGLang 0.5.16's ``Function`` writes
 ``"strict": false`` into every tool and lists ``description`` before ``name``, 0.5.23's
 keeps the client's keys in the client's order. A gateway whose prompt must be token for
 token the engine's has to render with the rules of the version its engines run.
 
 `SglangRules` is one set of those rules (one frozen dataclass per behaviour set, named by
-the first release that has it); `rules_for` picks the set of a version string.
+the first release that has it); `rules_for` picks the set of a version string. A kernel
+module (it imports nothing of sessiongate): the tokenizer renders with the rules, and the
+router, which never loads a tokenizer, refuses a registered engine whose release renders
+differently (engines/engine_versions.py).
 docs/tokenizer.md ("SGLang version rules") lists every rule and the file it was read from.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -109,6 +113,7 @@ def parse_version(version: str) -> tuple[int, int, int] | None:
     return int(major), int(minor), int(patch or 0)
 
 
+@functools.cache  # one warning per version and process, however often it is asked
 def rules_for(version: str) -> SglangRules:
     """The rules of SGLang `version`: the newest set whose `since` is not after it. A
     version newer than every known one gets the newest rules; one older than the oldest
