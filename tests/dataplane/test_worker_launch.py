@@ -78,6 +78,8 @@ def serve_argv(tmp_path: Path) -> list[str]:
         str(template),
         "--tito-model",
         "qwen3",
+        "--sglang-version",
+        "0.5.16",
         "--stream-upstream",
         "relay",
         "--no-smg-routing-key",

@@ -33,6 +33,7 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
     "--message-matcher": ("strict", False),
     "--chat-template-kwargs": (None, False),
     "--chat-template-path": (None, False),
+    "--sglang-version": ("auto", False),
     "--tito-model": (None, False),
     "--stream-upstream": ("buffered", False),
     "--no-smg-routing-key": (True, False),

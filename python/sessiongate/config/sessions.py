@@ -107,6 +107,15 @@ class SessionsConfig:
         help="Jinja chat template file used instead of the tokenizer's own (as the rollout "
         "framework's --chat-template-path; give the engine the same template)",
     )
+    sglang_version: str = option(
+        "--sglang-version",
+        default="auto",
+        metavar="VERSION",
+        help="the SGLang version whose rendering rules (tool dump, message shaping) the "
+        "prompts follow: auto (default) reads it from the engines' /server_info at start "
+        "(engines of different versions: the start is refused; none answering: the newest "
+        "rules), or a version such as 0.5.16 (docs/tokenizer.md, SGLang version rules)",
+    )
     tito_model: str | None = option(
         "--tito-model",
         metavar="NAME",

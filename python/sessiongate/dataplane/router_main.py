@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         interval=config.engines.health_interval,
         health_path=reliability.health_check_endpoint,
         health_timeout=reliability.health_check_timeout_secs,
+        # serve resolved it (`auto` only with remote workers: each asks its own engines).
+        sglang_version=config.sessions.sglang_version,
     )
     if door is not None:
         registry.feed(door.probed)  # the front's one prober (it runs none itself)

@@ -1,7 +1,9 @@
 """The engine set of one gateway: every engine it may send work to, static (`--backend`) or
 registered at run time, with a stable id and a state.
 
-States: `probing` (registered, not answered yet), `ready`, `unreachable: <why>`. An engine
+States: `probing` (registered, not answered yet), `ready`, `unreachable: <why>`, `refused:
+<why>` (its SGLang version renders prompts differently from the gateway's rules:
+engines/engine_versions.py; a registration so refused is answered 409 and forgotten). An engine
 is admitted to the set the session cores use the first time its probe passes (a static
 engine is admitted at start, exactly as before registries existed); once admitted it stays
 until removed, and the pools' own health checks steer traffic around it while it is down, so
@@ -35,7 +37,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from sessiongate.engines.engine_versions import AUTO, registration_refusal
 from sessiongate.engines.probe import PROBE_TIMEOUT_S, ProbeResult, check, describe, probe
+from sessiongate.errors import Conflict
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +143,14 @@ class EngineRegistry:
         health_path: str = "/health",
         health_timeout: float = PROBE_TIMEOUT_S,
         checker: Checker = check,
+        sglang_version: str = AUTO,
     ) -> None:
         """`static_urls`: the `--backend` engines (admitted from the start); `placeholder`:
         they are the embedded mock, replaced by the first registration. `prober` admits a
         registered engine; `checker` is the periodic health probe (`health_path`, within
-        `health_timeout`: `--health-check-endpoint`, `--health-check-timeout-secs`)."""
+        `health_timeout`: `--health-check-endpoint`, `--health-check-timeout-secs`).
+        `sglang_version`: the SGLang version whose rules the session cores render by; a
+        registered engine whose version renders differently is refused (`auto`: none is)."""
         self.engines: dict[str, Engine] = {}
         for raw in static_urls:
             url = normalise_url(raw)
@@ -156,6 +163,7 @@ class EngineRegistry:
         self.health_path = health_path
         self.health_timeout = health_timeout
         self.checker = checker
+        self.sglang_version = sglang_version
         self._sinks: list[HealthSink] = []
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[None]] = {}
@@ -196,18 +204,33 @@ class EngineRegistry:
         if known is not None and not (known.static and self.placeholder):
             return known, False
         placeholder, self.placeholder = self.placeholder, False
+        stand_ins = [e for e in self.engines.values() if e.static] if placeholder else []
         if placeholder:
             # The first registration ends the mock's stand-in role, before the new engine
             # is even probed: no turn meant for it may reach the mock meanwhile.
-            for engine in [e for e in self.engines.values() if e.static]:
+            for engine in stand_ins:
                 del self.engines[engine.id]
             logger.warning("the embedded mock engine leaves the engine set (an engine registered)")
         engine = Engine(engine_id(url), url, static=False)
         self.engines[engine.id] = engine
         if placeholder:
             await self._propagate()
-        await self._probe(engine)
+        refusal = await self._probe(engine)
+        if refusal is not None:
+            await self._refuse(engine, stand_ins, refusal)
         return engine, True
+
+    async def _refuse(self, engine: Engine, stand_ins: list[Engine], refusal: str) -> None:
+        """Forget a registration the engine's SGLang version rules out (the mock it
+        replaced, if any, stands in again) and answer 409 saying why."""
+        self.engines.pop(engine.id, None)
+        if stand_ins:
+            for stand_in in stand_ins:
+                self.engines[stand_in.id] = stand_in
+            self.placeholder = True
+            await self._propagate()
+        logger.warning("engine %s refused: %s", engine.url, refusal)
+        raise Conflict(f"engine {engine.url} refused: {refusal}")
 
     async def remove(self, key: str) -> Engine | None:
         """Remove an engine by id or URL; None if unknown. In-flight requests on it finish
@@ -228,21 +251,32 @@ class EngineRegistry:
         that then probes nothing itself)."""
         self._sinks.append(sink)
 
-    async def _probe(self, engine: Engine) -> None:
+    async def _probe(self, engine: Engine) -> str | None:
+        """Probe `engine` for admission; why its SGLang version rules it out, if it does."""
         try:
             result = await self.prober(engine.url)
         except Exception as exc:  # a probe bug must not take the registry down
             result = ProbeResult(f"probe failed: {type(exc).__name__}: {exc}")
         if self.engines.get(engine.id) is not engine:
-            return  # removed while probing
+            return None  # removed while probing
         self._judged(engine, result.error)
         if result.error is None:
             engine.model_info = result.model_info
             engine.server_info = result.server_info
+            version = (result.server_info or {}).get("version")
+            refusal = registration_refusal(
+                version if isinstance(version, str) else None, self.sglang_version
+            )
+            if refusal is not None:
+                # Never admitted (a later probe of an engine that came up after its
+                # registration lands here too: it stays listed, refused).
+                engine.state = f"refused: {refusal}"
+                return refusal
             if not engine.admitted:
                 engine.admitted = True
                 logger.warning("engine %s (%s) is ready", engine.id, engine.url)
                 await self._propagate()
+        return None
 
     def _judged(self, engine: Engine, error: str | None) -> None:
         """The engine's state after a probe said `error` (None: healthy)."""

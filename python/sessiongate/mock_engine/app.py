@@ -71,7 +71,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
     if tokenizer is None:
         from sessiongate.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(config.tokenizer)
+        tokenizer = load_tokenizer(config.tokenizer, sglang_rules=config.sglang_rules)
     generator = CompletionGenerator(
         tokenizer,
         engine_seed=config.seed,
@@ -112,6 +112,8 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         Route("/health", server.health, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/model_info", server.model_info, methods=["GET"]),
+        Route("/server_info", server.server_info, methods=["GET"]),
+        Route("/get_server_info", server.server_info, methods=["GET"]),
         Route("/abort_request", server.abort_request, methods=["POST"]),
         Route("/update_weight_version", server.update_weight_version, methods=["POST"]),
         Route("/mock/abort_next", mock.abort_next, methods=["POST"]),
@@ -362,6 +364,27 @@ class SGLangServerRoutes:
                 "weight_version": self.state.weight_version,
                 "reasoning_parser": config.reasoning_parser,
                 "tool_call_parser": config.tool_call_parser,
+            }
+        )
+
+    async def server_info(self, request: Request) -> Response:
+        # http_server.py `server_info` (and the deprecated `/get_server_info`): the server
+        # arguments, scheduler info, internal states and `version` (sglang/version.py).
+        # The mock's subset: the arguments it has, and the version it stands in for.
+        config = self.config
+        return json_response(
+            {
+                "model_path": config.model_name,
+                "tokenizer_path": config.tokenizer,
+                "served_model_name": config.model_name,
+                "host": config.host,
+                "port": config.port,
+                "random_seed": config.seed,
+                "reasoning_parser": config.reasoning_parser,
+                "tool_call_parser": config.tool_call_parser,
+                "weight_version": self.state.weight_version,
+                "internal_states": [],
+                "version": config.sglang_version,
             }
         )
 

@@ -20,6 +20,7 @@ from starlette.responses import Response
 from sessiongate.mock_engine.body_slices import json_response
 from sessiongate.mock_engine.state import EngineState
 from sessiongate.mock_engine.tokens import TokenizerLike
+from sessiongate.sglang_rules import SglangRules
 from sessiongate.tokenizer.message_shape import sglang_messages
 from sessiongate.tokenizer.tool_arguments import ToolArgumentsError
 
@@ -153,7 +154,7 @@ def _schema_errors(body: dict[str, Any]) -> list[dict[str, Any]]:
     return errors
 
 
-def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
+def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike, rules: SglangRules) -> list[int]:
     ids = body.get("input_ids")
     if ids is not None:
         # SGLang bypasses the chat template when input_ids are given (protocol.py).
@@ -168,7 +169,7 @@ def _prompt_ids(body: dict[str, Any], tokenizer: TokenizerLike) -> list[int]:
     # strict; its ValueError is a 400 "BadRequest" in serving_base.py `handle_request`), null
     # content "", null members dropped, a tool's text parts joined.
     try:
-        messages = sglang_messages(body["messages"])
+        messages = sglang_messages(body["messages"], rules)
     except ToolArgumentsError as exc:
         raise ApiError(exc.reason, "BadRequest") from exc
     kwargs = body.get("chat_template_kwargs") or {}
@@ -234,7 +235,7 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
     caps = [body[c] for c in ("max_tokens", "max_completion_tokens") if body.get(c) is not None]
     if any(c < 1 for c in caps):
         raise ApiError("max_tokens must be >= 1")
-    prompt_ids = _prompt_ids(body, state.tokenizer)
+    prompt_ids = _prompt_ids(body, state.tokenizer, cfg.sglang_rules)
     lora = _lora(body, cfg.model_name, cfg.lora_adapters)
     want_r3 = body.get("return_routed_experts") is True
     r3_start = body.get("routed_experts_start_len") or 0

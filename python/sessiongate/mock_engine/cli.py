@@ -16,14 +16,23 @@ from sessiongate.process.children import die_with_parent
 EMBEDDED_R3 = ("--r3-layers", "4", "--r3-topk", "2")
 
 
-def embedded_argv(port: int, tokenizer: str | None, r3: bool, extra: str) -> list[str]:
+def embedded_argv(
+    port: int,
+    tokenizer: str | None,
+    r3: bool,
+    extra: str,
+    *,
+    sglang_version: str | None = None,
+) -> list[str]:
     """The command line of the mock engine `serve` embeds (`--backend mock`): on `port`,
-    with `tokenizer`, R3 on when `r3` (EMBEDDED_R3 unless `extra` shapes it), then
-    `extra` (serve's --mock-args)."""
+    with `tokenizer`, R3 on when `r3` (EMBEDDED_R3 unless `extra` shapes it), standing in
+    for `sglang_version` when serve was given one, then `extra` (serve's --mock-args)."""
     given = shlex.split(extra)
     argv = ["mock-engine", "--host", "127.0.0.1", "--port", str(port)]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
+    if sglang_version is not None:
+        argv += ["--sglang-version", sglang_version]
     return [*argv, *embedded_r3(r3, extra), *given]
 
 
@@ -143,6 +152,14 @@ def _add_reply_feature_arguments(p: argparse.ArgumentParser, d: MockEngineConfig
         help="initial weight version (SGLang's default is %(default)r)",
     )
     p.add_argument(
+        "--sglang-version",
+        default=d.sglang_version,
+        metavar="VERSION",
+        help="the SGLang release the mock stands in for: reported as `version` by "
+        "/server_info and /v1/loads, and whose tool dump and message shaping render chat "
+        "prompts (default %(default)s; docs/tokenizer.md, SGLang version rules)",
+    )
+    p.add_argument(
         "--lora-adapters",
         default="",
         metavar="NAME,...",
@@ -240,6 +257,7 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         stream_chunk_tokens=args.stream_chunk_tokens,
         log_level=args.log_level,
         weight_version=args.weight_version,
+        sglang_version=args.sglang_version,
         lora_adapters=tuple(n.strip() for n in args.lora_adapters.split(",") if n.strip()),
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,

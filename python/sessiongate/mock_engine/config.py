@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sessiongate.sglang_rules import SglangRules, parse_version, rules_for
+
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -32,6 +34,9 @@ class MockEngineConfig:
     # SGLang's --weight-version (default "default"); changed at run time by
     # POST /update_weight_version.
     weight_version: str = "default"
+    # The SGLang release the mock stands in for: reported as `version` (/server_info,
+    # /v1/loads) and whose rules render chat prompts (sglang_rules.py).
+    sglang_version: str = "0.5.23"
     # Loaded LoRA adapter names (SGLang: --enable-lora --lora-paths NAME=PATH ...);
     # empty = LoRA disabled, so any lora_path is rejected like SGLang does.
     lora_adapters: tuple[str, ...] = ()
@@ -103,12 +108,19 @@ class MockEngineConfig:
             problems.append("max_running_requests must be >= 1")
         if not self.weight_version:
             problems.append("weight_version must not be empty")
+        if parse_version(self.sglang_version) is None:
+            problems.append(f"sglang_version {self.sglang_version!r} is not a release number")
         if any(not name or ":" in name for name in self.lora_adapters):
             problems.append("lora adapter names must be non-empty and contain no ':'")
         if self.log_level not in _LOG_LEVELS:
             problems.append(f"log_level must be one of {', '.join(_LOG_LEVELS)}")
         if problems:
             raise ValueError("invalid mock-engine config: " + "; ".join(problems))
+
+    @property
+    def sglang_rules(self) -> SglangRules:
+        """The rendering rules of `sglang_version`."""
+        return rules_for(self.sglang_version)
 
     @property
     def r3_enabled(self) -> bool:

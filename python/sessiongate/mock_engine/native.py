@@ -53,8 +53,6 @@ METRIC_HELP = (
 )
 # prometheus_client's CONTENT_TYPE_LATEST (its text format 0.0.4).
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# sglang/version.py of the wheel the mock follows.
-SGLANG_VERSION = "0.5.23"
 
 
 def cache_namespace(extra_key: str | None, lora: str | None, cache_salt: str | None) -> str:
@@ -518,7 +516,7 @@ class NativeRoutes:
             loads = []  # tokenizer_control_mixin.py `get_loads`: out-of-range rank -> []
         body = {
             "timestamp": datetime.now(UTC).isoformat(),
-            "version": SGLANG_VERSION,
+            "version": self.state.config.sglang_version,
             "accelerator": None,
             "num_accelerators": 1,
             "loads": loads,

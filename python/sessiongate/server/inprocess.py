@@ -69,6 +69,7 @@ def run_in_process(
         interval=pool.health_interval,
         health_path=pool.health_path,
         health_timeout=pool.reliability.health_check_timeout_secs,
+        sglang_version=core.tito.tokenizer.sglang_rules.since,  # the rules it renders by
     )
     pool.fed_by(engines.feed)
     if door is not None:

@@ -15,7 +15,9 @@ from sessiongate.config.engines import MOCK_BACKEND
 from sessiongate.config.fields import flag_of
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.config.launch import RouterLaunch
+from sessiongate.config.sessions import SessionsConfig
 from sessiongate.config.workers import WorkersConfig
+from sessiongate.engines.engine_versions import AUTO, choose_sglang_version
 from sessiongate.front.asgi import frontend_settings
 from sessiongate.front.compiled import front_unsupported
 from sessiongate.mock_engine.cli import embedded_argv, embedded_r3_topk
@@ -77,8 +79,10 @@ def engine_processes(
         yield engines, None
         return
     port = free_port()
+    sessions = config.sessions
+    version = sessions.sglang_version if sessions.sglang_version != AUTO else None
     argv = embedded_argv(
-        port, config.sessions.tokenizer, config.sessions.r3, config.engines.mock_args
+        port, sessions.tokenizer, sessions.r3, config.engines.mock_args, sglang_version=version
     )
     child = ChildProcess("mock-engine", argv)
     child.start()
@@ -88,6 +92,20 @@ def engine_processes(
         yield [url], child
     finally:
         child.stop()
+
+
+def with_sglang_version(config: GatewayConfig, engines: list[str]) -> GatewayConfig:
+    """`config` with the SGLang version the prompts render by resolved (`auto`: asked of
+    `engines`, engines/engine_versions.py), said in one start-up line; SystemExit when the
+    engines disagree. Every worker gets the resolved version, so none asks again."""
+    sessions = config.sessions
+    flag = flag_of(SessionsConfig, "sglang_version")
+    try:
+        choice = choose_sglang_version(sessions.sglang_version, engines, flag=flag)
+    except ValueError as exc:
+        raise SystemExit(f"sessiongate serve: {exc}") from None
+    print(f"sessiongate: prompts render by {choice.line}", flush=True)
+    return config.replace(sessions=dataclasses.replace(sessions, sglang_version=choice.version))
 
 
 def check_remote_options(config: GatewayConfig) -> None:
@@ -217,13 +235,20 @@ def run_local(config: GatewayConfig) -> int:
         described = ", ".join(engines) or "none yet (engines register at run time)"
         watched = [mock.proc] if mock is not None and mock.proc is not None else []
         # The live engine URLs (the embedded mock's once it is up), for every child.
-        live = config.replace(
-            engines=dataclasses.replace(config.engines, urls=tuple(engines) or None, mock_args="")
+        live = with_sglang_version(
+            config.replace(
+                engines=dataclasses.replace(
+                    config.engines, urls=tuple(engines) or None, mock_args=""
+                )
+            ),
+            engines,
         )
         if count == 0:
             from sessiongate.server.inprocess import run_in_process
 
-            core = dataclasses.replace(core, engine_urls=tuple(engines))
+            core = dataclasses.replace(
+                core, engine_urls=tuple(engines), sglang_version=live.sessions.sglang_version
+            )
             return run_in_process(live, frontend, core, described, watched)
         for_workers = worker_config(
             live, engines, local_workers=count, placed_elsewhere=config.workers.ray

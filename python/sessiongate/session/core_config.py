@@ -60,6 +60,9 @@ class CoreConfig:
     chat_template_path: str | None = None
     # A family's Python prompt encoder instead of a template (DeepSeek: --tito-model).
     prompt_encoder: str | None = None
+    # The SGLang version whose rendering rules the tokenizer follows (`auto`: asked of the
+    # engines when the core is built; serve resolves it once for its workers).
+    sglang_version: str = "auto"
     # The session routing mode (None: no stamping) and its KEY=VALUE options.
     session_routing: str | None = None
     session_routing_opts: tuple[str, ...] = ()
@@ -100,6 +103,7 @@ def core_config(
         tokenizer=sessions.tokenizer,
         chat_template_path=sessions.chat_template_path,
         prompt_encoder=prompt_encoder(sessions),
+        sglang_version=sessions.sglang_version,
         session_routing=config.session_routing.mode,
         session_routing_opts=tuple(config.session_routing.options),
         store=store_settings(config.records, role.shard),

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import sys
 
+from sessiongate.config.fields import flag_of
+from sessiongate.config.sessions import SessionsConfig
+from sessiongate.engines.engine_versions import choose_sglang_version
 from sessiongate.engines.pool import EnginePool
 from sessiongate.session.core import SessionCore
 from sessiongate.session.core_config import CoreConfig
 from sessiongate.session.store.records_store import RecordsStore
 from sessiongate.session_routing import load_mode
 from sessiongate.session_routing.stamper import SessionStamper
+from sessiongate.sglang_rules import rules_for
 from sessiongate.tokenizer import ChatTokenizer, load_tokenizer
 
 
@@ -21,13 +25,7 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
     # core_config validated the mode already; a failure here is a bug, so let it raise.
     mode = load_mode(config.session_routing, config.session_routing_opts)
     core = SessionCore(
-        tokenizer
-        if tokenizer is not None
-        else load_tokenizer(
-            config.tokenizer,
-            chat_template_path=config.chat_template_path,
-            prompt_encoder=config.prompt_encoder,
-        ),
+        tokenizer if tokenizer is not None else _load_tokenizer(config),
         EnginePool(
             list(config.engine_urls),
             timeout=config.timeout,
@@ -53,3 +51,24 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             flush=True,
         )
     return core
+
+
+def _load_tokenizer(config: CoreConfig) -> ChatTokenizer:
+    """The configured tokenizer, rendering by the rules of the configured SGLang version;
+    `auto` (a core started by itself: `sessiongate worker`, an embedding app) asks its
+    engines now, as serve does for the workers it starts (engines/engine_versions.py)."""
+    version = config.sglang_version
+    if version == "auto":
+        flag = flag_of(SessionsConfig, "sglang_version")
+        try:
+            choice = choose_sglang_version(version, config.engine_urls, flag=flag)
+        except ValueError as exc:
+            raise SystemExit(f"{config.settings.label}: {exc}") from None
+        print(f"{config.settings.label}: prompts render by {choice.line}", file=sys.stderr)
+        version = choice.version
+    return load_tokenizer(
+        config.tokenizer,
+        chat_template_path=config.chat_template_path,
+        prompt_encoder=config.prompt_encoder,
+        sglang_rules=rules_for(version),
+    )

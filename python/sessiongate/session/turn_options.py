@@ -156,6 +156,13 @@ def turn_settings(sessions: SessionsConfig) -> dict[str, Any]:
         # The row's variables are defaults: keys given with --chat-template-kwargs win.
         kwargs = {**row.kwargs, **kwargs}
     family = tito_family(sessions)
+    from sessiongate.sglang_rules import parse_version
+
+    if sessions.sglang_version != "auto" and parse_version(sessions.sglang_version) is None:
+        raise SystemExit(
+            f"--sglang-version {sessions.sglang_version!r} is neither 'auto' nor a version "
+            "like 0.5.16"
+        )
     from sessiongate.session.messages import resolve_matcher
 
     try:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from sessiongate.sglang_rules import NEWEST, SglangRules
 from sessiongate.tokenizer.message_shape import sglang_messages
 from sessiongate.tokenizer.prompt_encoders import PromptEncoder, encoder_for_model_type
 from sessiongate.tokenizer.template import CompiledTemplate, TokenizerError, compile_template
@@ -62,8 +63,11 @@ class ChatTokenizer:
         name_or_path: str,
         special_tokens: Mapping[str, Any] | None = None,
         template_origin: str | None = None,
+        sglang_rules: SglangRules = NEWEST,
     ) -> None:
         self._tok = tokenizer
+        # Which SGLang release's tool dump and message shaping `render` follows.
+        self._sglang_rules = sglang_rules
         # The gateway controls ids itself: never pad, truncate or keep special tokens literal.
         self._tok.no_padding()
         self._tok.no_truncation()
@@ -151,12 +155,12 @@ class ChatTokenizer:
         is changed.
         """
         _check_messages(messages)
-        messages = sglang_messages(messages)
+        messages = sglang_messages(messages, self._sglang_rules)
         if tools is not None and (
             not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools)
         ):
             raise TokenizerError("tools must be a list of objects or None")
-        tools = template_tools(tools)
+        tools = template_tools(tools, self._sglang_rules)
         if isinstance(self._template, PromptEncoder):
             # An encoder takes its own switches only: no special-token variables.
             kwargs = dict(check_template_kwargs(chat_template_kwargs or {}))
@@ -189,6 +193,11 @@ class ChatTokenizer:
             **template_kwargs,
         )
         return self.encode(text)
+
+    @property
+    def sglang_rules(self) -> SglangRules:
+        """The SGLang release's rules `render` shapes tools and messages with."""
+        return self._sglang_rules
 
     @property
     def chat_template(self) -> str:
@@ -356,6 +365,7 @@ def load_tokenizer(
     *,
     chat_template_path: str | os.PathLike[str] | None = None,
     prompt_encoder: str | None = None,
+    sglang_rules: SglangRules = NEWEST,
 ) -> ChatTokenizer:
     """Load the built-in tokenizer (``None`` or ``"builtin"``) or a local HF tokenizer dir.
 
@@ -366,6 +376,7 @@ def load_tokenizer(
     (``deepseek_v32``, ``deepseek_v4``: tokenizer/prompt_encoders.py); without either, a
     directory whose ``config.json`` names a DeepSeek V3.2 / V4 ``model_type`` is rendered with
     its encoder, as SGLang does.
+    ``sglang_rules``: the SGLang release whose rendering rules apply (sglang_rules.py).
     """
     builtin = path is None or (isinstance(path, str) and path == BUILTIN_TOKENIZER_NAME)
     if chat_template_path is not None and prompt_encoder is not None:
@@ -375,18 +386,25 @@ def load_tokenizer(
     if prompt_encoder is not None:
         directory = BUILTIN_TOKENIZER_DIR if builtin or path is None else Path(path)
         name = BUILTIN_TOKENIZER_NAME if builtin or path is None else os.fspath(path)
-        return _load_directory(directory, name=name, template=PromptEncoder(prompt_encoder))
+        return _load_directory(
+            directory, name=name, template=PromptEncoder(prompt_encoder), sglang_rules=sglang_rules
+        )
     # `builtin` covers None; `or path is None` says so to the type checker.
     if chat_template_path is None:
         if builtin or path is None:
-            return _load_builtin()
-        return _load_directory(Path(path), name=os.fspath(path))
+            return _load_builtin(sglang_rules)
+        return _load_directory(Path(path), name=os.fspath(path), sglang_rules=sglang_rules)
     template = read_chat_template_file(chat_template_path)
     if builtin or path is None:
         return _load_directory(
-            BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME, template=template
+            BUILTIN_TOKENIZER_DIR,
+            name=BUILTIN_TOKENIZER_NAME,
+            template=template,
+            sglang_rules=sglang_rules,
         )
-    return _load_directory(Path(path), name=os.fspath(path), template=template)
+    return _load_directory(
+        Path(path), name=os.fspath(path), template=template, sglang_rules=sglang_rules
+    )
 
 
 def read_chat_template_file(path: str | os.PathLike[str]) -> tuple[str, str]:
@@ -406,9 +424,11 @@ def read_chat_template_file(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 
 @functools.cache
-def _load_builtin() -> ChatTokenizer:
+def _load_builtin(sglang_rules: SglangRules) -> ChatTokenizer:
     # Shared: instances are immutable, and every worker/test would otherwise reload the file.
-    return _load_directory(BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME)
+    return _load_directory(
+        BUILTIN_TOKENIZER_DIR, name=BUILTIN_TOKENIZER_NAME, sglang_rules=sglang_rules
+    )
 
 
 def _model_type(directory: Path) -> object:
@@ -421,7 +441,11 @@ def _model_type(directory: Path) -> object:
 
 
 def _load_directory(
-    directory: Path, *, name: str, template: tuple[str, str] | PromptEncoder | None = None
+    directory: Path,
+    *,
+    name: str,
+    template: tuple[str, str] | PromptEncoder | None = None,
+    sglang_rules: SglangRules = NEWEST,
 ) -> ChatTokenizer:
     if not directory.exists():
         raise TokenizerError(
@@ -472,6 +496,7 @@ def _load_directory(
         name_or_path=name,
         special_tokens=special_tokens,
         template_origin=origin,
+        sglang_rules=sglang_rules,
     )
 
 

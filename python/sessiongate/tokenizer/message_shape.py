@@ -15,9 +15,14 @@ SGLang 0.5.23 does not render a request's messages as sent. Before the template 
 4. joins a tool message's content given as text parts into one string, parts separated by a
    space (`normalize_tool_content`).
 
-`sglang_messages` applies those rules, so the gateway's renders (prompts, appended turns,
-the mismatch re-render) and the mock engine's prompts are the text SGLang would render. The
-input is never mutated; messages that need no change are passed through as they are.
+Older releases declare fewer message members and roles (sglang_rules.py): pydantic drops a
+member its model does not declare (0.5.16 to 0.5.22 drop ``prefix``, 0.5.16 to 0.5.19
+``phase`` too), and a role it does not know is refused (``root`` before 0.5.23).
+
+`sglang_messages` applies those rules for the release it is given, so the gateway's renders
+(prompts, appended turns, the mismatch re-render) and the mock engine's prompts are the text
+that SGLang would render. The input is never mutated; messages that need no change are
+passed through as they are.
 """
 
 from __future__ import annotations
@@ -25,32 +30,44 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sessiongate.sglang_rules import NEWEST, SglangRules
+from sessiongate.tokenizer.template import TokenizerError
 from sessiongate.tokenizer.tool_arguments import template_messages
 
 __all__ = ["sglang_messages"]
 
 
-def sglang_messages(messages: Sequence[Any]) -> list[Any]:
-    """`messages` shaped as SGLang renders them (rules 1-4 of this module's docstring).
+def sglang_messages(messages: Sequence[Any], rules: SglangRules = NEWEST) -> list[Any]:
+    """`messages` shaped as SGLang (of `rules`) renders them (this module's docstring).
 
     ToolArgumentsError (a TokenizerError) for string arguments that are not a JSON object,
-    as SGLang refuses such a history.
+    as SGLang refuses such a history; TokenizerError for a role that release refuses.
     """
     shaped = template_messages(messages)
     for index, message in enumerate(shaped):
         if isinstance(message, dict):
-            new = _shape(message)
+            role = message.get("role")
+            if isinstance(role, str) and role.lower() in rules.refused_roles:
+                raise TokenizerError(
+                    f"messages[{index}]: role {role!r} is not accepted under {rules.label}"
+                )
+            new = _shape(message, rules.undeclared_message_members)
             if new is not message:
                 shaped[index] = new
     return shaped
 
 
-def _shape(message: dict[str, Any]) -> dict[str, Any]:
+def _shape(message: dict[str, Any], undeclared: frozenset[str]) -> dict[str, Any]:
     content = message.get("content")
     tool_text = _tool_text(message.get("role"), content)
-    if content is not None and tool_text is None and None not in message.values():
+    if (
+        content is not None
+        and tool_text is None
+        and None not in message.values()
+        and not (undeclared and undeclared.intersection(message))
+    ):
         return message  # the common case: nothing to change, no copy
-    shaped = {k: v for k, v in message.items() if v is not None}
+    shaped = {k: v for k, v in message.items() if v is not None and k not in undeclared}
     if tool_text is not None:
         shaped["content"] = tool_text
     elif content is None:
