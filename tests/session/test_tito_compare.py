@@ -293,7 +293,7 @@ def test_families_compare_with_the_frameworks_settings() -> None:
         for name, f in TITO_FAMILIES.items()
     }
     qwen = ("<|im_start|>assistant", None, ("\n",))
-    DS_ROLES = ("<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>")  # noqa: N806
+    DS_ROLES = ("<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>")
     assert settings == {
         "default": (None, None, ()),
         "qwen3": qwen,
