@@ -56,7 +56,8 @@ def kill_all_started() -> None:
 
 
 class ServerProcess:
-    """`python -m sessiongate <args>` listening on `port`, ready once `/health` answers 200."""
+    """`python -m sessiongate <args>` (or another `module`) listening on `port`, ready once
+    `/health` answers 200."""
 
     def __init__(
         self,
@@ -67,8 +68,11 @@ class ServerProcess:
         timeout: float = 30.0,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        module: str = "sessiongate",
     ) -> None:
         self.args = list(args)
+        # `python -m <module>`: sessiongate, or a test engine (support.replay_engine).
+        self.module = module
         # Another checkout's interpreter (a venv of a reference commit) for A/B benchmarks.
         self.python = python
         self.port = port
@@ -80,7 +84,7 @@ class ServerProcess:
         self._log = tempfile.NamedTemporaryFile(prefix="sessiongate-test-", suffix=".log")
 
     def start(self) -> ServerProcess:
-        cmd = [self.python, "-m", "sessiongate", *self.args]
+        cmd = [self.python, "-m", self.module, *self.args]
         self.proc = subprocess.Popen(
             cmd,
             stdout=self._log,
