@@ -55,15 +55,14 @@ from support.peer_expect import (
     without_reasoning,
 )
 from support.peer_families import (
-    DEEPSEEK,
-    DEEPSEEK_PENDING,
     FAMILIES,
     Deployment,
     resolve,
     template_args,
 )
-from support.peer_vocab import VOCABULARIES, hf_tokenizer
+from support.peer_vocab import VOCABULARIES
 from support.procs import ServerProcess, free_port
+from support.vocabularies import hf_tokenizer
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
@@ -134,7 +133,7 @@ def _params(cases: list[Case]) -> list[Any]:
     one skipped `live` test."""
     params = []
     for case in cases:
-        marks = [DEEPSEEK_PENDING] if case.family in DEEPSEEK else []
+        marks: list[Any] = []
         modes = ["live"]
         if case.deployment is not None and len(split_turns(case.trajectory.MESSAGES)) > 1:
             modes.append("resumed")

@@ -271,7 +271,11 @@ def test_deepseek_model_type_is_what_tito_detects(
 
 
 def test_a_given_chat_template_is_the_directorys(tmp_path: Path) -> None:
-    directory = deepseek_v4_dir(tmp_path / "v4", chat_template=DEEPSEEK_TEMPLATE)
+    # V3.2: a checkpoint with a chat template renders with it, in SGLang as here (V4 always
+    # renders with its encoder: tests/tokenizer/test_prompt_encoders.py).
+    directory = deepseek_v4_dir(
+        tmp_path / "v32", chat_template=DEEPSEEK_TEMPLATE, model_type="deepseek_v32"
+    )
     assert (directory / "chat_template.jinja").read_text(encoding="utf-8") == DEEPSEEK_TEMPLATE
     ours = load_tokenizer(directory)
     hf = hf_tokenizer(directory)

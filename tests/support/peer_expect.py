@@ -163,9 +163,13 @@ class FrameworkSide:
     def merged_prompt(
         self, old: list[Message], new: list[Message], pretokenized: list[int], tools: Any
     ) -> list[int]:
-        """A later turn: the package's `merge_tokens`."""
+        """A later turn: the package's `merge_tokens`, with the one accepted difference of
+        the `default` family (`default_family_junction`)."""
         with sglang_tools():
-            return list(self.tito.merge_tokens(old, new, pretokenized, tools))
+            merged = list(self.tito.merge_tokens(old, new, pretokenized, tools))
+        if self.family == "default":
+            return default_family_junction(self.tok, pretokenized, merged)
+        return merged
 
     def sampled(self, request: list[Message], assistant: Message, tools: Any) -> Sampled:
         """The ids a model would emit for `assistant` after `request`'s generation prompt:
@@ -208,6 +212,19 @@ class FrameworkSide:
         expected = self.encode(self.render(messages, tools, generation=False))
         comparator = self.tito.create_comparator()
         return [m.to_dict() for m in comparator.compare_sequences(expected, actual)]
+
+
+def default_family_junction(tok: Any, pretokenized: list[int], merged: list[int]) -> list[int]:
+    """The accepted difference, named: after a sampled `<|im_end|>` the package's generic
+    (DEFAULT) family joins the next message directly, while sessiongate inserts what the
+    template renders after it (ChatML's newline, as the package's qwen3 family does), so its
+    prompt equals the full render (docs/tokenizer.md, Model families, `default`). Everything
+    else must be the package's."""
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    if not pretokenized or pretokenized[-1] != end:
+        return merged
+    cut = len(pretokenized)
+    return [*merged[:cut], *tok.encode("\n", add_special_tokens=False), *merged[cut:]]
 
 
 def first_difference(tok: Any, expected: list[int], actual: list[int], width: int = 6) -> str:

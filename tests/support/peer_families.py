@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from miles_tito_tokenizers.encoders import deepseek_v4, deepseek_v32
 
 from support.family_templates import (
@@ -92,13 +91,6 @@ STOP_TOKEN: dict[str, str] = {
 # emits that token (the next message's opener, which the template renders itself).
 GLM47_STOPS = {"tool_calls": "<|observation|>", "plain": "<|user|>"}
 
-# sessiongate does not serve DeepSeek V3.2 / V4 yet (the families work adds `--tito-model
-# deepseekv32/deepseekv4` rendering with the package's encoders): their deployments fail to
-# start until then. The one place to remove once it lands.
-DEEPSEEK_PENDING = pytest.mark.xfail(
-    strict=False, reason="DeepSeek rendering lands with the families work"
-)
-
 
 @dataclass(frozen=True)
 class Deployment:
@@ -140,12 +132,13 @@ def resolve(family: str, append_roles: frozenset[str]) -> tuple[Deployment, dict
 
 
 def template_args(deployment: Deployment, style_file: Path | None) -> list[str]:
-    """The `serve` flags that choose the deployment's template. For now every family with a
-    template passes `--chat-template-path` (a fixed template's own file, or the test style
-    written to `style_file`); once sessiongate resolves each family's fixed template itself,
-    the fixed-template families need none. DeepSeek: none (the package's encoder)."""
+    """The `serve` flags that choose the deployment's template. A family whose row names one
+    of the package's fixed templates gets none: sessiongate resolves the same file from the
+    installed package by itself (its widest row, which the deployment's row equals or shares
+    the file with). A stock-template row gets the test style as --chat-template-path (the
+    real stock templates are not on PyPI). DeepSeek: none (the package's encoder)."""
     if deployment.template_path is not None:
-        return ["--chat-template-path", str(deployment.template_path)]
+        return []
     if style_file is not None:
         return ["--chat-template-path", str(style_file)]
     return []

