@@ -155,7 +155,7 @@ def test_ten_turn_agent_session_is_token_exact(
     assert received[0] == tokenizer.encode(render(tokenizer, requests[0]), add_special_tokens=False)
     for index in range(1, TURNS):
         expected = tito.merge_tokens(
-            copy.deepcopy(requests[index - 1]),
+            copy.deepcopy([*requests[index - 1], turns[index - 1]["message"]]),
             copy.deepcopy(requests[index]),
             received[index - 1] + turns[index - 1]["ids"],
             tools=TOOLS,
