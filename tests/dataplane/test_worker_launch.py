@@ -77,7 +77,7 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "--chat-template-path",
         str(template),
         "--tito-model",
-        "qwen3",
+        "nemotron3",
         "--sglang-version",
         "0.5.16",
         "--stream-upstream",
