@@ -62,7 +62,6 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer import peer_python, started
-
 from support.procs import ServerProcess, free_port
 
 ENGINES = 4
