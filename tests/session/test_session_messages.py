@@ -72,6 +72,21 @@ def test_deeper_divergence_is_refused() -> None:
         plan(stored, requested)
 
 
+@pytest.mark.parametrize("steps", [2, 3, 5])
+def test_deeper_rollbacks_up_to_the_limit(steps: int) -> None:
+    stored = conversation(5)[:-1]
+    ends = [i + 1 for i, m in enumerate(stored) if m["role"] == "assistant"]
+    keep = len(ends) - steps
+    base = ends[keep - 1] if keep else 0
+    requested = [*stored[:base], {"role": "tool" if keep else "user", "content": "retry"}]
+    p = plan_history(stored, requested, session_id="s", allowed_roles=ROLES, max_rollback=steps)
+    assert (p.checkpoint_count, p.rollback_steps, p.rolled_back) == (keep, steps, True)
+    fewer = steps - 1
+    limit = "only 1 is allowed" if fewer == 1 else f"at most {fewer}"
+    with pytest.raises(BadRequest, match=f"roll back {steps} assistant steps, {limit}"):
+        plan_history(stored, requested, session_id="s", allowed_roles=ROLES, max_rollback=fewer)
+
+
 def test_disallowed_role_names_its_index() -> None:
     stored = conversation(1)[:-1]
     requested = [*stored, {"role": "system", "content": "sneaky"}]

@@ -344,7 +344,7 @@ def test_resume_from_turn_one_of_a_five_turn_path(make_core: Any) -> None:
     assert document["samples"][1]["tokens"] == canonical_ids(resumed)
 
     # The same request on a linear session is a deep rollback: a 400 that changes nothing.
-    linear = make_core(SessionSettings())
+    linear = make_core(SessionSettings(max_rollback_steps=1))
     lid = linear.new_session()
     messages = start()
     first: Messages = []

@@ -35,6 +35,13 @@ class SessionsConfig:
         help="trailing checkpoint tokens allowed to differ in the next turn (default: "
         "--tito-model's, else 0)",
     )
+    max_rollback_steps: int = option(
+        "--max-rollback-steps",
+        default=64,
+        parse=int,
+        help="assistant steps a linear session's turn may roll back, for agents that retry "
+        "from an older checkpoint (64, as the rollout framework; 1: only the last step)",
+    )
     header_session_ttl: float = option(
         "--header-session-ttl",
         default=3600.0,
@@ -147,7 +154,8 @@ class SessionsConfig:
         "--session-mode",
         default="linear",
         choices=SESSION_MODES,
-        help="linear (default): a session is one line of turns with a one-step rollback; "
+        help="linear (default): a session is one line of turns with rollbacks up to "
+        "--max-rollback-steps; "
         "tree: each turn attaches at the deepest earlier turn its messages extend, so a "
         "session branches at any depth (retries, forks, resumes) and /samples gives one "
         "sample per leaf (docs/trajectory-trees.md)",

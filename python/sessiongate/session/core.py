@@ -180,6 +180,8 @@ class SessionCore:
             "sessions": len(self.sessions),
             "turns_recorded": self.turns_recorded,
             "turns_aborted": self.turns_aborted,
+            "rollbacks": self.turns.rollbacks,
+            "rollback_steps": self.turns.rollback_steps,
             "r3_missing_turns": self.r3_missing_turns,
             "relay_buffered_turns": self.relay_buffered_turns,
             **self.limits_status(),

@@ -56,11 +56,14 @@ def core_settings(sessions: SessionsConfig) -> dict[str, Any]:
         raise SystemExit("--allowed-append-roles must name at least one role")
     if sessions.max_trim_tokens < 0:
         raise SystemExit("--max-trim-tokens must be >= 0")
+    if sessions.max_rollback_steps < 1:
+        raise SystemExit("--max-rollback-steps must be >= 1")
     if sessions.header_session_ttl < 0:
         raise SystemExit("--header-session-ttl must be >= 0")
     return {
         "allowed_append_roles": roles,
         "max_trim_tokens": sessions.max_trim_tokens,
+        "max_rollback_steps": sessions.max_rollback_steps,
         "header_session_ttl": sessions.header_session_ttl,
     }
 

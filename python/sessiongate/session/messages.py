@@ -1,4 +1,5 @@
-"""Chat message validation and history matching (append-only check, one-step rollback).
+"""Chat message validation and history matching (append-only check, rollback to an earlier
+checkpoint, up to `--max-rollback-steps` assistant steps).
 
 History matching decides whether a replayed message is "the same turn" as the stored one. The
 rollout framework (radixark/miles, ``miles/utils/chat_template_utils/message_matcher_hub``)
@@ -436,8 +437,9 @@ def _is_async(target: object) -> bool:
 class HistoryPlan:
     """How a request's messages relate to the stored history.
 
-    The first `base_len` stored messages are kept (after an optional rollback),
-    `checkpoint_count` is how many checkpoints of the session they hold, and `appended` are
+    The first `base_len` stored messages are kept (after an optional rollback of
+    `rollback_steps` assistant steps), `checkpoint_count` is how many checkpoints of the
+    session they hold, and `appended` are
     the request's messages after them. `messages` is the history this turn renders and
     should store: the stored spelling of the kept prefix (a looser matcher may have accepted
     a reserialised echo of it) followed by `appended`.
@@ -448,6 +450,7 @@ class HistoryPlan:
     appended: list[Message]
     rolled_back: bool
     messages: list[Message] = field(default_factory=list)
+    rollback_steps: int = 0
 
 
 def check_appended(
@@ -479,8 +482,10 @@ def plan_history(
     allowed_roles: frozenset[str],
     matcher: MessageMatcher | str | None = None,
     checkpoint_ends: Sequence[int] | None = None,
+    max_rollback: int = 1,
 ) -> HistoryPlan:
-    """Check that `requested` extends `stored`, allowing a rollback of one checkpoint.
+    """Check that `requested` extends `stored`, allowing a rollback of up to `max_rollback`
+    checkpoints (`--max-rollback-steps`: an agent retrying from an older checkpoint).
 
     `matcher` decides when a requested message equals a stored one: a callable, a name from
     MATCHERS, or None for ``canonical`` (sessiongate's rule before matchers were selectable).
@@ -507,13 +512,14 @@ def plan_history(
     else:
         # Roll back to the last checkpoint that lies inside the matching prefix.
         checkpoints = sum(1 for end in ends if end <= match_len)
-        if checkpoints < total - 1:
+        if checkpoints < total - max_rollback:
+            allowed = "only 1 is allowed" if max_rollback == 1 else f"at most {max_rollback}"
             raise BadRequest(
                 f"session {session_id}: messages[{match_len}] diverges from the stored history "
                 f"(role {_role_at(requested, match_len)!r}, stored role "
                 f"{stored[match_len].get('role')!r}"
                 f"{_differing_fields(stored, requested, match_len)}); that would roll back "
-                f"{total - checkpoints} assistant steps, only 1 is allowed"
+                f"{total - checkpoints} assistant steps, {allowed} (--max-rollback-steps)"
             )
         # No checkpoint left: the next turn is a first turn, rendered from scratch.
         base_len = ends[checkpoints - 1] if checkpoints else 0
@@ -534,6 +540,7 @@ def plan_history(
         appended=appended,
         rolled_back=rolled_back,
         messages=[*stored[:base_len], *appended],
+        rollback_steps=total - checkpoints,
     )
 
 

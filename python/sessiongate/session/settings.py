@@ -11,8 +11,8 @@ from sessiongate.session.tito_compare import ComparatorSpec
 DEFAULT_APPEND_ROLES = frozenset({"tool", "user"})
 # How a `stream: true` session turn reaches the upstream (docs/api.md, "Streamed turns").
 StreamUpstream = Literal["buffered", "relay"]
-# How a session's turns relate (docs/trajectory-trees.md): one line with a one-step rollback
-# (linear, the default), or a tree that branches at any depth (tree).
+# How a session's turns relate (docs/trajectory-trees.md): one line with rollbacks up to
+# --max-rollback-steps (linear, the default), or a tree that branches at any depth (tree).
 SessionMode = Literal["linear", "tree"]
 
 
@@ -22,6 +22,8 @@ class SessionSettings:
     allowed_append_roles: frozenset[str] = field(default=DEFAULT_APPEND_ROLES)
     # Trailing tokens of the previous checkpoint allowed to differ in the next one.
     max_trim_tokens: int = 0
+    # Assistant steps a linear session's turn may roll back (--max-rollback-steps).
+    max_rollback_steps: int = 64
     # Stop tokens that also open the next message, dropped where it joins (`--tito-model`'s
     # family, e.g. GLM 4.7; session/tito_families.py).
     boundary_stop_tokens: tuple[str, ...] = ()

@@ -13,9 +13,6 @@ from dataclasses import dataclass, field
 from sessiongate.session.messages import Message
 from sessiongate.session.tree import SessionTree
 
-# A turn extends the last checkpoint or rolls back exactly one (plan_history's rule).
-KEPT_CHECKPOINTS = 2
-
 
 @dataclass(frozen=True)
 class TurnRecord:
@@ -54,6 +51,8 @@ class TurnRecord:
     # The engine's seconds from the request to its finish (meta_info.e2e_latency): the
     # samples' lifecycle segment starts that long before `timestamp`.
     e2e_latency: float | None = None
+    # Assistant steps this turn rolled back (the records it replaced; 0: none).
+    rollback_steps: int = 0
 
     @property
     def aborted(self) -> bool:
@@ -91,6 +90,7 @@ class TurnRecord:
                 "finish_reason": self.finish_reason,
                 "weight_version": self.weight_version,
                 "cached_tokens": self.cached_tokens,
+                "rollback_steps": self.rollback_steps,
             },
             separators=(",", ":"),
         ).encode()
@@ -107,12 +107,14 @@ class Session:
     root_id: str
     created_at: float
     messages: list[Message] = field(default_factory=list)
-    # checkpoints[i] = prompt ids + completion ids after assistant turn i; records[i] is that
-    # turn. Only the last KEPT_CHECKPOINTS are held (a turn extends the last one or rolls
-    # back one step), older entries are None; as int64 arrays, which the garbage collector
-    # never scans: a list per turn made 1000 long sessions O(turns^2) memory and full
-    # collections long enough to show in p99.
-    checkpoints: list[array[int] | None] = field(default_factory=list)
+    # Checkpoint i = prompt ids + completion ids after assistant turn i; records[i] is that
+    # turn. Only the last one is held whole; each earlier one as a link to the one after it:
+    # the length both share and its own ids past that (each turn extends its predecessor
+    # but for up to --max-trim-tokens trailing ids, so a link is a few ids). A rollback to
+    # any depth (plan_history) costs no memory per step: holding every checkpoint made long
+    # sessions O(turns^2). As int64 arrays, which the garbage collector never scans.
+    last_checkpoint: array[int] | None = None
+    checkpoint_links: list[tuple[int, array[int]]] = field(default_factory=list)
     records: list[TurnRecord] = field(default_factory=list)
     # sum(r.size for r in records), kept by the core's commits (the worker's records budget).
     records_bytes: int = 0
@@ -143,22 +145,33 @@ class Session:
 
     @property
     def accumulated_ids(self) -> array[int]:
-        last = self.checkpoints[-1] if self.checkpoints else None
-        return last if last is not None else array("q")
+        return self.last_checkpoint if self.last_checkpoint is not None else array("q")
+
+    @property
+    def checkpoint_count(self) -> int:
+        return len(self.checkpoint_links) + (self.last_checkpoint is not None)
 
     def checkpoint(self, count: int) -> array[int]:
-        """The ids after generated turn `count` (1-based), one the rollback rule keeps."""
-        ids = self.checkpoints[count - 1]
-        if ids is None:  # plan_history never rolls back that far
-            raise LookupError(f"checkpoint {count} of session {self.session_id} was released")
+        """The ids after generated turn `count` (1-based), rebuilt from the last one through
+        the links in between (LookupError for a turn the session does not have)."""
+        total = self.checkpoint_count
+        if not 1 <= count <= total or self.last_checkpoint is None:
+            raise LookupError(f"session {self.session_id} has no checkpoint {count} of {total}")
+        ids = self.last_checkpoint
+        for shared, tail in reversed(self.checkpoint_links[count - 1 :]):
+            ids = ids[:shared] + tail
         return ids
 
     def commit_checkpoint(self, kept: int, ids: Sequence[int]) -> None:
-        """Keep `kept` checkpoints, append `ids`, and release what no rollback can reach."""
-        checkpoints = [*self.checkpoints[:kept], array("q", ids)]
-        for index in range(len(checkpoints) - KEPT_CHECKPOINTS):
-            checkpoints[index] = None
-        self.checkpoints = checkpoints
+        """Keep `kept` checkpoints (the later ones are rolled back), then append `ids`."""
+        new = array("q", ids)
+        if kept == 0:
+            self.checkpoint_links = []
+        else:
+            base = self.checkpoint(kept)
+            shared = _shared_length(base, new)
+            self.checkpoint_links = [*self.checkpoint_links[: kept - 1], (shared, base[shared:])]
+        self.last_checkpoint = new
 
     def turn_started(self) -> None:
         self.inflight += 1
@@ -171,3 +184,19 @@ class Session:
 
     def recorded_bytes(self) -> int:
         return sum(len(r.request) + len(r.response) for r in self.records)
+
+
+def _shared_length(a: array[int], b: array[int]) -> int:
+    """The length of the longest common prefix of `a` and `b` (a binary search over prefix
+    equality, each comparison at C speed: a turn extends its base, so usually all of `a`)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n  # a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

@@ -63,6 +63,9 @@ class SessionTurns:
         self.matcher = resolve_matcher(table.settings.message_matcher)
         self.turns_recorded = 0
         self.turns_aborted = 0
+        # Line turns that rolled back, and the assistant steps they replaced in all.
+        self.rollbacks = 0
+        self.rollback_steps = 0
         # Turns recorded without R3 under --r3-missing warn.
         self.r3_missing_turns = 0
         # Streamed turns served buffered under --stream-upstream relay because the engine's
@@ -237,6 +240,9 @@ class SessionTurns:
             self.turns_recorded += 1
             if record.aborted:
                 self.turns_aborted += 1
+            if record.rollback_steps:
+                self.rollbacks += 1
+                self.rollback_steps += record.rollback_steps
             if store is not None:
                 # Spilled bodies are freed memory like a closed session's: give it back.
                 freed = store.resident.enforce()

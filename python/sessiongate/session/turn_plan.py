@@ -60,6 +60,8 @@ class Turn:
     succeeded: bool = False  # a relayed turn: recorded and answered in full
     ended: bool = False  # a relayed turn: its end ran
     tree_parent: TreeNode | None = None  # tree mode: the node it attached to (None: a root)
+    # A line session's rollback: how many assistant steps this turn replaces (0: none).
+    rollback_steps: int = 0
 
 
 async def plan_turn(
@@ -95,6 +97,7 @@ async def plan_turn(
         session_id=session_id,
         version=version,
         checkpoint_count=plan.checkpoint_count,
+        rollback_steps=plan.rollback_steps if isinstance(plan, HistoryPlan) else 0,
         base_len=plan.base_len,
         # The stored spelling of the kept history (a loose matcher may have accepted a
         # re-serialised echo of it), then the appended messages.
@@ -137,6 +140,7 @@ def _attach(
         allowed_roles=settings.allowed_append_roles,
         matcher=matcher,
         checkpoint_ends=session.checkpoint_ends,
+        max_rollback=settings.max_rollback_steps,
     )
     if not line.checkpoint_count:
         return line, (), None

@@ -361,6 +361,9 @@ class ShardRouter:
                     # Turns a trainer should know about: engine aborts, R3 recorded missing,
                     # streamed turns served buffered under relay.
                     "turns_aborted": beat.get("turns_aborted", 0),
+                    # Line turns that rolled back, and the assistant steps they replaced.
+                    "rollbacks": beat.get("rollbacks", 0),
+                    "rollback_steps": beat.get("rollback_steps", 0),
                     "r3_missing_turns": beat.get("r3_missing_turns", 0),
                     "relay_buffered_turns": beat.get("relay_buffered_turns", 0),
                     # Abuse limits (0 = off) and their usage (docs/reliability.md, "Limits").

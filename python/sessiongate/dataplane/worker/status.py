@@ -25,6 +25,8 @@ def core_status(core: SessionCore) -> dict[str, Any]:
         "sessions": len(core.sessions),
         "turns_recorded": core.turns_recorded,
         "turns_aborted": core.turns_aborted,
+        "rollbacks": core.turns.rollbacks,
+        "rollback_steps": core.turns.rollback_steps,
         "r3_missing_turns": core.r3_missing_turns,
         "relay_buffered_turns": core.relay_buffered_turns,
         "affinity_hits": core.upstream.affinity_hits,

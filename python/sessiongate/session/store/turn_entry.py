@@ -121,6 +121,7 @@ def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
             "weight_version": record.weight_version,
             "cached_tokens": record.cached_tokens,
             "e2e_latency": record.e2e_latency,
+            "rollback_steps": record.rollback_steps,
         },
         "routed_span": entry.routed_span,
         "indexer_span": entry.indexer_span,
@@ -189,6 +190,7 @@ def decode_turn(
         cached_tokens=meta["cached_tokens"],
         # Absent from entries written before it was kept: t0 stays unknown for those.
         e2e_latency=meta.get("e2e_latency"),
+        rollback_steps=int(meta.get("rollback_steps", 0)),
     )
     request_offset = blobs_start + tail_len + completion_len + logprob_len
     return TurnEntry(
