@@ -51,6 +51,8 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "system,tool,user",
         "--max-trim-tokens",
         "3",
+        "--max-rollback-steps",
+        "5",
         "--header-session-ttl",
         "60",
         "--session-routing",

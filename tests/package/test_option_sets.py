@@ -19,6 +19,7 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
     "--timeout": (600.0, False),
     "--allowed-append-roles": (None, False),
     "--max-trim-tokens": (None, False),
+    "--max-rollback-steps": (64, False),
     "--header-session-ttl": (3600.0, False),
     "--session-routing": (None, False),
     "--session-routing-opt": ([], False),
