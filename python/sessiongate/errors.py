@@ -49,6 +49,13 @@ class EngineNotFound(NotFound):
     """No engine of the registry has this id or URL (the engine management routes)."""
 
 
+class SessionGone(GatewayError):
+    """410: the session existed and was deleted (reclaimed by its trainer) recently; a late
+    turn should stop, not retry (session/reclaimed.py)."""
+
+    status = 410
+
+
 class MethodNotAllowed(GatewayError):
     """The path exists but not with this method; the message names the ones it takes."""
 

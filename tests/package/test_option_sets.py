@@ -20,6 +20,8 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
     "--allowed-append-roles": (None, False),
     "--max-trim-tokens": (None, False),
     "--max-rollback-steps": (64, False),
+    "--reclaimed-ids": (4096, False),
+    "--reclaimed-ttl": (3600.0, False),
     "--header-session-ttl": (3600.0, False),
     "--session-routing": (None, False),
     "--session-routing-opt": ([], False),

@@ -42,6 +42,20 @@ class SessionsConfig:
         help="assistant steps a linear session's turn may roll back, for agents that retry "
         "from an older checkpoint (64, as the rollout framework; 1: only the last step)",
     )
+    reclaimed_ids: int = option(
+        "--reclaimed-ids",
+        default=4096,
+        parse=int,
+        help="deleted session ids remembered, so a late turn to one gets 410 Gone rather "
+        "than 404 (4096, the oldest dropped first; 0 = none; kept across restarts with "
+        "--records-dir)",
+    )
+    reclaimed_ttl: float = option(
+        "--reclaimed-ttl",
+        default=3600.0,
+        parse=float,
+        help="seconds a deleted session id answers 410 before it is forgotten (3600)",
+    )
     header_session_ttl: float = option(
         "--header-session-ttl",
         default=3600.0,

@@ -58,12 +58,16 @@ def core_settings(sessions: SessionsConfig) -> dict[str, Any]:
         raise SystemExit("--max-trim-tokens must be >= 0")
     if sessions.max_rollback_steps < 1:
         raise SystemExit("--max-rollback-steps must be >= 1")
+    if sessions.reclaimed_ids < 0 or sessions.reclaimed_ttl < 0:
+        raise SystemExit("--reclaimed-ids and --reclaimed-ttl must be >= 0")
     if sessions.header_session_ttl < 0:
         raise SystemExit("--header-session-ttl must be >= 0")
     return {
         "allowed_append_roles": roles,
         "max_trim_tokens": sessions.max_trim_tokens,
         "max_rollback_steps": sessions.max_rollback_steps,
+        "reclaimed_ids": sessions.reclaimed_ids,
+        "reclaimed_ttl": sessions.reclaimed_ttl,
         "header_session_ttl": sessions.header_session_ttl,
     }
 

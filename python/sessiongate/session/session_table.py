@@ -9,6 +9,7 @@ of the core (reads.py, turn.py) are given the table and find their sessions thro
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -21,12 +22,14 @@ from sessiongate.errors import (
     BadRequest,
     GatewayError,
     RecordsBudgetFull,
+    SessionGone,
     SessionNotFound,
     TooManySessions,
 )
 from sessiongate.primitives import new_session_id, shard_key, validate_session_id
 from sessiongate.protocol import CoreReply, CoreRequest, json_reply, parse_json_object
 from sessiongate.session.freed_memory import FreedMemory
+from sessiongate.session.reclaimed import ReclaimedIds
 from sessiongate.session.settings import SessionSettings
 from sessiongate.session.state import Session
 from sessiongate.session.store.records_store import RecordsStore, RecoveryReport
@@ -72,6 +75,8 @@ class SessionTable:
         self.sessions_expired = 0
         # id -> idle TTL it expired under, oldest first (bounded by EXPIRED_IDS_KEPT).
         self.expired_ids: OrderedDict[str, float] = OrderedDict()
+        # Deleted ids, answered 410 for a while (session/reclaimed.py).
+        self.reclaimed = ReclaimedIds(settings.reclaimed_ids, settings.reclaimed_ttl)
         # Called as hook(session_id, reason) exactly once per session when it ends.
         self.end_hooks: list[Callable[[str, str], None]] = []
         self._expiry: asyncio.Task[None] | None = None
@@ -87,7 +92,14 @@ class SessionTable:
         only after this). Returns what was recovered, or None without a store."""
         if self.store is None:
             return None
-        for session in self.store.recover():
+        if self.reclaimed.enabled:
+            self.reclaimed.load(self.store.read_reclaimed(), time.time())
+        sessions = self.store.recover()
+        for session in sessions:
+            self.reclaimed.discard(session.session_id)  # created again since
+        if self.reclaimed.enabled:
+            self.store.rewrite_reclaimed(self.reclaimed.entries(time.time()))
+        for session in sessions:
             self.sessions[session.session_id] = session
             self.records_bytes += session.records_bytes
             if self.stamper is not None:
@@ -125,12 +137,26 @@ class SessionTable:
         session.last_active = time.monotonic()
         return session
 
-    def not_found(self, session_id: str) -> SessionNotFound:
-        """The 404 for an unknown id, saying so when it expired."""
+    def not_found(self, session_id: str) -> SessionNotFound | SessionGone:
+        """The 404 for an unknown id, saying so when it expired; the 410 for one deleted
+        lately (--reclaimed-ttl)."""
+        gone = self.gone(session_id)
+        if gone is not None:
+            return gone
         ttl = self.expired_ids.get(session_id)
         if ttl is not None:
             return SessionNotFound(f"session {session_id} expired after {ttl:g} s idle")
         return SessionNotFound(f"session {session_id} not found{self.settings.not_found_note}")
+
+    def gone(self, session_id: str) -> SessionGone | None:
+        """The 410 for a session deleted within --reclaimed-ttl, else None."""
+        age = self.reclaimed.age(session_id, time.time())
+        if age is None:
+            return None
+        return SessionGone(
+            f"session {session_id} was deleted {age:.0f} s ago (reclaimed by its trainer); "
+            "its records are gone"
+        )
 
     def add_session(
         self, session_id: str, parent: Session | None, *, from_header: bool = False
@@ -142,8 +168,10 @@ class SessionTable:
                 f"{self.settings.label} holds {len(self.sessions)} sessions, the limit "
                 f"(--max-sessions {limit}); delete finished sessions"
             )
-        # A header id may come back after its session expired: it is a new session now.
+        # A header id may come back after its session expired, and an id deleted may be
+        # created again on purpose: it is a new session now.
         self.expired_ids.pop(session_id, None)
+        self.reclaimed.discard(session_id)
         session = Session(
             session_id=session_id,
             parent_id=parent.session_id if parent else None,
@@ -243,7 +271,15 @@ class SessionTable:
         return json_reply(200, {"session_id": session_id})
 
     async def delete(self, request: CoreRequest) -> CoreReply:
-        await self.close(self.open_session(self.session_id(request)), "deleted")
+        session_id = self.session_id(request)
+        await self.close(self.open_session(session_id), "deleted")
+        if self.reclaimed.enabled:
+            now = time.time()
+            self.reclaimed.add(session_id, now)
+            if self.store is not None:
+                # Best effort, like the file's removal before it: a lost line costs a 404
+                # instead of a 410 after a restart, nothing else.
+                self.store.append_reclaimed(session_id, now).add_done_callback(_log_failure)
         return CoreReply(204, [])
 
     async def close(self, session: Session, reason: str) -> None:
@@ -304,3 +340,9 @@ class SessionTable:
                 if len(self.expired_ids) > EXPIRED_IDS_KEPT:
                     self.expired_ids.popitem(last=False)
         return expired
+
+
+def _log_failure(future: concurrent.futures.Future[None]) -> None:
+    exc = future.exception()
+    if exc is not None:
+        logger.warning("could not write a reclaimed session id to the records directory: %s", exc)

@@ -24,6 +24,9 @@ class SessionSettings:
     max_trim_tokens: int = 0
     # Assistant steps a linear session's turn may roll back (--max-rollback-steps).
     max_rollback_steps: int = 64
+    # Deleted session ids answered 410 (--reclaimed-ids, 0 = none) for --reclaimed-ttl s.
+    reclaimed_ids: int = 4096
+    reclaimed_ttl: float = 3600.0
     # Stop tokens that also open the next message, dropped where it joins (`--tito-model`'s
     # family, e.g. GLM 4.7; session/tito_families.py).
     boundary_stop_tokens: tuple[str, ...] = ()

@@ -95,6 +95,12 @@ class SessionTurns:
         session = table.sessions.get(session_id)
         if session is None and not request.auto_create:
             raise table.not_found(session_id)
+        if session is None:
+            # A session header naming a deleted session: its late turn must not start a new
+            # one under the same id.
+            gone = table.gone(session_id)
+            if gone is not None:
+                raise gone
         # Before the session is created and long before the upstream is asked: a refused
         # turn costs the engine nothing and leaves no empty session behind.
         table.check_records_budget()

@@ -52,6 +52,8 @@ Durability = Literal["none", "flush", "fsync"]
 # DURABILITIES (config/records.py) lists the same three words, for the command line.
 FORMAT = 1
 MANIFEST = "store.json"
+# Deleted session ids and when, one "<id> <unix time>" line each (session/reclaimed.py).
+RECLAIMED = "reclaimed"
 
 
 def session_file_name(session_id: str) -> str:
@@ -172,6 +174,44 @@ class RecordsStore:
 
     def remove(self, session_id: str) -> concurrent.futures.Future[None]:
         return self._writer.submit(self._remove, session_id)
+
+    # -- reclaimed ids (session/reclaimed.py) ---------------------------------------------
+
+    @property
+    def reclaimed_path(self) -> Path:
+        return self.settings.directory / RECLAIMED
+
+    def append_reclaimed(self, session_id: str, when: float) -> concurrent.futures.Future[None]:
+        """Queue a deleted session's tombstone line (after its file's removal: same writer)."""
+        return self._writer.submit(self._append_reclaimed, f"{session_id} {when!r}\n")
+
+    def _append_reclaimed(self, line: str) -> None:
+        with open(self.reclaimed_path, "a", encoding="ascii") as file:
+            file.write(line)
+
+    def read_reclaimed(self) -> list[tuple[str, float]]:
+        """The tombstones written before, oldest first; unreadable lines are skipped (a
+        line cut off by a crash)."""
+        try:
+            text = self.reclaimed_path.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            return []
+        entries: list[tuple[str, float]] = []
+        for line in text.splitlines():
+            parts = line.split(" ")
+            if len(parts) != 2:
+                continue
+            try:
+                entries.append((parts[0], float(parts[1])))
+            except ValueError:
+                continue
+        return entries
+
+    def rewrite_reclaimed(self, entries: list[tuple[str, float]]) -> None:
+        """Compact the file to `entries` (at recovery, before any writer task runs)."""
+        temporary = self.reclaimed_path.with_suffix(".tmp")
+        temporary.write_text("".join(f"{i} {w!r}\n" for i, w in entries), encoding="ascii")
+        os.replace(temporary, self.reclaimed_path)
 
     async def settle(self, future: concurrent.futures.Future[Any]) -> Any:
         """Wait for a write as the durability setting says (none: do not wait)."""
