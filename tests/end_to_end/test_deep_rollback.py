@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -80,3 +81,37 @@ def test_rollback_up_to_64_steps(gateway: str) -> None:
     assert after["records"][1]["request"]["input_ids"][: len(checkpoint)] == checkpoint
     assert health_after[0] - health_before[0] == 1
     assert health_after[1] - health_before[1] == LIMIT
+
+
+def test_a_deep_rollback_is_recovered_from_the_records_directory(tmp_path: Path) -> None:
+    # Recovery replays each entry against the checkpoint it kept (store/records_store.py
+    # replay_turn): a turn that kept the first of five checkpoints must rebuild from links.
+    with mock_engine("--completion-tokens", "4") as engine:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--backend", engine.url, "--workers", "0"]
+        argv += ["--records-dir", str(tmp_path)]
+        with (
+            ServerProcess(argv, port, timeout=60) as proc,
+            httpx.Client(base_url=proc.url, timeout=30) as client,
+        ):
+            sid = client.post("/sessions", json={}).json()["session_id"]
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+            for step in range(5):
+                reply = turn(client, sid, messages)
+                messages.append(reply.json()["choices"][0]["message"])
+                messages.append({"role": "tool", "content": f"result {step}"})
+            retried = turn(client, sid, [*messages[:2], {"role": "tool", "content": "again"}])
+            assert retried.status_code == 200, retried.text
+            extended = [*messages[:2], {"role": "tool", "content": "again"}]
+            extended += [retried.json()["choices"][0]["message"], {"role": "user", "content": "on"}]
+            assert turn(client, sid, extended).status_code == 200
+            before = client.get(f"/sessions/{sid}").json()
+        with (
+            ServerProcess(argv, port, timeout=60) as proc,
+            httpx.Client(base_url=proc.url, timeout=30) as client,
+        ):
+            after = client.get(f"/sessions/{sid}").json()
+    assert [r["rollback_steps"] for r in after["records"]] == [0, 4, 0]
+    assert after["records"] == before["records"]
+    assert after["metadata"]["accumulated_token_ids"] == before["metadata"]["accumulated_token_ids"]
+    assert trajectory_problems(after) == []
