@@ -2,9 +2,10 @@
 
 The chat route answers SGLang 0.5.23's OpenAI chat contract (see docs/mock-engine.md for the
 source of every shape) by putting together `chat_request` (what is refused), `reply` (the
-non-stream body) and `stream` (the SSE chunks). Beside it: SGLang's own `/health`,
-`/v1/models`, `/model_info`, `/abort_request` and `/update_weight_version`, and the mock's
-`/mock/*` introspection and fault-injection routes (plus `X-Mock-Fail` and `--fail-rate`).
+non-stream body) and `stream` (the SSE chunks); `responses_api` answers `/v1/responses`
+through that route. Beside it: SGLang's own `/health`, `/v1/models`, `/model_info`,
+`/abort_request` and `/update_weight_version`, and the mock's `/mock/*` introspection and
+fault-injection routes (plus `X-Mock-Fail` and `--fail-rate`).
 
 Heavy work (prompt validation/tokenization, generation, R3 bytes, JSON assembly) runs in a
 worker thread so `/health` keeps answering while a 100 MiB reply is being built.
