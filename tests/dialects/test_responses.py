@@ -390,6 +390,40 @@ def test_encrypted_reasoning_when_included() -> None:
     assert decode_reasoning_state(item["encrypted_content"]) == "deep"
 
 
+def test_output_text_logprobs_when_included() -> None:
+    """create_responses' logprob_kwargs (chat logprobs with top_logprobs or 0) and
+    `_build_output_text_logprobs`: bytes are the token text's UTF-8, top logprobs keyed by
+    text (utils.py `to_openai_style_logprobs`)."""
+    request = {"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    chat = responses_to_chat(request, None)
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 2)
+    reply = chat_reply("Hi")
+    reply["choices"][0]["logprobs"] = {
+        "content": [
+            {
+                "token": "Hi",
+                "logprob": -0.5,
+                "bytes": [72, 105],
+                "top_logprobs": [
+                    {"token": "Hi", "logprob": -0.5, "bytes": [72, 105]},
+                    {"token": "\ufffd", "logprob": -3.0, "bytes": [226]},
+                    {"token": "\ufffd", "logprob": -4.0, "bytes": [227]},
+                ],
+            }
+        ]
+    }
+    out = chat_reply_to_response(reply, {**request, "model": "m"})
+    logprobs = Response.model_validate(out).output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert logprobs is not None and logprobs[0].bytes == [72, 105]
+    assert [(t.token, t.logprob, t.bytes) for t in logprobs[0].top_logprobs] == [
+        ("Hi", -0.5, [72, 105]),
+        ("\ufffd", -4.0, [239, 191, 189]),
+    ]
+    assert (
+        chat_reply_to_response(reply, {"input": "x"})["output"][0]["content"][0]["logprobs"] is None
+    )
+
+
 @pytest.mark.parametrize(
     ("finish", "status"), [("length", "incomplete"), ("abort", "failed"), ("stop", "completed")]
 )

@@ -98,6 +98,20 @@ def test_max_output_tokens_is_incomplete(client: openai.OpenAI) -> None:
     assert response.usage is not None and response.usage.output_tokens == 3
 
 
+def test_logprobs_included(client: openai.OpenAI) -> None:
+    """include message.output_text.logprobs: the output text carries a logprob for every
+    generated token, the reasoning's included (serving_responses.py
+    `_build_output_text_logprobs`; non-stream only). The mock's chat has no top logprobs."""
+    response = client.responses.create(
+        model=MODEL, input="Hi", include=["message.output_text.logprobs"], top_logprobs=2
+    )
+    message = next(item for item in response.output if item.type == "message")
+    logprobs = message.content[0].logprobs  # type: ignore[union-attr]
+    assert response.usage is not None and logprobs is not None
+    assert len(logprobs) == response.usage.output_tokens
+    assert logprobs[0].token == "<think>" and logprobs[0].bytes == list(b"<think>")
+
+
 def test_refusals(client: openai.OpenAI, engine: ServerProcess) -> None:
     """Stateless SGLang refuses previous_response_id (its store is off), an unknown model
     (404), built-in tools (sessiongate's dialect) in the {"error": {...}} envelope."""

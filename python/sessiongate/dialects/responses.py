@@ -179,14 +179,8 @@ def _check_request(body: Mapping[str, Any]) -> None:
     choice = effective_tool_choice(body)
     if isinstance(choice, dict) and not any(tool.get("name") == choice["name"] for tool in tools):
         raise _invalid(f"Tool {choice['name']!r} is not declared in tools", "tool_choice")
-    if "message.output_text.logprobs" in include:
-        if body.get("stream"):
-            raise _invalid("logprobs are not supported in streaming mode", "logprobs")
-        raise _invalid(
-            "include=['message.output_text.logprobs'] is not supported by sessiongate's "
-            "Responses dialect",
-            "include",
-        )
+    if "message.output_text.logprobs" in include and body.get("stream"):
+        raise _invalid("logprobs are not supported in streaming mode", "logprobs")
 
 
 def _history(body: Mapping[str, Any], previous: Previous | None) -> list[dict[str, Any]]:
@@ -526,6 +520,10 @@ def responses_to_chat(
         kwargs = {"thinking": False, "enable_thinking": False, **(kwargs or {})}
     if kwargs is not None:
         chat["chat_template_kwargs"] = kwargs
+    if _include(body, "message.output_text.logprobs"):
+        # create_responses' logprob_kwargs: every generated token, top_logprobs or 0.
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.get("top_logprobs") or 0
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
@@ -598,13 +596,46 @@ def reasoning_item(
     }
 
 
-def _output_text(text: str) -> dict[str, Any]:
-    return {"annotations": [], "text": text, "type": "output_text", "logprobs": None}
+def _output_text(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
 
-def message_item(item_id: str, text: str, status: str, phase: str) -> dict[str, Any]:
+def output_logprobs(chat_reply: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """serving_responses.py `_build_output_text_logprobs` over the chat reply's logprobs:
+    each token with `bytes` = its text's UTF-8 (not the engine's bytes), and its top
+    logprobs keyed by text as utils.py `to_openai_style_logprobs` keys them (a repeated text
+    keeps its first place and its last logprob)."""
+    choice = (chat_reply.get("choices") or [{}])[0]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    out: list[dict[str, Any]] = []
+    for entry in content:
+        top: dict[str, float] = {}
+        for alt in entry.get("top_logprobs") or []:
+            top[alt["token"]] = alt["logprob"]
+        token = entry["token"]
+        out.append(
+            {
+                "token": token,
+                "bytes": list(token.encode("utf-8")),
+                "logprob": entry["logprob"],
+                "top_logprobs": [
+                    {"token": t, "bytes": list(t.encode("utf-8")), "logprob": lp}
+                    for t, lp in top.items()
+                ],
+            }
+        )
+    return out
+
+
+def message_item(
+    item_id: str,
+    text: str,
+    status: str,
+    phase: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """protocol.py `ResponseOutputMessage` (with SGLang's `phase`)."""
-    content = [_output_text(text)] if status == "completed" else []
+    content = [_output_text(text, logprobs)] if status == "completed" else []
     return {
         "id": item_id,
         "content": content,
@@ -643,7 +674,12 @@ def _output_items(
         items.append(reasoning_item(request, reasoning, f"rs_{_hex()}", "completed"))
     if content:
         phase = "commentary" if calls else "final_answer"
-        items.append(message_item(f"msg_{_hex()}", content, "completed", phase))
+        logprobs = (
+            output_logprobs(chat_reply)
+            if _include(request, "message.output_text.logprobs")
+            else None
+        )
+        items.append(message_item(f"msg_{_hex()}", content, "completed", phase, logprobs))
     for call in calls:
         items.append(function_call_item(call, f"fc_{_hex()[:8]}", status="completed"))
     return items
