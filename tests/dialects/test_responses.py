@@ -295,14 +295,75 @@ def test_previous_response_id_errors() -> None:
         "computer_use_preview",
         "mcp",
         "image_generation",
-        "custom",
+        "local_shell",
+        "namespace",
     ],
 )
 def test_builtin_tools_are_refused(tool_type: str) -> None:
-    """Built-in tools run server-side in SGLang (`_generate_with_builtin_tools`, tool_server)
-    and custom tools need the freeform shim (responses_adapters.py): refused, naming it."""
+    """Built-in tools run server-side in SGLang (`_generate_with_builtin_tools`, tool_server);
+    namespace tools need the muse parser: refused, naming the type."""
     error = refused({"input": "x", "tools": [{"type": tool_type, "name": "t"}]})
     assert (error.status, error.param) == (400, "tools") and repr(tool_type) in error.message
+
+
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Apply a patch",
+    "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+}
+PATCH_CALL = {
+    "id": "call_abcdefabcdefabcdefabcdef",
+    "type": "function",
+    "function": {"name": "apply_patch", "arguments": '{"input": "*** Begin Patch\\n"}'},
+}
+
+
+def test_custom_tools_go_through_the_string_shim() -> None:
+    """`_response_tools_to_chat_tools` + responses_adapters.py `custom_tool_parameters` /
+    `custom_tool_description`: a custom tool is a function tool with one string property
+    `input`, its grammar described; a replayed custom_tool_call is a call whose arguments
+    are `encode_custom_tool_input(input)`; its output a tool message."""
+    body = {
+        "input": [
+            {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "p"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"},
+        ],
+        "tools": [APPLY_PATCH],
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+    }
+    chat = responses_to_chat(body, None)
+    function = chat["tools"][0]["function"]
+    assert function["description"] == (
+        "Apply a patch\n\nThe payload must conform to this lark grammar:\nstart: /.+/"
+    )
+    assert function["parameters"]["required"] == ["input"]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    call, output = chat["messages"]
+    assert call["tool_calls"][0]["function"]["arguments"] == '{"input": "p"}'
+    assert output == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+
+
+def test_custom_tool_call_output_item_and_events() -> None:
+    """`_make_tool_call_item` (custom): a custom_tool_call with the decoded payload
+    (`decode_custom_tool_input`); streamed as added, custom_tool_call_input.delta / .done,
+    item done."""
+    request = {"model": "m", "input": "fix it", "tools": [APPLY_PATCH]}
+    out = chat_reply_to_response(chat_reply(None, calls=[PATCH_CALL], finish="tool_calls"), request)
+    (item,) = Response.model_validate(out).output
+    assert item.type == "custom_tool_call" and item.input == "*** Begin Patch\n"
+    assert item.call_id == PATCH_CALL["id"] and (item.id or "").startswith("ctc_")
+    events = parse_events(
+        response_stream_events(chat_reply(None, calls=[PATCH_CALL], finish="tool_calls"), request)
+    )
+    assert [e["type"] for e in events][2:] == [
+        "response.output_item.added",
+        "response.custom_tool_call_input.delta",
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert events[4]["input"] == "*** Begin Patch\n"
 
 
 def test_shell_tool_refused_as_sglang_words_it() -> None:

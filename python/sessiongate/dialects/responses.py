@@ -76,6 +76,10 @@ DEFAULT_TOP_P = 1.0
 # responses_adapters.py DEVELOPER_BLOCK_LABEL and _REASONING_STATE_PREFIX.
 DEVELOPER_BLOCK_LABEL = "Developer instructions:"
 REASONING_STATE_PREFIX = "sglang-reasoning-v1."
+# The tool types converted to chat tools (`custom` through SGLang's single-string shim).
+CONVERTED_TOOL_TYPES = frozenset({"function", "custom"})
+# responses_adapters.py CUSTOM_TOOL_INPUT_KEY.
+CUSTOM_TOOL_INPUT_KEY = "input"
 # Content parts sessiongate converts; images, files and audio are refused (text prompts).
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 MEDIA_PARTS = frozenset({"input_image", "input_file", "input_audio", "image_url"})
@@ -155,10 +159,11 @@ def _check_request(body: Mapping[str, Any]) -> None:
     for kind in (tool["type"] for tool in tools):
         if kind == "shell":
             raise _invalid("Shell tools are not supported by this model", "tools")
-        if kind != "function":
+        if kind not in CONVERTED_TOOL_TYPES:
             raise _invalid(
                 f"Tool type {kind!r} is not supported by sessiongate's Responses dialect: "
-                "only function tools are converted (built-in and custom tools are not)",
+                "only function and custom tools are converted (built-in tools run inside "
+                "SGLang's server)",
                 "tools",
             )
     include = body.get("include") or []
@@ -170,14 +175,19 @@ def _check_request(body: Mapping[str, Any]) -> None:
             "on the request's connection",
             "background",
         )
-    if body.get("tool_choice") == "required" and not tools:
+    if body.get("tool_choice") == "required" and not any(
+        tool["type"] in CONVERTED_TOOL_TYPES for tool in tools
+    ):
         raise _invalid(
             'tool_choice="required" requires at least one tool with '
             'type="function" or type="custom"; other built-in tool types '
             "cannot be forced."
         )
     choice = effective_tool_choice(body)
-    if isinstance(choice, dict) and not any(tool.get("name") == choice["name"] for tool in tools):
+    if isinstance(choice, dict) and not any(
+        tool["type"] in CONVERTED_TOOL_TYPES and tool.get("name") == choice["name"]
+        for tool in tools
+    ):
         raise _invalid(f"Tool {choice['name']!r} is not declared in tools", "tool_choice")
     if "message.output_text.logprobs" in include and body.get("stream"):
         raise _invalid("logprobs are not supported in streaming mode", "logprobs")
@@ -310,19 +320,27 @@ def input_item_to_message(item: dict[str, Any]) -> dict[str, Any] | None:
             "role": "assistant",
             "tool_calls": [{"id": call_id, "type": "function", "function": function}],
         }
-    if kind == "function_call_output":
+    if kind == "custom_tool_call":
+        # Replayed through the same single-string shim the tool was offered as.
+        arguments = encode_custom_tool_input(item.get("input") or "")
+        function = {"name": item.get("name"), "arguments": arguments}
+        return {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": item.get("call_id") or item.get("id"),
+                    "type": "function",
+                    "function": function,
+                }
+            ],
+        }
+    if kind in ("function_call_output", "custom_tool_call_output"):
         output = item.get("output", "")
         if isinstance(output, list):  # `_flatten_tool_output`
             output = "".join(p.get("text", "") for p in output if isinstance(p, dict))
         return {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
     if kind == "reasoning":
         return _reasoning_message(item)
-    if kind in ("custom_tool_call", "custom_tool_call_output"):
-        raise _invalid(
-            f"Input item type {kind!r} is not supported by sessiongate's Responses dialect: "
-            "custom tools are not converted",
-            "input",
-        )
     if kind not in (None, "message"):
         # `_construct_input_messages` raises ValueError; `create_responses` answers
         # create_error_response(f"{e} {e.__cause__}").
@@ -405,22 +423,85 @@ def coalesce_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return others
 
 
+def encode_custom_tool_input(payload: str) -> str:
+    """responses_adapters.py `encode_custom_tool_input`: the shim call's arguments."""
+    return json.dumps({CUSTOM_TOOL_INPUT_KEY: payload}, ensure_ascii=False)
+
+
+def decode_custom_tool_input(arguments: str) -> str:
+    """responses_adapters.py `decode_custom_tool_input`: the payload of a shim call's
+    arguments (the only string value of a one-key object, else the raw text)."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(parsed, dict):
+        value = parsed.get(CUSTOM_TOOL_INPUT_KEY)
+        if isinstance(value, str):
+            return value
+        if len(parsed) == 1:
+            only = next(iter(parsed.values()))
+            if isinstance(only, str):
+                return only
+    return arguments
+
+
+def custom_tool_description(description: Any, tool_format: Any) -> str | None:
+    """responses_adapters.py `custom_tool_description`: the description, then a grammar
+    format described (not enforced) to the model."""
+    parts = [description] if description else []
+    if isinstance(tool_format, dict) and tool_format.get("type") == "grammar":
+        syntax = tool_format.get("syntax") or "lark"
+        definition = tool_format.get("definition") or ""
+        parts.append(f"The payload must conform to this {syntax} grammar:\n{definition}")
+    return "\n\n".join(parts) or None
+
+
+def custom_tool_parameters() -> dict[str, Any]:
+    """responses_adapters.py `custom_tool_parameters`: one required string property."""
+    return {
+        "type": "object",
+        "properties": {
+            CUSTOM_TOOL_INPUT_KEY: {
+                "type": "string",
+                "description": "The freeform text payload for this tool.",
+            }
+        },
+        "required": [CUSTOM_TOOL_INPUT_KEY],
+        "additionalProperties": False,
+    }
+
+
+def custom_tool_names(request: Mapping[str, Any]) -> set[str]:
+    """responses_adapters.py `custom_tool_names`."""
+    return {
+        tool["name"]
+        for tool in request.get("tools") or []
+        if isinstance(tool, dict) and tool.get("type") == "custom" and tool.get("name")
+    }
+
+
 def chat_tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """serving_responses.py `_response_tools_to_chat_tools`: each function tool as a chat
-    tool (`strict` defaults to False, protocol.py `ResponseTool`)."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool["name"],
-                "description": tool.get("description"),
-                "parameters": tool.get("parameters"),
-                "strict": bool(tool.get("strict", False)),
-            },
+    tool (`strict` defaults to False, protocol.py `ResponseTool`); a named custom tool as a
+    function tool with one string parameter (responses_adapters.py shim)."""
+    out = []
+    for tool in body.get("tools") or []:
+        if tool.get("type") == "function":
+            description, parameters = tool.get("description"), tool.get("parameters")
+        elif tool.get("type") == "custom" and tool.get("name"):
+            description = custom_tool_description(tool.get("description"), tool.get("format"))
+            parameters = custom_tool_parameters()
+        else:
+            continue
+        function = {
+            "name": tool["name"],
+            "description": description,
+            "parameters": parameters,
+            "strict": bool(tool.get("strict", False)),
         }
-        for tool in body.get("tools") or []
-        if tool.get("type") == "function"
-    ]
+        out.append({"type": "function", "function": function})
+    return out
 
 
 def _response_format(text: Any) -> dict[str, Any] | None:
@@ -663,6 +744,24 @@ def function_call_item(
     }
 
 
+def custom_tool_call_item(
+    call: Mapping[str, Any], item_id: str, *, payload: str | None = None
+) -> dict[str, Any]:
+    """serving_responses.py `_make_tool_call_item` (custom tools): `ctc_` id, the freeform
+    payload decoded from the shim call's arguments as `input`."""
+    function = call.get("function") or {}
+    if payload is None:
+        payload = decode_custom_tool_input(function.get("arguments") or "")
+    call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
+    return {
+        "call_id": call_id or f"call_{_hex()[:24]}",
+        "input": payload,
+        "name": function.get("name") or "",
+        "type": "custom_tool_call",
+        "id": item_id,
+    }
+
+
 def _output_items(
     request: Mapping[str, Any], chat_reply: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
@@ -680,8 +779,12 @@ def _output_items(
             else None
         )
         items.append(message_item(f"msg_{_hex()}", content, "completed", phase, logprobs))
+    custom = custom_tool_names(request)
     for call in calls:
-        items.append(function_call_item(call, f"fc_{_hex()[:8]}", status="completed"))
+        if (call.get("function") or {}).get("name") in custom:
+            items.append(custom_tool_call_item(call, f"ctc_{_hex()[:8]}"))
+        else:
+            items.append(function_call_item(call, f"fc_{_hex()[:8]}", status="completed"))
     return items
 
 
@@ -891,6 +994,21 @@ def _stream_call(events: _Events, call: Mapping[str, Any], index: int) -> dict[s
     return item
 
 
+def _stream_custom_call(events: _Events, call: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """A custom tool call's events (`_emit_tool_calls`, `_close_tool_call_state`): added
+    with empty input, one input delta (none when empty), input done, item done."""
+    item_id = f"ctc_{_hex()[:8]}"
+    added = custom_tool_call_item(call, item_id, payload="")
+    item = {**added, "input": custom_tool_call_item(call, item_id)["input"]}
+    at = {"item_id": item_id, "output_index": index}
+    events.send("response.output_item.added", item=added, output_index=index)
+    if item["input"]:
+        events.send("response.custom_tool_call_input.delta", delta=item["input"], **at)
+    events.send("response.custom_tool_call_input.done", input=item["input"], **at)
+    events.send("response.output_item.done", item=item, output_index=index)
+    return item
+
+
 def response_stream_events(
     chat_reply: Mapping[str, Any],
     request: Mapping[str, Any],
@@ -924,8 +1042,12 @@ def response_stream_events(
     if content:
         phase = "commentary" if calls else "final_answer"
         output.append(_stream_message(events, content, len(output), phase))
+    custom = custom_tool_names(request)
     for call in calls:
-        output.append(_stream_call(events, call, len(output)))
+        if (call.get("function") or {}).get("name") in custom:
+            output.append(_stream_custom_call(events, call, len(output)))
+        else:
+            output.append(_stream_call(events, call, len(output)))
     status = status_from_finish_reason(finish)
     final = response_object(
         request,
