@@ -74,6 +74,18 @@ def test_function_call_and_store_false_follow_up(client: openai.OpenAI) -> None:
     assert second.status == "completed" and second.output
 
 
+def test_custom_tool_call(client: openai.OpenAI) -> None:
+    """A custom tool goes out as SGLang's string shim; the call comes back as a
+    custom_tool_call with the decoded payload, streamed or not."""
+    tool: Any = {"type": "custom", "name": "apply_patch", "description": "Apply a patch"}
+    response = client.responses.create(model=MODEL, input="Fix it", tools=[tool])
+    (call,) = [item for item in response.output if item.type == "custom_tool_call"]
+    assert call.name == "apply_patch" and isinstance(call.input, str)
+    events = list(client.responses.create(model=MODEL, input="Fix it", tools=[tool], stream=True))
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert [e.input for e in done] == [call.input]
+
+
 def test_stream_events(client: openai.OpenAI) -> None:
     """stream=true: the SDK parses every event; created .. completed, in sequence, and the
     text deltas add up to the final message."""
