@@ -21,6 +21,7 @@ from sessiongate.dialects.responses import (
     error_body,
     response_stream_events,
     responses_to_chat,
+    stored_items,
 )
 
 TOOL = {
@@ -525,6 +526,27 @@ def test_store_false_client_resends_the_output() -> None:
     third = {**request, "input": [{"role": "user", "content": "Weather?"}, *bare["output"]]}
     (merged,) = responses_to_chat(third, None)["messages"][1:]
     assert merged["reasoning_content"] == "think" and len(merged["tool_calls"]) == 1
+
+
+def test_stored_items_chain_previous_response_ids() -> None:
+    """`responses_full_generator` stores `_response_input_history(request)` + the output
+    dumped with exclude_none; the next turn's previous_response_id renders all of it."""
+    store: dict[str, list[dict[str, Any]]] = {}
+    first_request = {"model": "m", "input": "Q1"}
+    first = chat_reply_to_response(chat_reply("A1"), first_request)
+    store[first["id"]] = stored_items(first_request, first, store.__getitem__)
+    assert store[first["id"]][1]["content"] == [
+        {"annotations": [], "text": "A1", "type": "output_text"}
+    ]
+    second_request = {"model": "m", "input": "Q2", "previous_response_id": first["id"]}
+    second = chat_reply_to_response(chat_reply("A2"), second_request)
+    store[second["id"]] = stored_items(second_request, second, store.__getitem__)
+    third = {"model": "m", "input": "Q3", "previous_response_id": second["id"]}
+    messages = responses_to_chat(third, store.__getitem__)["messages"]
+    texts = [
+        m["content"] if isinstance(m["content"], str) else m["content"][0]["text"] for m in messages
+    ]
+    assert texts == ["Q1", "A1", "Q2", "A2", "Q3"]
 
 
 # ---- stream -------------------------------------------------------------------------------

@@ -905,6 +905,26 @@ def chat_reply_to_response(
     return response
 
 
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def stored_items(
+    request: Mapping[str, Any], response: Mapping[str, Any], previous: Previous | None
+) -> list[dict[str, Any]]:
+    """What SGLang's `msg_store` keeps for a response (serving_responses.py
+    `responses_full_generator`): the request's input history (`_response_input_history`:
+    the previous response's items first), then the output items dumped without nulls
+    (`model_dump(exclude_none=True)`). A session keeps this per response id and returns it
+    from the `previous` callback of the next turn's `responses_to_chat`."""
+    history = _history(request, previous)
+    return history + [_without_nulls(item) for item in response.get("output") or []]
+
+
 # ---- stream -------------------------------------------------------------------------------
 
 
