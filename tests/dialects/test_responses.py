@@ -391,6 +391,7 @@ def test_other_refusals() -> None:
     named = {"input": "x", "tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}
     assert refused(named).message == "Tool 'nope' is not declared in tools"
     assert refused({"input": 3}).error_type == "Bad Request"
+    assert refused({"input": "x", "tool_choice": "any"}).error_type == "Bad Request"
 
 
 def test_error_envelope() -> None:

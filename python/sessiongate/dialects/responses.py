@@ -166,6 +166,14 @@ def _check_request(body: Mapping[str, Any]) -> None:
                 "SGLang's server)",
                 "tools",
             )
+    if not isinstance(body.get("tool_choice", "auto"), dict) and body.get(
+        "tool_choice", "auto"
+    ) not in (
+        "auto",
+        "required",
+        "none",
+    ):
+        raise _validation("tool_choice: Input should be 'auto', 'required', 'none' or an object")
     include = body.get("include") or []
     if not isinstance(include, list) or any(value not in INCLUDE_VALUES for value in include):
         raise _validation(f"include: Input should be a list of {sorted(INCLUDE_VALUES)}")
