@@ -2,9 +2,10 @@
 
 The chat route answers SGLang 0.5.23's OpenAI chat contract (see docs/mock-engine.md for the
 source of every shape) by putting together `chat_request` (what is refused), `reply` (the
-non-stream body) and `stream` (the SSE chunks). Beside it: SGLang's own `/health`,
-`/v1/models`, `/model_info`, `/abort_request` and `/update_weight_version`, and the mock's
-`/mock/*` introspection and fault-injection routes (plus `X-Mock-Fail` and `--fail-rate`).
+non-stream body) and `stream` (the SSE chunks); `responses_api` answers `/v1/responses`
+through that route. Beside it: SGLang's own `/health`, `/v1/models`, `/model_info`,
+`/abort_request` and `/update_weight_version`, and the mock's `/mock/*` introspection and
+fault-injection routes (plus `X-Mock-Fail` and `--fail-rate`).
 
 Heavy work (prompt validation/tokenization, generation, R3 bytes, JSON assembly) runs in a
 worker thread so `/health` keeps answering while a 100 MiB reply is being built.
@@ -42,6 +43,7 @@ from sessiongate.mock_engine.generate import CompletionGenerator
 from sessiongate.mock_engine.native import NativeRoutes, cache_namespace
 from sessiongate.mock_engine.prefix_cache import PrefixCache
 from sessiongate.mock_engine.reply import Outcome, build_reply
+from sessiongate.mock_engine.responses_api import ResponsesRoute
 from sessiongate.mock_engine.routed_experts import r3_pool_rows
 from sessiongate.mock_engine.scheduler import Job, StepScheduler
 from sessiongate.mock_engine.state import EngineState, interruptible_sleep
@@ -49,9 +51,9 @@ from sessiongate.mock_engine.stream import stream_events
 from sessiongate.mock_engine.tokens import TokenizerLike
 
 
-def _injected(status: int) -> Response:
+def _injected(status: int) -> ApiError:
     kind = "InternalServerError" if status >= 500 else "BadRequestError"
-    return error_response("injected failure", kind, status)
+    return ApiError("injected failure", kind, status)
 
 
 def _fail_roll(seed: int, counter: int) -> float:
@@ -100,11 +102,13 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
         r3_pool_rows(config.r3_layers, config.r3_topk, config.r3_experts)
 
     chat = OpenAIChatRoute(config, state, generator, scheduler)
+    responses = ResponsesRoute(chat)
     server = SGLangServerRoutes(config, state)
     native = NativeRoutes(state, scheduler)
     mock = MockAdminRoutes(state, scheduler)
     routes = [
         Route("/v1/chat/completions", chat.chat, methods=["POST"]),
+        Route("/v1/responses", responses.responses, methods=["POST"]),
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/v1/loads", native.loads, methods=["GET"]),
@@ -152,31 +156,39 @@ class OpenAIChatRoute:
         state.requests += 1
         counter = state.requests
         received = time.monotonic()
-        body = await self._read_body(request)
-        if isinstance(body, Response):
-            return body
+        try:
+            body = await self.read_body(request)
+            admitted = await self.admit(request, body, counter)
+        except ApiError as exc:
+            return exc.response()
+        if admitted.req.stream:
+            return await self._stream(admitted)
+        return await self._reply(admitted, received)
+
+    async def admit(self, request: Request, body: dict[str, Any], counter: int) -> _AdmittedChat:
+        """Inject the failure asked for (`counter`: the request's number), then prepare and
+        submit the chat body; a refusal raises ApiError (the `/v1/responses` route renders it
+        in its own envelope)."""
+        state = self.state
         injected = self._injected_failure(request, counter)
         if injected is not None:
-            return injected
+            raise injected
 
         headers = {k.lower(): v for k, v in request.headers.items()}
         try:
             req, completion, cached = await anyio.to_thread.run_sync(self._prepare, body, headers)
-        except ApiError as exc:
+        except ApiError:
             state.bad_requests += 1
-            return exc.response()
+            raise
         state.prompt_tokens += completion.prompt_tokens
         abort = asyncio.Event()
         state.running[req.rid] = abort
         job = self._submit(req, completion, cached, abort)
-        admitted = _AdmittedChat(req, completion, cached, abort, job)
+        return _AdmittedChat(req, completion, cached, abort, job)
 
-        if req.stream:
-            return await self._stream(admitted)
-        return await self._reply(admitted, received)
-
-    async def _read_body(self, request: Request) -> dict[str, Any] | Response:
-        """The JSON object of the request (recorded for /mock/requests), or the 400 refusing it."""
+    async def read_body(self, request: Request) -> dict[str, Any]:
+        """The JSON object of the request (recorded for /mock/requests); ApiError: the 400
+        refusing it."""
         state = self.state
         raw = await request.body()
         # http_server.py `validate_json_request`, then FastAPI's body parsing: both end in
@@ -194,18 +206,18 @@ class OpenAIChatRoute:
         if media != "application/json":
             state.bad_requests += 1
             msg = "Unsupported Media Type: Only 'application/json' is allowed"
-            return validation_error(
+            raise validation_error(
                 [{"loc": ("header", "content-type"), "msg": msg, "type": "value_error"}]
-            ).response()
+            )
         if not isinstance(body, dict):
             state.bad_requests += 1
             kind = "json_invalid" if isinstance(body, Exception) else "model_attributes_type"
-            return validation_error(
+            raise validation_error(
                 [{"type": kind, "loc": ("body",), "msg": f"Invalid request body: {kind}"}]
-            ).response()
+            )
         return body
 
-    def _injected_failure(self, request: Request, counter: int) -> Response | None:
+    def _injected_failure(self, request: Request, counter: int) -> ApiError | None:
         """The failure `X-Mock-Fail` or `--fail-rate` asks for, if any."""
         state = self.state
         config = self.config
@@ -213,9 +225,7 @@ class OpenAIChatRoute:
         if forced is not None:
             if not forced.strip().isdigit() or not 400 <= int(forced) <= 599:
                 state.bad_requests += 1
-                return error_response(
-                    "X-Mock-Fail must be an HTTP error status (400..599)", "BadRequestError", 400
-                )
+                return ApiError("X-Mock-Fail must be an HTTP error status (400..599)")
             state.failures += 1
             return _injected(int(forced))
         if config.fail_rate > 0 and _fail_roll(config.seed, counter) < config.fail_rate:
@@ -300,6 +310,13 @@ class OpenAIChatRoute:
 
     async def _reply(self, admitted: _AdmittedChat, received: float) -> Response:
         """The non-stream reply, once the scheduler or the sleeps say it is generated."""
+        try:
+            return PartsResponse(await self.reply_parts(admitted, received))
+        except ApiError as exc:
+            return exc.response()
+
+    async def reply_parts(self, admitted: _AdmittedChat, received: float) -> list[Part]:
+        """The non-stream reply's JSON parts; ApiError (503) when the engine shuts down."""
         req, job = admitted.req, admitted.job
         # Both change below: an abort shortens the completion, the scheduler finds the hit.
         completion, cached = admitted.completion, admitted.cached
@@ -316,7 +333,7 @@ class OpenAIChatRoute:
                 delay_ms = config.ttft_ms + config.token_delay_ms * completion.completion_tokens
                 status = await interruptible_sleep(state, delay_ms / 1000, admitted.abort)
             if status == "closing":
-                return error_response("mock engine is shutting down", "InternalServerError", 503)
+                raise ApiError("mock engine is shutting down", "InternalServerError", 503)
             if status == "abort" and job is not None:
                 done = max(0, min(job.done, completion.completion_tokens - 1))
                 completion = self.generator.aborted(completion, done)
@@ -334,7 +351,7 @@ class OpenAIChatRoute:
             state.flight(-1)
             state.running.pop(req.rid, None)
         state.tokens_generated += completion.completion_tokens
-        return PartsResponse(reply)
+        return reply
 
 
 @dataclass(eq=False)
