@@ -1,0 +1,84 @@
+"""Client API dialects: request and reply shapes a session turn can be asked in besides
+OpenAI chat, each converted to and from the chat body the TITO turn runs on.
+
+Why a layer of its own: a session turn is always a chat turn (the prompt ids, the engine call
+on `/v1/chat/completions` with `input_ids`, the record), so another API (Anthropic Messages
+now, OpenAI Responses later) only has to say how its body becomes a chat body and how the
+engine's chat reply becomes its reply, its stream and its errors. A `Dialect` is those four
+functions; chat is the identity dialect. Pure functions over parsed JSON: no I/O, no session
+state, importable by the front (error envelopes) and the session core alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class DialectError(Exception):
+    """A request the dialect refuses: its HTTP status, the dialect's error type, the message."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+class Dialect(Protocol):
+    """How one client API maps onto a chat turn (docs/api.md, "Dialects")."""
+
+    # Names the dialect in records (`"chat"`, `"anthropic"`).
+    name: str
+    # Whether a streamed turn may relay the engine's own stream (only chat's chunks are the
+    # client's); other dialects stream events made from the buffered reply.
+    relays_streams: bool
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The chat body the turn runs on; DialectError for a body the dialect refuses."""
+        ...
+
+    def from_chat(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        """The client's reply body from the engine's chat reply (`request`: the client's)."""
+        ...
+
+    def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        """The client's whole SSE stream from the engine's buffered chat reply."""
+        ...
+
+    def error_body(self, status: int, message: str) -> bytes:
+        """The dialect's error envelope for a refusal with this status and message."""
+        ...
+
+
+def compact_json(document: object) -> bytes:
+    """JSON as the dialects write it: compact, UTF-8 (pydantic's `model_dump_json` shape)."""
+    try:
+        return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:  # a lone surrogate echoed from the client: escape it
+        return json.dumps(document, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ChatDialect:
+    """OpenAI chat: the identity dialect. The session turn serves its own chat replies (the
+    engine's body less R3) and streams; only the error envelope is used from here."""
+
+    name: str = "chat"
+    relays_streams: bool = True
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body
+
+    def from_chat(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        return compact_json(chat_reply)
+
+    def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        return b"data: " + compact_json(chat_reply) + b"\n\ndata: [DONE]\n\n"
+
+    def error_body(self, status: int, message: str) -> bytes:
+        return compact_json({"error": message})
+
+
+CHAT = ChatDialect()
