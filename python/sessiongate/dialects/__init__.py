@@ -29,11 +29,16 @@ class DialectError(Exception):
 class Dialect(Protocol):
     """How one client API maps onto a chat turn (docs/api.md, "Dialects")."""
 
-    # Names the dialect in records (`"chat"`, `"anthropic"`).
-    name: str
-    # Whether a streamed turn may relay the engine's own stream (only chat's chunks are the
-    # client's); other dialects stream events made from the buffered reply.
-    relays_streams: bool
+    @property
+    def name(self) -> str:
+        """Names the dialect in records (`"chat"`, `"anthropic"`)."""
+        ...
+
+    @property
+    def relays_streams(self) -> bool:
+        """Whether a streamed turn may relay the engine's own stream (only chat's chunks
+        are the client's); other dialects stream events made from the buffered reply."""
+        ...
 
     def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat body the turn runs on; DialectError for a body the dialect refuses."""
@@ -47,9 +52,28 @@ class Dialect(Protocol):
         """The client's whole SSE stream from the engine's buffered chat reply."""
         ...
 
-    def error_body(self, status: int, message: str) -> bytes:
-        """The dialect's error envelope for a refusal with this status and message."""
+    def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
+        """The dialect's error envelope for a refusal with this status and message (and the
+        dialect's own error type, when the refusal names one)."""
         ...
+
+    def engine_error(self, status: int, body: bytes) -> bytes:
+        """The client's body for an engine's error reply to the turn's chat call."""
+        ...
+
+
+# The session paths a dialect answers on (`/sessions/{id}` + path), by dialect name.
+DIALECT_PATHS = {"/v1/messages": "anthropic"}
+
+
+def dialect_of_path(path: str) -> str | None:
+    """The dialect whose route `path` is (`/sessions/{id}/v1/messages`), or None. By the
+    path alone, so a refusal before the route is known (a bad id, the key, the body limit)
+    still gets the dialect's envelope."""
+    if not path.startswith("/sessions/"):
+        return None
+    _, slash, sub_path = path[len("/sessions/") :].partition("/")
+    return DIALECT_PATHS.get("/" + sub_path) if slash else None
 
 
 def compact_json(document: object) -> bytes:
@@ -77,8 +101,35 @@ class ChatDialect:
     def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
         return b"data: " + compact_json(chat_reply) + b"\n\ndata: [DONE]\n\n"
 
-    def error_body(self, status: int, message: str) -> bytes:
+    def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
         return compact_json({"error": message})
+
+    def engine_error(self, status: int, body: bytes) -> bytes:
+        return body
 
 
 CHAT = ChatDialect()
+
+
+def dialect_named(name: str) -> Dialect:
+    """The dialect of this name (`DIALECT_PATHS`' values, and "chat")."""
+    if name == "anthropic":
+        from sessiongate.dialects.anthropic import ANTHROPIC
+
+        return ANTHROPIC
+    return CHAT
+
+
+def gateway_error_in_dialect(name: str, status: int, body: bytes) -> bytes | None:
+    """The gateway's own error body (`{"error": "<message>"}`) in the dialect's envelope;
+    None for any other body (one the dialect already wrote, an engine's)."""
+    if not body.startswith(b'{"error":'):
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    message = document.get("error") if isinstance(document, dict) else None
+    if not isinstance(message, str) or len(document) != 1:
+        return None
+    return dialect_named(name).error_body(status, message)

@@ -890,8 +890,11 @@ class AnthropicDialect:
     def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
         return b"".join(message_stream_events(chat_reply, request, message_id=self._id()))
 
-    def error_body(self, status: int, message: str) -> bytes:
-        return compact_json(error_envelope(status, message))
+    def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
+        return compact_json(error_envelope(status, message, error_type))
+
+    def engine_error(self, status: int, body: bytes) -> bytes:
+        return compact_json(engine_error_to_envelope(status, body))
 
     def _id(self) -> str | None:
         return self.make_id() if self.make_id is not None else None

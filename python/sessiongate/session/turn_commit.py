@@ -43,6 +43,8 @@ def turn_record(turn: Turn, chat_path: str, reply_body: bytes, parsed: ParsedRep
         cached_tokens=parsed.cached_tokens,
         e2e_latency=parsed.e2e_latency,
         request_timestamp=turn.request_timestamp,
+        dialect=turn.dialect,
+        client_request=turn.client_request,
     )
 
 

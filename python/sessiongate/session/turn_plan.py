@@ -60,6 +60,9 @@ class Turn:
     succeeded: bool = False  # a relayed turn: recorded and answered in full
     ended: bool = False  # a relayed turn: its end ran
     tree_parent: TreeNode | None = None  # tree mode: the node it attached to (None: a root)
+    # A turn asked in another client API: its name and the client's body (the record's).
+    dialect: str | None = None
+    client_request: bytes | None = None
 
 
 async def plan_turn(
