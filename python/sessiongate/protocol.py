@@ -47,6 +47,9 @@ class Op(StrEnum):
     GET = "get"
     DELETE = "delete"
     CHAT = "chat"
+    # A chat turn asked in another client API (`/sessions/{id}/v1/messages`: Anthropic
+    # Messages; sessiongate.dialects): the same TITO turn, converted on the way in and out.
+    MESSAGES = "messages"
     PROXY = "proxy"
     TRAJECTORY = "trajectory"
     SAMPLES = "samples"

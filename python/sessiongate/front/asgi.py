@@ -23,6 +23,7 @@ from sessiongate.config.front import (
     FrontConfig,
 )
 from sessiongate.config.gateway import GatewayConfig
+from sessiongate.dialects import dialect_of_path, gateway_error_in_dialect
 from sessiongate.errors import (
     BodyTimeout,
     GatewayError,
@@ -199,6 +200,25 @@ class GatewayApp:
         """The reply to one request (`headers` with lowercased names), errors included;
         None when the client left while sending its body. Shared by the ASGI server and the
         compiled front's dispatched requests (front/dispatched.py)."""
+        reply = await self._respond(method, path, query, headers, read_body)
+        if reply is not None and reply.status >= 400 and reply.stream is None:
+            # A dialect route's refusals, wherever they were made (here, the router, the
+            # worker), reach its client in the dialect's error envelope.
+            name = dialect_of_path(path)
+            if name is not None:
+                wrapped = gateway_error_in_dialect(name, reply.status, reply.body)
+                if wrapped is not None:
+                    reply.body = wrapped
+        return reply
+
+    async def _respond(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        read_body: Callable[[], Awaitable[bytes]],
+    ) -> CoreReply | None:
         try:
             route = classify(method, path, headers, self.settings.session_headers)
             if route.op is Op.DOCS:

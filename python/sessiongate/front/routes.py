@@ -21,6 +21,9 @@ from sessiongate.protocol import Op
 # /v1/chat/completions without a session path is relayed statelessly (behind a session
 # server that does TITO).
 CHAT_PATH = "/v1/chat/completions"
+# The Anthropic Messages session turn (sessiongate.dialects.anthropic): a session path only;
+# `/v1/messages` without a session is relayed to the engine, which serves it itself.
+MESSAGES_PATH = "/v1/messages"
 # SGLang's native generation route, relayed verbatim like `/v1/...` (the rollout framework's
 # rollouts call it through their router).
 GENERATE_PATH = "/generate"
@@ -144,6 +147,8 @@ def classify(
             return Route(Op.SAMPLES, session_id)
         if upstream_path == CHAT_PATH and method == "POST":
             return Route(Op.CHAT, session_id)
+        if upstream_path == MESSAGES_PATH and method == "POST":
+            return Route(Op.MESSAGES, session_id)
         return Route(Op.PROXY, session_id, upstream_path=upstream_path)
     if path == CHAT_PATH and method == "POST":
         session_id = header_session_id(headers, session_headers)

@@ -40,6 +40,7 @@ from sessiongate.mock_engine.chat_request import (
 from sessiongate.mock_engine.completion import Completion
 from sessiongate.mock_engine.config import MockEngineConfig
 from sessiongate.mock_engine.generate import CompletionGenerator
+from sessiongate.mock_engine.messages import MessagesRoute
 from sessiongate.mock_engine.native import NativeRoutes, cache_namespace
 from sessiongate.mock_engine.prefix_cache import PrefixCache
 from sessiongate.mock_engine.reply import Outcome, build_reply
@@ -106,9 +107,12 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
     server = SGLangServerRoutes(config, state)
     native = NativeRoutes(state, scheduler)
     mock = MockAdminRoutes(state, scheduler)
+    messages = MessagesRoute(config, state, chat.chat)
     routes = [
         Route("/v1/chat/completions", chat.chat, methods=["POST"]),
         Route("/v1/responses", responses.responses, methods=["POST"]),
+        Route("/v1/messages", messages.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
         Route("/generate", native.generate, methods=["POST", "PUT"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/v1/loads", native.loads, methods=["GET"]),

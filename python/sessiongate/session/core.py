@@ -76,6 +76,7 @@ class SessionCore:
             Op.GET: self.reads.get,
             Op.DELETE: self.table.delete,
             Op.CHAT: self.turns.chat,
+            Op.MESSAGES: self.turns.messages,
             Op.PROXY: self._proxy,
             Op.TRAJECTORY: self.reads.trajectory,
             Op.SAMPLES: self.reads.samples,

@@ -53,6 +53,10 @@ class TurnRecord:
     e2e_latency: float | None = None
     # Assistant steps this turn rolled back (the records it replaced; 0: none).
     rollback_steps: int = 0
+    # The client API the turn was asked in when not OpenAI chat (`"anthropic"`; None: chat),
+    # and the client's body exactly as sent (`request` is the chat body it became).
+    dialect: str | None = None
+    client_request: bytes | None = None
 
     @property
     def aborted(self) -> bool:
@@ -94,6 +98,12 @@ class TurnRecord:
             },
             separators=(",", ":"),
         ).encode()
+        if self.dialect is not None:
+            # Only on dialect turns, so a chat record's JSON is what it always was.
+            dialect = json.dumps(self.dialect).encode()
+            head = head[:-1] + b',"dialect":' + dialect + b"}"
+            if self.client_request is not None:
+                head = head[:-1] + b',"client_request":' + self.client_request + b"}"
         return head[:-1] + b',"request":'
 
     def to_json(self) -> bytes:

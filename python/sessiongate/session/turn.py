@@ -9,12 +9,15 @@ turn's end (whatever happens), and the locking rules, easiest to check in one pl
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from array import array
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sessiongate.dialects import CHAT, Dialect, DialectError
+from sessiongate.dialects.anthropic import ANTHROPIC
 from sessiongate.engines.client import EngineReply, EngineStream
 from sessiongate.errors import GatewayError, UpstreamError
 from sessiongate.protocol import (
@@ -73,10 +76,32 @@ class SessionTurns:
         self.relay_buffered_turns = 0
 
     async def chat(self, request: CoreRequest) -> CoreReply:
+        """`POST /sessions/{id}/v1/chat/completions` (and header sessions)."""
+        return await self.turn(request, CHAT)
+
+    async def messages(self, request: CoreRequest) -> CoreReply:
+        """`POST /sessions/{id}/v1/messages`: the Anthropic Messages turn."""
+        return await self.turn(request, ANTHROPIC)
+
+    async def turn(self, request: CoreRequest, dialect: Dialect) -> CoreReply:
+        """One TITO turn asked in `dialect`: its body becomes the chat body the turn runs
+        on, and the engine's chat reply the dialect's reply (chat: the identity)."""
         request_timestamp = time.time()
         table = self.table
         session_id = table.session_id(request)
-        body = parse_json_object(request.body, "request body")
+        client_body = parse_json_object(request.body, "request body")
+        if dialect is CHAT:
+            body, chat_bytes = client_body, request.body
+        else:
+            try:
+                body = dialect.to_chat(client_body)
+            except DialectError as exc:
+                reply_body = dialect.error_body(exc.status, exc.message, exc.error_type)
+                return CoreReply(exc.status, list(JSON_HEADERS), reply_body)
+            # The engine is asked once, whole: a stream is made from its reply.
+            body["stream"] = False
+            body.pop("stream_options", None)
+            chat_bytes = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
         check_turn_fields(body)
         asked = TurnRequest(
             session_id=session_id,
@@ -89,8 +114,10 @@ class SessionTurns:
             headers=request.headers,
             request_timestamp=request_timestamp,
         )
-        wants_stream = bool(body.get("stream"))
-        relay = wants_stream and table.settings.stream_upstream == "relay"
+        wants_stream = bool(client_body.get("stream"))
+        relay = (
+            wants_stream and dialect.relays_streams and table.settings.stream_upstream == "relay"
+        )
 
         session = table.sessions.get(session_id)
         if session is None and not request.auto_create:
@@ -116,17 +143,22 @@ class SessionTurns:
             matcher=self.matcher,
             stamper=table.stamper,
         )
+        if dialect is not CHAT:
+            turn.dialect, turn.client_request = dialect.name, request.body
         handed_off = False  # a relayed stream ends the turn itself
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
-            reply = await self._call(turn, request, body, relay=relay)
+            reply = await self._call(turn, request, body, chat_bytes, relay=relay)
             if isinstance(reply, CoreReply):
                 handed_off = True
                 return reply
             if reply.status != 200:
-                # Upstream errors pass through unrecorded.
-                return CoreReply(reply.status, reply.headers, reply.body)
+                # Upstream errors pass through unrecorded (in the dialect's envelope).
+                if dialect is CHAT:
+                    return CoreReply(reply.status, reply.headers, reply.body)
+                error = dialect.engine_error(reply.status, reply.body)
+                return CoreReply(reply.status, list(JSON_HEADERS), error)
             parsed = await off_loop(parse_reply, reply.body)
             # Phase 3, under the lock again.
             recorded = await self._commit(turn, reply.body, parsed)
@@ -136,6 +168,14 @@ class SessionTurns:
                 await self._end_turn(turn, succeeded)
 
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
+        if dialect is not CHAT:
+            chat_reply = json.loads(parsed.client_body)
+            if wants_stream:
+                events = dialect.stream_events(chat_reply, client_body)
+                return CoreReply(200, [*SSE_HEADERS, *extra], events)
+            return CoreReply(
+                200, [*JSON_HEADERS, *extra], dialect.from_chat(chat_reply, client_body)
+            )
         if wants_stream:
             # The turn is complete, so its one event goes out as one sized body, as the
             # framework's does (no chunked framing).
@@ -144,7 +184,13 @@ class SessionTurns:
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
 
     async def _call(
-        self, turn: Turn, request: CoreRequest, body: dict[str, Any], *, relay: bool
+        self,
+        turn: Turn,
+        request: CoreRequest,
+        body: dict[str, Any],
+        chat_bytes: bytes,
+        *,
+        relay: bool,
     ) -> EngineReply | CoreReply:
         """Ask the engine: its whole reply, or (a relayed turn the engine streams) the
         client's stream, which then owns the turn's end."""
@@ -159,7 +205,7 @@ class SessionTurns:
             if stamper is not None and turn.routing is not None
             else []
         )
-        turn.request_bytes = await upstream_body(request.body, body, fields, turn, stamper)
+        turn.request_bytes = await upstream_body(chat_bytes, body, fields, turn, stamper)
         headers = turn_headers(turn.session_id, request.headers, routing_headers, settings)
         if not relay:
             return await upstream.post_json(

@@ -44,6 +44,8 @@ def turn_record(turn: Turn, chat_path: str, reply_body: bytes, parsed: ParsedRep
         e2e_latency=parsed.e2e_latency,
         request_timestamp=turn.request_timestamp,
         rollback_steps=turn.rollback_steps,
+        dialect=turn.dialect,
+        client_request=turn.client_request,
     )
 
 

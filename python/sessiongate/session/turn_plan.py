@@ -62,6 +62,9 @@ class Turn:
     tree_parent: TreeNode | None = None  # tree mode: the node it attached to (None: a root)
     # A line session's rollback: how many assistant steps this turn replaces (0: none).
     rollback_steps: int = 0
+    # A turn asked in another client API: its name and the client's body (the record's).
+    dialect: str | None = None
+    client_request: bytes | None = None
 
 
 async def plan_turn(

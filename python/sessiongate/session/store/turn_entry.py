@@ -122,6 +122,7 @@ def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
             "cached_tokens": record.cached_tokens,
             "e2e_latency": record.e2e_latency,
             "rollback_steps": record.rollback_steps,
+            **_dialect_fields(record),
         },
         "routed_span": entry.routed_span,
         "indexer_span": entry.indexer_span,
@@ -135,6 +136,22 @@ def encode_turn(entry: TurnEntry) -> list[bytes | memoryview]:
         }
     head = json.dumps(head_fields, separators=(",", ":")).encode()
     return [_HEAD_LEN.pack(len(head)), head, *blobs]
+
+
+def _dialect_fields(record: TurnRecord) -> dict[str, Any]:
+    """A dialect turn's record fields in the head (none on chat turns, whose entries keep
+    their layout). The client's body is JSON text, kept as a string."""
+    if record.dialect is None:
+        return {}
+    fields: dict[str, Any] = {"dialect": record.dialect}
+    if record.client_request is not None:
+        fields["client_request"] = record.client_request.decode("utf-8")
+    return fields
+
+
+def _client_request(meta: dict[str, Any]) -> bytes | None:
+    text = meta.get("client_request")
+    return text.encode("utf-8") if isinstance(text, str) else None
 
 
 def blob_offsets(parts: Sequence[bytes | memoryview]) -> tuple[int, int]:
@@ -191,6 +208,8 @@ def decode_turn(
         # Absent from entries written before it was kept: t0 stays unknown for those.
         e2e_latency=meta.get("e2e_latency"),
         rollback_steps=int(meta.get("rollback_steps", 0)),
+        dialect=meta.get("dialect"),
+        client_request=_client_request(meta),
     )
     request_offset = blobs_start + tail_len + completion_len + logprob_len
     return TurnEntry(
