@@ -111,9 +111,10 @@ def test_create_get_delete(client: httpx.Client) -> None:
     assert body["metadata"]["accumulated_token_ids"] == []
     assert body["metadata"]["max_trim_tokens"] == 0
     assert client.delete(f"/sessions/{session_id}").status_code == 204
+    # Deleted: the id answers 410 (reclaimed), not 404, for --reclaimed-ttl.
     gone = client.delete(f"/sessions/{session_id}")
-    assert gone.status_code == 404 and session_id in gone.json()["error"]
-    assert client.get(f"/sessions/{session_id}").status_code == 404
+    assert gone.status_code == 410 and session_id in gone.json()["error"]
+    assert client.get(f"/sessions/{session_id}").status_code == 410
 
 
 def test_fifty_turn_session_is_token_exact(client: httpx.Client, engine: ServerProcess) -> None:

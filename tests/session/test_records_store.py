@@ -338,7 +338,7 @@ def test_reads_from_disk_survive_a_delete_and_fail_clearly_without_their_file(
                 assert client.delete(f"/sessions/{big}").status_code == 204
                 document = json.loads(first + b"".join(chunks))
             assert len(document["records"]) == 2
-            assert client.get(f"/sessions/{big}").status_code == 404
+            assert client.get(f"/sessions/{big}").status_code == 410  # deleted: reclaimed
             (records / "worker-0" / "sessions" / session_file_name(other)).unlink()
             broken = client.get(f"/sessions/{other}")
             assert broken.status_code == 500
