@@ -50,6 +50,8 @@ class Op(StrEnum):
     # A chat turn asked in another client API (`/sessions/{id}/v1/messages`: Anthropic
     # Messages; sessiongate.dialects): the same TITO turn, converted on the way in and out.
     MESSAGES = "messages"
+    # The OpenAI Responses session turn (sessiongate.dialects.responses), likewise.
+    RESPONSES = "responses"
     PROXY = "proxy"
     TRAJECTORY = "trajectory"
     SAMPLES = "samples"

@@ -12,10 +12,14 @@ state, importable by the front (error envelopes) and the session core alike.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sessiongate.dialects.errors import DialectError
+
+# A session's earlier response id -> the stored items it stands for (KeyError: none such).
+History = Callable[[str], list[dict[str, Any]]]
 
 __all__ = ["CHAT", "DIALECT_PATHS", "Dialect", "DialectError", "dialect_named", "dialect_of_path"]
 
@@ -34,8 +38,10 @@ class Dialect(Protocol):
         are the client's); other dialects stream events made from the buffered reply."""
         ...
 
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The chat body the turn runs on; DialectError for a body the dialect refuses."""
+    def to_chat(self, body: dict[str, Any], history: History | None = None) -> dict[str, Any]:
+        """The chat body the turn runs on; DialectError for a body the dialect refuses.
+        `history`: the session's earlier responses by id, for a dialect that refers to them
+        (Responses' `previous_response_id`)."""
         ...
 
     def from_chat(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
@@ -57,7 +63,7 @@ class Dialect(Protocol):
 
 
 # The session paths a dialect answers on (`/sessions/{id}` + path), by dialect name.
-DIALECT_PATHS = {"/v1/messages": "anthropic"}
+DIALECT_PATHS = {"/v1/messages": "anthropic", "/v1/responses": "responses"}
 
 
 def dialect_of_path(path: str) -> str | None:
@@ -86,7 +92,7 @@ class ChatDialect:
     name: str = "chat"
     relays_streams: bool = True
 
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat(self, body: dict[str, Any], history: History | None = None) -> dict[str, Any]:
         return body
 
     def from_chat(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
@@ -111,6 +117,10 @@ def dialect_named(name: str) -> Dialect:
         from sessiongate.dialects.anthropic import ANTHROPIC
 
         return ANTHROPIC
+    if name == "responses":
+        from sessiongate.dialects.responses import RESPONSES
+
+        return RESPONSES
     return CHAT
 
 

@@ -878,7 +878,9 @@ class AnthropicDialect:
     relays_streams: bool = False
     make_id: Callable[[], str] | None = None
 
-    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def to_chat(
+        self, body: dict[str, Any], history: Callable[[str], list[dict[str, Any]]] | None = None
+    ) -> dict[str, Any]:
         chat = messages_to_chat(body, self.traits)
         if self.tool_links:
             check_tool_links(body)

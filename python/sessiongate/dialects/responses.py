@@ -1089,3 +1089,81 @@ def response_stream_events(
     final["error"] = _error_from_finish_reason(finish)
     events.send(f"response.{status}", response=final)
     return events.out
+
+
+# ---- the session route's dialect ----------------------------------------------------------
+
+
+def session_response_id(chat_reply: Mapping[str, Any]) -> str:
+    """A session turn's response id: `resp_` + the engine's chat reply id (SGLang's `rid`,
+    32 hex), so the id is the record's and the same however often the reply is rebuilt."""
+    rid = chat_reply.get("id")
+    return f"resp_{rid}" if isinstance(rid, str) and rid else f"resp_{_hex()}"
+
+
+def own_items(request: Mapping[str, Any], response: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What one response adds to the stored history: its request's own input items, then its
+    output items (`stored_items` without the previous response's)."""
+    alone = {k: v for k, v in request.items() if k != "previous_response_id"}
+    return stored_items(alone, response, None)
+
+
+def resent_as_returned(chat: dict[str, Any]) -> dict[str, Any]:
+    """A session's chat body with each resent assistant message's text parts (an
+    `output_text` item becomes `[{"type": "text", ...}]`) joined back into the one string the
+    engine returned and the session stored, so the history matches what was recorded (the
+    prompt ids never come from a re-render). SGLang itself joins text parts only for
+    templates that take string content (`process_content_for_template_format`)."""
+    for message in chat.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if message.get("role") == "assistant" and isinstance(content, list):
+            if all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                message["content"] = "".join(str(p.get("text", "")) for p in content)
+    return chat
+
+
+class ResponsesDialect:
+    """The `Dialect` of `POST /sessions/{id}/v1/responses` (sessiongate.dialects):
+    `previous_response_id` resolves to the session's own earlier responses (`history`)."""
+
+    name = "responses"
+    relays_streams = False
+
+    def to_chat(self, body: dict[str, Any], history: Previous | None = None) -> dict[str, Any]:
+        return resent_as_returned(responses_to_chat(body, history))
+
+    def from_chat(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        response = chat_reply_to_response(
+            chat_reply, request, response_id=session_response_id(chat_reply)
+        )
+        return _compact(response)
+
+    def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
+        rid = session_response_id(chat_reply)
+        return b"".join(response_stream_events(chat_reply, request, response_id=rid))
+
+    def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
+        kind = error_type or ("Not Found" if status == 404 else "Bad Request")
+        return _compact(error_body(DialectError(status, kind, message)))
+
+    def engine_error(self, status: int, body: bytes) -> bytes:
+        # The engine's chat error, its message kept, in this route's envelope.
+        message = body.decode("utf-8", "replace")
+        try:
+            document = json.loads(body)
+        except ValueError:
+            document = None
+        if isinstance(document, dict):
+            found = document.get("message") or document.get("error")
+            if isinstance(found, dict):
+                found = found.get("message")
+            if isinstance(found, str):
+                message = found
+        return self.error_body(status, message, "Internal Server Error" if status >= 500 else None)
+
+
+def _compact(document: object) -> bytes:
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+RESPONSES = ResponsesDialect()

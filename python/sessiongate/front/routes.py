@@ -24,6 +24,8 @@ CHAT_PATH = "/v1/chat/completions"
 # The Anthropic Messages session turn (sessiongate.dialects.anthropic): a session path only;
 # `/v1/messages` without a session is relayed to the engine, which serves it itself.
 MESSAGES_PATH = "/v1/messages"
+# The OpenAI Responses session turn (sessiongate.dialects.responses), likewise.
+RESPONSES_PATH = "/v1/responses"
 # SGLang's native generation route, relayed verbatim like `/v1/...` (the rollout framework's
 # rollouts call it through their router).
 GENERATE_PATH = "/generate"
@@ -149,6 +151,8 @@ def classify(
             return Route(Op.CHAT, session_id)
         if upstream_path == MESSAGES_PATH and method == "POST":
             return Route(Op.MESSAGES, session_id)
+        if upstream_path == RESPONSES_PATH and method == "POST":
+            return Route(Op.RESPONSES, session_id)
         return Route(Op.PROXY, session_id, upstream_path=upstream_path)
     if path == CHAT_PATH and method == "POST":
         session_id = header_session_id(headers, session_headers)

@@ -77,6 +77,7 @@ class SessionCore:
             Op.DELETE: self.table.delete,
             Op.CHAT: self.turns.chat,
             Op.MESSAGES: self.turns.messages,
+            Op.RESPONSES: self.turns.responses,
             Op.PROXY: self._proxy,
             Op.TRAJECTORY: self.reads.trajectory,
             Op.SAMPLES: self.reads.samples,

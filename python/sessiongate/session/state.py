@@ -9,6 +9,7 @@ import time
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sessiongate.session.messages import Message
 from sessiongate.session.tree import SessionTree
@@ -126,6 +127,9 @@ class Session:
     last_checkpoint: array[int] | None = None
     checkpoint_links: list[tuple[int, array[int]]] = field(default_factory=list)
     records: list[TurnRecord] = field(default_factory=list)
+    # OpenAI Responses turns: response id -> (the id it continued from, what it added);
+    # session/response_history.py.
+    responses: dict[str, tuple[str | None, list[dict[str, Any]]]] = field(default_factory=dict)
     # sum(r.size for r in records), kept by the core's commits (the worker's records budget).
     records_bytes: int = 0
     # checkpoint_ends[i] = how many messages the history held after generated turn i (a

@@ -13,11 +13,12 @@ import json
 import logging
 import time
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sessiongate.dialects import CHAT, Dialect, DialectError
 from sessiongate.dialects.anthropic import ANTHROPIC
+from sessiongate.dialects.responses import RESPONSES
 from sessiongate.engines.client import EngineReply, EngineStream
 from sessiongate.errors import GatewayError, UpstreamError
 from sessiongate.protocol import (
@@ -32,6 +33,7 @@ from sessiongate.session.freed_memory import FreedMemory
 from sessiongate.session.messages import resolve_matcher, validate_messages
 from sessiongate.session.reply import ParsedReply, parse_reply
 from sessiongate.session.request_checks import check_turn_fields
+from sessiongate.session.response_history import remember_response, response_items
 from sessiongate.session.session_table import SessionTable
 from sessiongate.session.stream import (
     DONE,
@@ -83,6 +85,10 @@ class SessionTurns:
         """`POST /sessions/{id}/v1/messages`: the Anthropic Messages turn."""
         return await self.turn(request, ANTHROPIC)
 
+    async def responses(self, request: CoreRequest) -> CoreReply:
+        """`POST /sessions/{id}/v1/responses`: the OpenAI Responses turn."""
+        return await self.turn(request, RESPONSES)
+
     async def turn(self, request: CoreRequest, dialect: Dialect) -> CoreReply:
         """One TITO turn asked in `dialect`: its body becomes the chat body the turn runs
         on, and the engine's chat reply the dialect's reply (chat: the identity)."""
@@ -94,7 +100,7 @@ class SessionTurns:
             body, chat_bytes = client_body, request.body
         else:
             try:
-                body = dialect.to_chat(client_body)
+                body = dialect.to_chat(client_body, self._history(session_id))
             except DialectError as exc:
                 reply_body = dialect.error_body(exc.status, exc.message, exc.error_type)
                 return CoreReply(exc.status, list(JSON_HEADERS), reply_body)
@@ -170,6 +176,8 @@ class SessionTurns:
         extra = [(RECORDED_HEADER, "true" if recorded else "false")]
         if dialect is not CHAT:
             chat_reply = json.loads(parsed.client_body)
+            if dialect is RESPONSES and recorded:
+                remember_response(session, chat_reply, client_body)
             if wants_stream:
                 events = dialect.stream_events(chat_reply, client_body)
                 return CoreReply(200, [*SSE_HEADERS, *extra], events)
@@ -182,6 +190,18 @@ class SessionTurns:
             event = await off_loop(one_chunk_sse, parsed.client_body)
             return CoreReply(200, [*SSE_HEADERS, *extra], event)
         return CoreReply(200, [*JSON_HEADERS, *extra], parsed.client_body)
+
+    def _history(self, session_id: str) -> Callable[[str], list[dict[str, Any]]]:
+        """The session's earlier responses by id, for `previous_response_id` (KeyError for
+        an id the session does not have, or no session)."""
+
+        def lookup(response_id: str) -> list[dict[str, Any]]:
+            session = self.table.sessions.get(session_id)
+            if session is None:
+                raise KeyError(response_id)
+            return response_items(session, response_id)
+
+        return lookup
 
     async def _call(
         self,
