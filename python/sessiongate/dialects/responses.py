@@ -13,7 +13,7 @@ shapes it. Every rule below names the SGLang function it restates.
 Pure functions, no I/O: `responses_to_chat` (request -> chat body), `chat_reply_to_response`
 (chat reply -> Responses object), `response_stream_events` (chat reply -> SSE events, as
 SGLang streams such a result), `error_body` (SGLang's error envelope on this route). Refusals
-raise `DialectError`. What is refused and why is in docs/dialects-responses.md.
+raise `DialectError`. What is refused and why is in docs/api.md, "OpenAI Responses sessions".
 
 Divergences kept on purpose (each documented there): `previous_response_id` is resolved by
 the caller's `previous` callback (the session's own turns) instead of SGLang's response
