@@ -425,6 +425,8 @@ def test_router_follows_a_worker_that_moved_in_process() -> None:
             sessions={},
             turns_recorded=0,
             turns_aborted=0,
+            rollbacks=0,
+            rollback_steps=0,
             r3_missing_turns=0,
             relay_buffered_turns=0,
             upstream=upstream,

@@ -48,7 +48,7 @@ def test_agent_loop_then_samples_is_token_exact(gateway: ServerProcess) -> None:
     records = session["records"]
     accumulated = session["metadata"]["accumulated_token_ids"]
     payload = collect_samples(gateway.url, session_id, max_seq_len=None)
-    assert httpx.get(f"{gateway.url}/sessions/{session_id}").status_code == 404
+    assert httpx.get(f"{gateway.url}/sessions/{session_id}").status_code == 410  # reclaimed
 
     samples, metadata, empty_reason = decode_samples(payload)
     assert empty_reason is None and len(samples) == 1

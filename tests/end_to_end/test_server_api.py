@@ -517,9 +517,10 @@ def test_delete_waits_for_in_flight_chat(slow_gateway: ServerProcess) -> None:
             reply = await turn
             assert reply.status_code == 200
             assert reply.headers["x-sessiongate-recorded"] == "false"
-            assert (await c.get(f"/sessions/{session_id}")).status_code == 404
+            # Deleted: reclaimed ids answer 410, so a late turn knows to stop.
+            assert (await c.get(f"/sessions/{session_id}")).status_code == 410
             late = await c.post(path, json={"messages": start_messages()})
-            assert late.status_code == 404
+            assert late.status_code == 410
 
     asyncio.run(scenario())
 

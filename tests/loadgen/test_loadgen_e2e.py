@@ -172,7 +172,7 @@ def test_sessiongate_target_sends_the_asked_tree_shape(gateway, tmp_path):
         "trees_completed": TREE_SESSIONS,
     }
     # Every session was deleted: the gateway holds none of them any more.
-    assert httpx.get(gateway.url + f"/sessions/{records[0]['session_id']}").status_code == 404
+    assert httpx.get(gateway.url + f"/sessions/{records[0]['session_id']}").status_code == 410
 
 
 def test_trace_write_and_replay_give_the_same_shape(gateway, tmp_path):

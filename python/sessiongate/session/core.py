@@ -163,6 +163,14 @@ class SessionCore:
         return self.turns.turns_aborted
 
     @property
+    def rollbacks(self) -> int:
+        return self.turns.rollbacks
+
+    @property
+    def rollback_steps(self) -> int:
+        return self.turns.rollback_steps
+
+    @property
     def r3_missing_turns(self) -> int:
         return self.turns.r3_missing_turns
 
@@ -182,8 +190,8 @@ class SessionCore:
             "sessions": len(self.sessions),
             "turns_recorded": self.turns_recorded,
             "turns_aborted": self.turns_aborted,
-            "rollbacks": self.turns.rollbacks,
-            "rollback_steps": self.turns.rollback_steps,
+            "rollbacks": self.rollbacks,
+            "rollback_steps": self.rollback_steps,
             "r3_missing_turns": self.r3_missing_turns,
             "relay_buffered_turns": self.relay_buffered_turns,
             **self.limits_status(),
