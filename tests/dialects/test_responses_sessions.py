@@ -37,22 +37,28 @@ TOOLS: list[Any] = [
 ]
 
 
-@pytest.fixture(scope="module", params=["0", "2"], ids=["workers0", "workers2"])
+# (family, workers): both layouts, and model families whose turns end differently (GLM 4.7
+# stops at the next message's opener; Kimi has no newline after its end token).
+DEPLOYMENTS = [("qwen3", "0"), ("qwen3", "2"), ("glm47", "0"), ("kimi26", "2")]
+
+
+@pytest.fixture(scope="module", params=DEPLOYMENTS, ids=[f"{f}-workers{w}" for f, w in DEPLOYMENTS])
 def gateway(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
-    """(gateway URL, engine URL) on the qwen3 agent template (turns spelled as the mock
+    """(gateway URL, engine URL) on the family's agent template (turns spelled as the mock
     samples them, so the mismatch report must be empty)."""
-    template, eos = AGENT_TEMPLATES["qwen3"]
+    family, workers = request.param
+    template, eos = AGENT_TEMPLATES[family]
     directory: Path = family_tokenizer_dir(
-        tmp_path_factory.mktemp("qwen3"), "qwen3", template=template, eos=eos
+        tmp_path_factory.mktemp(family), family, template=template, eos=eos
     )
     engine_args = ["--tokenizer", str(directory), "--reasoning-parser", "qwen3"]
     engine_args += ["--tool-call-rate", "0.5", "--completion-tokens", "24"]
     with mock_engine(*engine_args) as engine:
         port = free_port()
-        argv = ["serve", "--port", str(port), "--workers", request.param, "--backend", engine.url]
-        argv += ["--tokenizer", str(directory), "--tito-model", "qwen3"]
+        argv = ["serve", "--port", str(port), "--workers", workers, "--backend", engine.url]
+        argv += ["--tokenizer", str(directory), "--tito-model", family]
         argv += ["--chat-template-path", str(directory / "chat_template.jinja")]
         with ServerProcess(argv, port, timeout=60) as proc:
             yield proc.url, engine.url

@@ -14,14 +14,18 @@ def completion_ids(response: dict[str, Any]) -> list[int]:
 def trajectory_problems(session: dict[str, Any]) -> list[str]:
     """Why `session` (a GET /sessions/{id} body) is not token-exact; empty when it is.
 
-    Every turn's prompt must extend the previous turn's prompt + sampled completion, and
-    the accumulated ids must be the last prompt + its completion.
+    Every turn's prompt must extend the previous turn's prompt + sampled completion (but
+    for the session's `max_trim_tokens` trailing ids: GLM 4.7's sampled stop token, which the
+    next message renders itself), and the accumulated ids must be the last prompt + its
+    completion.
     """
     problems: list[str] = []
     previous: list[int] = []
+    trim = int((session.get("metadata") or {}).get("max_trim_tokens") or 0)
     for index, record in enumerate(session["records"]):
         prompt = record["request"]["input_ids"]
-        if prompt[: len(previous)] != previous:
+        kept = previous[: max(0, len(previous) - trim)]
+        if prompt[: len(kept)] != kept:
             problems.append(f"turn {index}: prompt does not extend the previous checkpoint")
         previous = prompt + completion_ids(record["response"])
     metadata = session["metadata"]
