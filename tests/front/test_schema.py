@@ -24,6 +24,8 @@ ROUTES = {
     "/sessions": {"post"},
     "/sessions/{session_id}": {"get", "delete"},
     "/sessions/{session_id}/v1/chat/completions": {"post"},
+    "/sessions/{session_id}/v1/messages": {"post"},
+    "/sessions/{session_id}/v1/responses": {"post"},
     "/sessions/{session_id}/trajectory": {"get"},
     "/sessions/{session_id}/samples": {"post"},
     "/sessions/{session_id}/{path}": {"get", "post", "put", "patch", "delete"},

@@ -18,12 +18,14 @@ from fastapi.responses import PlainTextResponse
 
 from sessiongate.front.schemas import (
     SESSION_ID_PATTERN,
+    AnthropicError,
     ChatCompletion,
     ChatCompletionRequest,
     CreateSession,
     ErrorBody,
     Health,
     HealthDown,
+    ResponsesError,
     SamplesRequest,
     SessionCreated,
     SessionDump,
@@ -39,6 +41,7 @@ _WHY = {
     "a history that does not extend the session, or malformed HTTP.",
     401: "`--api-key` is set and `Authorization: Bearer <key>` is missing or wrong.",
     404: "Unknown, closing or expired session; unknown parent; no such route.",
+    410: "The session was deleted within `--reclaimed-ttl` (reclaimed by its trainer).",
     405: "Known path, wrong method.",
     408: "Request headers or body not received in time (`--header-timeout`, `--body-timeout`).",
     413: "Body over `--max-body-bytes`.",
@@ -53,7 +56,7 @@ _WHY = {
 }
 # Every request can meet these before it is routed.
 _ALWAYS = (400, 401, 408, 413, 431)
-_SESSION = (*_ALWAYS, 404, 502, 503)
+_SESSION = (*_ALWAYS, 404, 410, 502, 503)
 _RETRY_AFTER = {
     "Retry-After": {
         "description": "Seconds to wait: sent when a limit refused the request.",
@@ -189,6 +192,7 @@ def _declare(app: FastAPI) -> None:
     # Declaration order is the order of `paths` in the served document.
     _declare_operations(app)
     _declare_session_routes(app)
+    _declare_dialect_routes(app)
     _declare_unscoped_routes(app)
 
 
@@ -233,6 +237,57 @@ def _declare_operations(app: FastAPI) -> None:
         },
     )
     def metrics() -> None:
+        _never_called()
+
+
+def _dialect_errors(model: type, *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A dialect route's errors: the same statuses, in the dialect's own envelope."""
+    return {status: {"description": _WHY[status], "model": model} for status in statuses}
+
+
+_DIALECT_BODY = Annotated[dict[str, Any], Body()]
+
+
+def _dialect_ok(what: str) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {
+            "description": what,
+            "headers": _RECORDED,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
+            },
+        }
+    }
+
+
+def _declare_dialect_routes(app: FastAPI) -> None:
+    """The session turn asked in Anthropic Messages and in OpenAI Responses."""
+
+    @app.post(
+        "/sessions/{session_id}/v1/messages",
+        tags=["chat"],
+        operation_id="sessionMessages",
+        summary="One recorded TITO turn asked in Anthropic's Messages API",
+        responses={
+            **_dialect_ok("A Messages reply; its SSE events when `stream` is true."),
+            **_dialect_errors(AnthropicError, *_SESSION, 500, 507),
+        },
+    )
+    def session_messages(session_id: SessionId, body: _DIALECT_BODY) -> None:
+        _never_called()
+
+    @app.post(
+        "/sessions/{session_id}/v1/responses",
+        tags=["chat"],
+        operation_id="sessionResponses",
+        summary="One recorded TITO turn asked in OpenAI's Responses API",
+        responses={
+            **_dialect_ok("A Responses object; its `response.*` events when `stream` is true."),
+            **_dialect_errors(ResponsesError, *_SESSION, 500, 507),
+        },
+    )
+    def session_responses(session_id: SessionId, body: _DIALECT_BODY) -> None:
         _never_called()
 
 

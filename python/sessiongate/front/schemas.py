@@ -29,6 +29,31 @@ class ErrorBody(BaseModel):
     error: str = Field(description="What was wrong: names the field, index or session.")
 
 
+class AnthropicErrorDetail(BaseModel):
+    type: str = Field(description="Anthropic's error type, e.g. `invalid_request_error`.")
+    message: str
+
+
+class AnthropicError(BaseModel):
+    """Every error on `POST /sessions/{id}/v1/messages`, in Anthropic's envelope."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+class ResponsesErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class ResponsesError(BaseModel):
+    """Every error on `POST /sessions/{id}/v1/responses`, in SGLang's envelope there."""
+
+    error: ResponsesErrorDetail
+
+
 # -- health ----------------------------------------------------------------------------------
 
 
