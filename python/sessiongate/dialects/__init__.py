@@ -4,9 +4,11 @@ OpenAI chat, each converted to and from the chat body the TITO turn runs on.
 Why a layer of its own: a session turn is always a chat turn (the prompt ids, the engine call
 on `/v1/chat/completions` with `input_ids`, the record), so another API (Anthropic Messages
 now, OpenAI Responses later) only has to say how its body becomes a chat body and how the
-engine's chat reply becomes its reply, its stream and its errors. A `Dialect` is those four
-functions; chat is the identity dialect. Pure functions over parsed JSON: no I/O, no session
-state, importable by the front (error envelopes) and the session core alike.
+engine's chat reply becomes its reply, its stream and its errors. A `Dialect` is those
+functions (and, for a dialect whose streams relay the engine's, a `StreamRelay` that converts
+chat chunks as they arrive); chat is the identity dialect. Pure functions over parsed JSON:
+no I/O, no session state, importable by the front (error envelopes) and the session core
+alike.
 """
 
 from __future__ import annotations
@@ -21,7 +23,32 @@ from sessiongate.dialects.errors import DialectError
 # A session's earlier response id -> the stored items it stands for (KeyError: none such).
 History = Callable[[str], list[dict[str, Any]]]
 
-__all__ = ["CHAT", "DIALECT_PATHS", "Dialect", "DialectError", "dialect_named", "dialect_of_path"]
+__all__ = [
+    "CHAT",
+    "DIALECT_PATHS",
+    "Dialect",
+    "DialectError",
+    "StreamRelay",
+    "dialect_named",
+    "dialect_of_path",
+]
+
+
+class StreamRelay(Protocol):
+    """One relayed turn's client stream in a dialect, made from the engine's chat chunks as
+    they arrive (`--stream-upstream relay`); each method returns whole SSE events."""
+
+    def chunk(self, event: dict[str, Any]) -> list[bytes]:
+        """The events for one parsed chat chunk that has choices."""
+        ...
+
+    def finish(self, usage: dict[str, Any] | None) -> list[bytes]:
+        """The closing events, once the turn is recorded (`usage`: the engine's last)."""
+        ...
+
+    def fail(self, message: str) -> list[bytes]:
+        """The events that end a stream failed after its 200 (the turn is not recorded)."""
+        ...
 
 
 class Dialect(Protocol):
@@ -34,8 +61,14 @@ class Dialect(Protocol):
 
     @property
     def relays_streams(self) -> bool:
-        """Whether a streamed turn may relay the engine's own stream (only chat's chunks
-        are the client's); other dialects stream events made from the buffered reply."""
+        """Whether a streamed turn may relay the engine's own stream under `--stream-upstream
+        relay` (chat: as is; other dialects: through `stream_relay`); a dialect that does
+        not streams events made from the buffered reply."""
+        ...
+
+    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> StreamRelay | None:
+        """The converter of a relayed turn's chat chunks (`request`: the client's body;
+        `prompt_tokens`: the prompt ids sent); None: the chunks are the client's as is."""
         ...
 
     def to_chat(self, body: dict[str, Any], history: History | None = None) -> dict[str, Any]:
@@ -100,6 +133,9 @@ class ChatDialect:
 
     def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
         return b"data: " + compact_json(chat_reply) + b"\n\ndata: [DONE]\n\n"
+
+    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> StreamRelay | None:
+        return None
 
     def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
         return compact_json({"error": message})

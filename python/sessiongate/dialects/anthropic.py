@@ -20,9 +20,12 @@ import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiongate.dialects import DialectError, compact_json
+
+if TYPE_CHECKING:
+    from sessiongate.dialects.anthropic_stream import MessageStreamRelay
 
 # serving.py STOP_REASON_MAP: other finish reasons (abort, content_filter) are end_turn.
 STOP_REASON_MAP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -875,7 +878,8 @@ class AnthropicDialect:
     # The session route's own rule (`check_tool_links`); the mock engine, as SGLang, has none.
     tool_links: bool = True
     name: str = "anthropic"
-    relays_streams: bool = False
+    # Under --stream-upstream relay the engine's chat chunks become events as they arrive.
+    relays_streams: bool = True
     make_id: Callable[[], str] | None = None
 
     def to_chat(
@@ -891,6 +895,11 @@ class AnthropicDialect:
 
     def stream_events(self, chat_reply: dict[str, Any], request: dict[str, Any]) -> bytes:
         return b"".join(message_stream_events(chat_reply, request, message_id=self._id()))
+
+    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> MessageStreamRelay:
+        from sessiongate.dialects.anthropic_stream import MessageStreamRelay
+
+        return MessageStreamRelay(request, prompt_tokens, message_id=self._id())
 
     def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
         return compact_json(error_envelope(status, message, error_type))

@@ -1142,6 +1142,9 @@ class ResponsesDialect:
         rid = session_response_id(chat_reply)
         return b"".join(response_stream_events(chat_reply, request, response_id=rid))
 
+    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> None:
+        return None  # streams are made from the buffered reply (relays_streams is False)
+
     def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
         kind = error_type or ("Not Found" if status == 404 else "Bad Request")
         return _compact(error_body(DialectError(status, kind, message)))

@@ -196,6 +196,8 @@ class StreamedTurn:
     matched_stop: Any = None
     head: dict[str, Any] = field(default_factory=dict)
     done: bool = False
+    # The last event `feed` parsed (a dialect's relay converts it without parsing it again).
+    event: dict[str, Any] = field(default_factory=dict)
 
     def feed(self, data: bytes) -> bytes | None:
         """One event's data: what to relay to the client (None: nothing)."""
@@ -214,6 +216,7 @@ class StreamedTurn:
             raise _broken(f"an event is not JSON: {bytes(data[:120])!r}") from None
         if not isinstance(event, dict):
             raise _broken(f"an event is not a JSON object: {bytes(data[:120])!r}")
+        self.event = event
         if "error" in event or event.get("object") == "error":
             error = event.get("error", event)
             message = error.get("message") if isinstance(error, dict) else error

@@ -16,7 +16,7 @@ from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from sessiongate.dialects import CHAT, Dialect, DialectError
+from sessiongate.dialects import CHAT, Dialect, DialectError, StreamRelay
 from sessiongate.dialects.anthropic import ANTHROPIC
 from sessiongate.dialects.responses import RESPONSES
 from sessiongate.engines.client import EngineReply, EngineStream
@@ -151,11 +151,13 @@ class SessionTurns:
         )
         if dialect is not CHAT:
             turn.dialect, turn.client_request = dialect.name, request.body
+        # A dialect's relayed stream converts the engine's chunks as they arrive.
+        converter = dialect.stream_relay(client_body, len(turn.prompt_ids)) if relay else None
         handed_off = False  # a relayed stream ends the turn itself
         succeeded = False
         try:
             # Phase 2, no lock: the upstream call.
-            reply = await self._call(turn, request, body, chat_bytes, relay=relay)
+            reply = await self._call(turn, request, body, chat_bytes, relay=relay, events=converter)
             if isinstance(reply, CoreReply):
                 handed_off = True
                 return reply
@@ -211,15 +213,21 @@ class SessionTurns:
         chat_bytes: bytes,
         *,
         relay: bool,
+        events: StreamRelay | None = None,
     ) -> EngineReply | CoreReply:
         """Ask the engine: its whole reply, or (a relayed turn the engine streams) the
-        client's stream, which then owns the turn's end."""
+        client's stream, which then owns the turn's end (`events`: a dialect's conversion
+        of the chunks; None: chat's chunks go out as they are)."""
         table = self.table
         settings, stamper = table.settings, table.stamper
         upstream = table.upstream
         if relay and not await self._stream_is_exact(turn.session.root_id):
             relay = False
         fields = upstream_fields(turn, settings, relay=relay)
+        if relay and events is not None:
+            # As SGLang's own dialect streams ask: usage on every chunk, so a dialect's first
+            # event can carry the prompt's usage (cached tokens included).
+            fields["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         routing_headers = (
             stamper.headers(turn.routing)
             if stamper is not None and turn.routing is not None
@@ -240,7 +248,7 @@ class SessionTurns:
         )
         if stream.status == 200 and stream.is_event_stream():
             relayed = ClosingStream(
-                self._relay_turn(turn, stream, wants_usage(body)),
+                self._relay_turn(turn, stream, wants_usage(body), events),
                 lambda: self._end_relay(turn, stream),
             )
             return CoreReply(200, SSE_HEADERS, stream=relayed)
@@ -334,7 +342,11 @@ class SessionTurns:
             turn.session.last_active = time.monotonic()
 
     async def _relay_turn(
-        self, turn: Turn, upstream: EngineStream, client_wants_usage: bool
+        self,
+        turn: Turn,
+        upstream: EngineStream,
+        client_wants_usage: bool,
+        dialect: StreamRelay | None = None,
     ) -> AsyncIterator[bytes]:
         """The client's SSE stream of a relayed turn; records the turn at its end.
 
@@ -342,23 +354,29 @@ class SessionTurns:
         and a usage chunk the client did not ask for. At the upstream's `[DONE]` the turn's
         non-stream reply is rebuilt, checked like any reply and recorded before the client's
         `[DONE]`. A failure after the 200 went out can only be told in the stream: an
-        `{"error": ...}` event, and the turn is not recorded.
+        `{"error": ...}` event, and the turn is not recorded. With `dialect` each chunk goes
+        out as that dialect's events instead, and its closing events stand for `[DONE]`.
         """
+        streamed = StreamedTurn(client_wants_usage=client_wants_usage and dialect is None)
         try:
             events = SseEvents()
-            streamed = StreamedTurn(client_wants_usage=client_wants_usage)
             async for piece in upstream.raw_chunks():
                 for data in events.feed(piece):
                     relayed = streamed.feed(data)
-                    if relayed is not None:
+                    if relayed is None:
+                        continue
+                    if dialect is None:
                         yield sse(relayed)
+                    else:
+                        for event in dialect.chunk(streamed.event):
+                            yield event
             reply_body = streamed.reply()
             parsed = await off_loop(parse_reply, reply_body)
             await self._commit(turn, reply_body, parsed)
             turn.succeeded = True  # recorded (or raced): a client gone now changes nothing
-            yield sse(DONE)
+            yield sse(DONE) if dialect is None else b"".join(dialect.finish(streamed.usage))
         except GatewayError as exc:
-            yield error_event(str(exc))
+            yield error_event(str(exc)) if dialect is None else b"".join(dialect.fail(str(exc)))
         finally:
             await self._end_relay(turn, upstream)
 
