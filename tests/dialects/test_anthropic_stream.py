@@ -38,7 +38,7 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 def _relayed(chunks: list[dict[str, Any]]) -> list[bytes]:
     relay = MessageStreamRelay(REQUEST, 7)
     events = [event for chunk in chunks for event in relay.chunk(chunk)]
-    return events + relay.finish(USAGE)
+    return events + relay.finish({"usage": USAGE})
 
 
 def test_split_chunks_equal_the_buffered_events() -> None:

@@ -42,8 +42,9 @@ class StreamRelay(Protocol):
         """The events for one parsed chat chunk that has choices."""
         ...
 
-    def finish(self, usage: dict[str, Any] | None) -> list[bytes]:
-        """The closing events, once the turn is recorded (`usage`: the engine's last)."""
+    def finish(self, chat_reply: dict[str, Any]) -> list[bytes]:
+        """The closing events, once the turn is recorded (`chat_reply`: the turn's reply as
+        rebuilt from the stream, as the client's non-stream chat reply)."""
         ...
 
     def fail(self, message: str) -> list[bytes]:

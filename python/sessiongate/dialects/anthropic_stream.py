@@ -132,8 +132,9 @@ class MessageStreamRelay:
             events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
         return events
 
-    def finish(self, usage: dict[str, Any] | None) -> list[bytes]:
+    def finish(self, chat_reply: dict[str, Any]) -> list[bytes]:
         """The events at the engine's `[DONE]`, once the turn is recorded."""
+        usage = chat_reply.get("usage")
         events = self._start(None)
         events.extend(self._close())
         stop_reason = STOP_REASON_MAP.get(self._finish_reason or "stop", "end_turn")

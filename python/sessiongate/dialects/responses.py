@@ -30,9 +30,12 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sessiongate.dialects.errors import DialectError
+
+if TYPE_CHECKING:
+    from sessiongate.dialects.responses_stream import ResponseStreamRelay
 
 Previous = Callable[[str], list[dict[str, Any]]]
 """The session's own history for a `previous_response_id`: the Responses items SGLang keeps
@@ -1127,7 +1130,8 @@ class ResponsesDialect:
     `previous_response_id` resolves to the session's own earlier responses (`history`)."""
 
     name = "responses"
-    relays_streams = False
+    # Under --stream-upstream relay the engine's chat chunks become events as they arrive.
+    relays_streams = True
 
     def to_chat(self, body: dict[str, Any], history: Previous | None = None) -> dict[str, Any]:
         return resent_as_returned(responses_to_chat(body, history))
@@ -1142,8 +1146,10 @@ class ResponsesDialect:
         rid = session_response_id(chat_reply)
         return b"".join(response_stream_events(chat_reply, request, response_id=rid))
 
-    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> None:
-        return None  # streams are made from the buffered reply (relays_streams is False)
+    def stream_relay(self, request: dict[str, Any], prompt_tokens: int) -> ResponseStreamRelay:
+        from sessiongate.dialects.responses_stream import ResponseStreamRelay
+
+        return ResponseStreamRelay(request)
 
     def error_body(self, status: int, message: str, error_type: str | None = None) -> bytes:
         kind = error_type or ("Not Found" if status == 404 else "Bad Request")

@@ -372,9 +372,16 @@ class SessionTurns:
                             yield event
             reply_body = streamed.reply()
             parsed = await off_loop(parse_reply, reply_body)
-            await self._commit(turn, reply_body, parsed)
+            recorded = await self._commit(turn, reply_body, parsed)
             turn.succeeded = True  # recorded (or raced): a client gone now changes nothing
-            yield sse(DONE) if dialect is None else b"".join(dialect.finish(streamed.usage))
+            if dialect is None:
+                yield sse(DONE)
+            else:
+                chat_reply = json.loads(parsed.client_body)
+                if recorded and turn.dialect == RESPONSES.name:
+                    client_body = json.loads(turn.client_request or b"{}")
+                    remember_response(turn.session, chat_reply, client_body)
+                yield b"".join(dialect.finish(chat_reply))
         except GatewayError as exc:
             yield error_event(str(exc)) if dialect is None else b"".join(dialect.fail(str(exc)))
         finally:
