@@ -18,8 +18,9 @@ raise `DialectError`. What is refused and why is in docs/api.md, "OpenAI Respons
 Divergences kept on purpose (each documented there): `previous_response_id` is resolved by
 the caller's `previous` callback (the session's own turns) instead of SGLang's response
 store; a function call's `call_id` is the chat reply's tool-call id (same `call_` format as
-SGLang's fresh one) so the id the client echoes matches the recorded turn; the stream is
-built from a buffered reply, so each item has one delta.
+SGLang's fresh one) so the id the client echoes matches the recorded turn; the stream here
+is built from a buffered reply, so each item has one delta (a relayed turn's stream is
+converted chunk by chunk in responses_stream.py).
 """
 
 from __future__ import annotations
