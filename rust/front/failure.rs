@@ -64,10 +64,17 @@ pub fn py_float(x: f64) -> String {
         None => ("", mantissa),
     };
     if !(-4..16).contains(&exp) {
+        let shortest: String = mantissa.chars().filter(|c| *c != '.').collect();
+        let digits = even_on_tie(&shortest, x, exp).unwrap_or(shortest);
+        let mantissa = match digits.split_at(1) {
+            (first, "") => first.to_string(),
+            (first, rest) => format!("{first}.{rest}"),
+        };
         let exp_sign = if exp < 0 { '-' } else { '+' };
         return format!("{sign}{mantissa}e{exp_sign}{:02}", exp.unsigned_abs());
     }
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let shortest: String = mantissa.chars().filter(|c| *c != '.').collect();
+    let digits = even_on_tie(&shortest, x, exp).unwrap_or(shortest);
     let body = if exp < 0 {
         let zeros = "0".repeat(usize::try_from(-exp - 1).unwrap_or(0));
         format!("0.{zeros}{digits}")
@@ -80,6 +87,52 @@ pub fn py_float(x: f64) -> String {
         }
     };
     format!("{sign}{body}")
+}
+
+/// The shortest digits Python's `repr` takes when `x` lies exactly halfway between two
+/// shortest candidates that both read back as `x`: the even one (David Gay's correctly
+/// rounded shortest form), where Rust's shortest form may take the odd one
+/// (562949953421312.25 -> Python "...312.2", Rust "...312.3"). None when `x` is no such tie,
+/// when the even neighbour does not read back as `x` (below a power of two the gap halves:
+/// 2^-24 is "5.960464477539063e-08" in both), or needs another digit.
+fn even_on_tie(shortest: &str, x: f64, exp: i32) -> Option<String> {
+    let n = shortest.len();
+    // A double's exact decimal expansion has at most 767 significant digits: this is exact.
+    let exact = format!("{:.800e}", x.abs());
+    let digits: String = exact
+        .split_once('e')?
+        .0
+        .chars()
+        .filter(|c| *c != '.')
+        .collect();
+    let (head, tail) = digits.split_at(n.min(digits.len()));
+    if !tail.starts_with('5') || !tail[1..].bytes().all(|b| b == b'0') {
+        return None;
+    }
+    // `x` is exactly halfway between `head` and `head` + 1 in the last place.
+    let last = head.bytes().last()?.checked_sub(b'0')?;
+    let even = if last % 2 == 0 {
+        head.to_string()
+    } else {
+        let mut up = head.as_bytes().to_vec();
+        let mut carried = true;
+        for byte in up.iter_mut().rev() {
+            if *byte == b'9' {
+                *byte = b'0';
+            } else {
+                *byte += 1;
+                carried = false;
+                break;
+            }
+        }
+        if carried {
+            return None; // all nines: the neighbour has another digit, keep Rust's form
+        }
+        String::from_utf8(up).ok()?
+    };
+    let (first, rest) = even.split_at(1);
+    let reads_back = format!("{first}.{rest}e{exp}").parse::<f64>().ok() == Some(x.abs());
+    reads_back.then_some(even)
 }
 
 /// Where a request goes after engine `failed` could not be connected to: the first engine in

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sessiongate._core import (
@@ -41,6 +41,10 @@ def test_connect_failed_text_twin(host: str, port: int, why: str) -> None:
 
 @settings(max_examples=2000, deadline=None)
 @given(st.floats(allow_nan=False) | st.floats(min_value=1e-6, max_value=10.0))
+# Exactly halfway between two shortest forms: Python's repr takes the even digit.
+@example(562949953421312.25)
+@example(2.5e22)
+@example(2.0**-24)
 def test_connect_timeout_text_twin(seconds: float) -> None:
     # The timeout as Python's str(float) writes it, at every magnitude.
     assert front_connect_timed_out(seconds) == connect_timed_out(seconds)

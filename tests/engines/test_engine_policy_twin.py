@@ -174,6 +174,16 @@ def test_rust_and_python_pick_alike(
         assert rust.in_flight == py.in_flight
 
 
+def test_options_reach_rust_exactly() -> None:
+    # A cache threshold one ulp below 1: a whole-prompt match is over it. Read one ulp off
+    # (serde_json without float_roundtrip made it 1.0), Rust took the other engine.
+    opts = {"cache_threshold": 0.9999999999999999, "balance_abs_threshold": 0}
+    rust = RUST("cache_aware_gateway", URLS[:2], opts)
+    py = PY("cache_aware_gateway", URLS[:2], opts)
+    body = b'{"text": "a"}'
+    assert [rust.pick([], body) for _ in range(2)] == [py.pick([], body) for _ in range(2)]
+
+
 @pytest.mark.parametrize("impl", [RUST, PY], ids=["rust", "python"])
 def test_bad_options_are_value_errors(impl: Any) -> None:
     for name, opts in [
