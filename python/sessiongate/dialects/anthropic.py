@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sessiongate.dialects import DialectError, compact_json
+from sessiongate.json_safety import json_type
 
 if TYPE_CHECKING:
     from sessiongate.dialects.anthropic_stream import MessageStreamRelay
@@ -109,18 +110,6 @@ def invalid_request(message: str) -> DialectError:
 # -- validation (protocol.py's models) ------------------------------------------------------
 
 
-def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
 def _want(value: object, kind: str, loc: str, *, optional: bool = True) -> None:
     """`value` of JSON kind `kind` ("str", "int", "number", "bool", "dict", "list")."""
     if value is None and optional:
@@ -136,7 +125,7 @@ def _want(value: object, kind: str, loc: str, *, optional: bool = True) -> None:
     if not ok:
         names = {"int": "an integer", "number": "a number", "bool": "a boolean"}
         expected = names.get(kind, {"str": "a string", "dict": "an object"}.get(kind, "an array"))
-        raise _Invalid(loc, f"Input should be {expected}, not {_type_name(value)}")
+        raise _Invalid(loc, f"Input should be {expected}, not {json_type(value)}")
 
 
 def _required(body: dict[str, Any], key: str, kind: str, loc: str) -> Any:
@@ -202,7 +191,7 @@ def _check_content(content: object, loc: str, *, optional: bool) -> None:
     if isinstance(content, str):
         return
     if not isinstance(content, list):
-        raise _Invalid(loc, f"Input should be a string or an array, not {_type_name(content)}")
+        raise _Invalid(loc, f"Input should be a string or an array, not {json_type(content)}")
     for i, block in enumerate(content):
         _check_block(block, f"{loc}.{i}")
 

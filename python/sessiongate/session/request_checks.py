@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sessiongate.errors import BadRequest
+from sessiongate.json_safety import json_type
 
 
 def check_turn_fields(body: Mapping[str, Any]) -> None:
@@ -21,36 +22,21 @@ def check_turn_fields(body: Mapping[str, Any]) -> None:
     (each may also be absent or null)."""
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"field 'stream' must be a boolean, not {_json_type(stream)}")
+        raise BadRequest(f"field 'stream' must be a boolean, not {json_type(stream)}")
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list):
-            raise BadRequest(f"field 'tools' must be a list of objects, not {_json_type(tools)}")
+            raise BadRequest(f"field 'tools' must be a list of objects, not {json_type(tools)}")
         for index, tool in enumerate(tools):
             if not isinstance(tool, dict):
-                raise BadRequest(f"tools[{index}] must be an object, not {_json_type(tool)}")
+                raise BadRequest(f"tools[{index}] must be an object, not {json_type(tool)}")
     options = body.get("stream_options")
     if options is not None:
         if not isinstance(options, dict):
-            raise BadRequest(f"field 'stream_options' must be an object, not {_json_type(options)}")
+            raise BadRequest(f"field 'stream_options' must be an object, not {json_type(options)}")
         include_usage = options.get("include_usage")
         if include_usage is not None and not isinstance(include_usage, bool):
             raise BadRequest(
                 "field 'stream_options.include_usage' must be a boolean, not "
-                f"{_json_type(include_usage)}"
+                f"{json_type(include_usage)}"
             )
-
-
-def _json_type(value: object) -> str:
-    """The JSON name of a parsed value's type, for error messages."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return "null" if value is None else type(value).__name__
