@@ -64,6 +64,9 @@ class Op(StrEnum):
     # them (`/flush_cache`, `/engine_metrics`; engines/fanout.py): answered by the same
     # process, but guarded by the API key, not the admin key (they change no routing).
     FANOUT = "fanout"
+    # smg's RL control plane under `/v1/rl` (rl/plane.py): answered by the process that owns
+    # the engine registry, guarded by the admin key like the engine routes.
+    RL = "rl"
     # The router's message to a session core: its upstream pool's new engine URLs (body
     # `{"urls": [...]}`); never classified from a client's request.
     SET_ENGINES = "set_engines"

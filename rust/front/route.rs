@@ -15,6 +15,11 @@ const PROXY_PREFIX: &[u8] = b"/v1/";
 const GENERATE_PATH: &[u8] = b"/generate";
 /// Served by FastAPI through the ASGI server (`routes.py::DOCS_PATHS`).
 const DOCS_PATHS: [&[u8]; 2] = [b"/openapi.json", b"/docs"];
+/// smg's RL control plane (`routes.py::RL_PATH`, `RL_PREFIX`): under `/v1/` but never
+/// relayed; the connection goes to Python, whose server sees a client that leaves (its
+/// control calls are then cancelled).
+const RL_PATH: &[u8] = b"/v1/rl";
+const RL_PREFIX: &[u8] = b"/v1/rl/";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
@@ -65,6 +70,9 @@ pub fn decide(method: &[u8], target: &[u8], has_session: impl FnOnce() -> bool) 
         return Decision::Handoff;
     }
     let path = target_path(target);
+    if path == RL_PATH || path.starts_with(RL_PREFIX) {
+        return Decision::Handoff;
+    }
     if (is_post || is_get)
         && (path.starts_with(PROXY_PREFIX) || path == GENERATE_PATH)
         && !(is_post && path == CHAT_PATH && has_session())
@@ -171,6 +179,27 @@ mod tests {
                 "{method} {target}"
             );
         }
+    }
+
+    #[test]
+    fn the_rl_control_plane_is_handed_off() {
+        for (method, target) in [
+            ("GET", "/v1/rl"),
+            ("GET", "/v1/rl/workers"),
+            (
+                "POST",
+                "/v1/rl/engine/pause_generation?selector=engine%3Dsglang",
+            ),
+            ("DELETE", "/v1/rl/workers/x"),
+        ] {
+            assert_eq!(
+                route(method, target, &[]),
+                Decision::Handoff,
+                "{method} {target}"
+            );
+        }
+        // Only the plane's own path: a longer name under /v1/ is still relayed.
+        assert_eq!(route("GET", "/v1/rlx", &[]), Decision::Proxy);
     }
 
     #[test]

@@ -13,6 +13,7 @@ from sessiongate.config.engines import EnginesConfig
 from sessiongate.config.fields import ConfigError, Leaf, leaves, option, section, section_types
 from sessiongate.config.front import FrontConfig, ListenConfig
 from sessiongate.config.records import LimitsConfig, RecordsConfig
+from sessiongate.config.rl import RlConfig
 from sessiongate.config.sessions import SessionRoutingConfig, SessionsConfig
 from sessiongate.config.workers import WorkersConfig
 
@@ -30,6 +31,7 @@ class GatewayConfig:
     session_routing: SessionRoutingConfig = field(default_factory=SessionRoutingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     records: RecordsConfig = field(default_factory=RecordsConfig)
+    rl: RlConfig = field(default_factory=RlConfig)
     workers: WorkersConfig = field(default_factory=WorkersConfig)
 
     def to_dict(self) -> dict[str, Any]:

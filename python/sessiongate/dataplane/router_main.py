@@ -83,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         health_timeout=reliability.health_check_timeout_secs,
         # serve resolved it (`auto` only with remote workers: each asks its own engines).
         sglang_version=config.sessions.sglang_version,
+        newest_weights_only=config.rl.newest_weights_only,
+        labels=config.rl.engine_labels,
     )
     if door is not None:
         registry.feed(door.probed)  # the front's one prober (it runs none itself)
-    gateway = GatewayShell(router, registry, front=door)
+    gateway = GatewayShell(router, registry, front=door, rl=config.rl)
     app = GatewayApp(gateway.handle, settings)
     host = config.listen.host
     port = door.port if door is not None else launch.port

@@ -56,6 +56,21 @@ def _url_field(document: dict[str, Any], *names: str) -> str | None:
     return None
 
 
+def _labels(document: dict[str, Any]) -> dict[str, str]:
+    """The registration's `"labels"` (smg's field): what RL selectors match (rl/plane.py)."""
+    labels = document.get("labels")
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise BadRequest('"labels" must be an object of non-empty string keys to string values')
+    for key in labels:
+        if any(c.isspace() or c in '=!,()"' for c in key):
+            raise BadRequest(f'label key {key!r} cannot hold spaces or any of = ! , ( ) "')
+    return dict(labels)
+
+
 def _check_regular(document: dict[str, Any]) -> None:
     """Only regular engines: prefill/decode disaggregation is not supported."""
     kind = document.get("worker_type", "regular")
@@ -190,7 +205,7 @@ class EngineManagement:
                 'the body must be {"url": "http://host:port", "worker_type": "regular"}'
             )
         _check_regular(document)
-        engine, created = await self.registry.add(url)
+        engine, created = await self.registry.add(url, _labels(document))
         return json_reply(
             202,
             {

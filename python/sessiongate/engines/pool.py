@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
+from sessiongate.config.rl import DEFAULT_PAUSE_QUEUE, DEFAULT_PAUSE_WAIT_S
 from sessiongate.engines.client import (
     EngineClient,
     EngineReply,
@@ -56,6 +57,7 @@ from sessiongate.engines.client import (
     EngineTransportError,
     EngineUnreachable,
 )
+from sessiongate.engines.hold import HoldGate
 from sessiongate.engines.policy import EnginePolicy, EngineRoutingConfig
 from sessiongate.engines.registry import HealthSink, same_engine
 from sessiongate.engines.reliability import (
@@ -139,6 +141,8 @@ class EnginePool:
         allow_empty: bool = False,
         reliability: ReliabilityConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        pause_queue_size: int = DEFAULT_PAUSE_QUEUE,
+        pause_wait_secs: float = DEFAULT_PAUSE_WAIT_S,
     ) -> None:
         if not urls and not allow_empty:
             raise ValueError("at least one upstream URL is needed")
@@ -174,6 +178,8 @@ class EnginePool:
         # Engines whose breaker is open: checked on each pick for their timeout.
         self._open: set[int] = set()
         self.engine_routing = engine_routing or EngineRoutingConfig()
+        # Engines that take no new request (paused, or behind on weights): engines/hold.py.
+        self.hold = HoldGate(pause_queue_size, pause_wait_secs)
         self.engine_policy = self._policy_for(self.urls)
         # Whether a family's first call is placed by the policy (else by rendezvous).
         self.places_by_policy = self.engine_routing.policy not in RENDEZVOUS_PLACEMENT
@@ -262,14 +268,20 @@ class EnginePool:
                 return index
         return None
 
-    def set_urls(self, urls: Sequence[str]) -> None:
-        """Replace the engine set (the engine registry's ready engines). Kept URLs keep their
-        client, health and model info; pins move with their engine, and pins to a removed
-        engine are dropped, so those families re-pin on their next turn. A removed engine's
-        client is not closed here: requests in flight on it hold it and finish."""
+    def set_urls(self, urls: Sequence[str], held: Sequence[str] = ()) -> None:
+        """Replace the engine set (the engine registry's ready engines) and its held engines
+        (`held`: paused, or behind on weights; they keep their pins but take no new pick).
+        Kept URLs keep their client, health and model info; pins move with their engine,
+        and pins to a removed engine are dropped, so those families re-pin on their next
+        turn. A removed engine's client is not closed here: requests in flight on it hold
+        it and finish."""
         new_urls = [u.rstrip("/") for u in urls]
         if len(set(new_urls)) != len(new_urls):
             raise ValueError(f"upstream URLs must be distinct: {new_urls}")
+        if new_urls == self.urls:
+            # Only the held set changed: the policy (its trees, its counts) stays.
+            self._set_held(held)
+            return
         old_index = {url: index for index, url in enumerate(self.urls)}
         clients: list[EngineClient] = []
         healthy: list[bool] = []
@@ -314,9 +326,16 @@ class EnginePool:
         # The policy's state is by index: a new set gets a new policy (its prefix trees start
         # empty), told the availability the kept engines have.
         self.engine_policy = self._policy_for(self.urls)
+        self.hold.set_held(held)
         for index in range(len(self.urls)):
-            self.engine_policy.set_healthy(index, self._available(index, now))
+            self.engine_policy.set_healthy(index, self._eligible(index, now))
         logger.warning("upstream set is now %s", ", ".join(new_urls) or "(empty)")
+
+    def _set_held(self, held: Sequence[str]) -> None:
+        self.hold.set_held(held)
+        now = self.clock()
+        for index in range(len(self.urls)):
+            self.engine_policy.set_healthy(index, self._eligible(index, now))
 
     def _mark_client(self, client: EngineClient, error: str | None) -> None:
         index = self._index_of(client)
@@ -336,11 +355,16 @@ class EnginePool:
             self.probes[index].reset()
         self.healthy[index] = up
         self.last_error[index] = error
-        self.engine_policy.set_healthy(index, self._available(index, self.clock()))
+        self.engine_policy.set_healthy(index, self._eligible(index, self.clock()))
 
     def _available(self, index: int, now: float) -> bool:
         """Healthy, and its circuit breaker not open: a candidate for requests."""
         return self.healthy[index] and self.breakers[index].allows(now)
+
+    def _eligible(self, index: int, now: float) -> bool:
+        """Available and not held: what the policy is told, so no new pick goes to a
+        paused engine while another can take it."""
+        return self._available(index, now) and not self.hold.is_held(self.urls[index])
 
     def _half_open_due(self) -> None:
         """Open breakers past their timeout let trial requests through again."""
@@ -351,7 +375,9 @@ class EnginePool:
             if self.breakers[index].state(now) != OPEN:
                 self._open.discard(index)
                 logger.warning("upstream %s: circuit breaker half-open", self.urls[index])
-                self.engine_policy.set_healthy(index, self.healthy[index])
+                self.engine_policy.set_healthy(
+                    index, self.healthy[index] and not self.hold.is_held(self.urls[index])
+                )
 
     def _outcome(self, client: EngineClient, success: bool) -> None:
         """Count one attempt's outcome in its engine's breaker (a removed engine's: none)."""
@@ -373,7 +399,7 @@ class EnginePool:
             )
         else:
             logger.warning("upstream %s: circuit breaker closed", self.urls[index])
-        self.engine_policy.set_healthy(index, self._available(index, now))
+        self.engine_policy.set_healthy(index, self._eligible(index, now))
 
     def _answered(self, index: int, status: int) -> None:
         """A real request got a reply: the upstream is reachable again. A 5xx proves nothing
@@ -398,6 +424,10 @@ class EnginePool:
     def _choose(self, root_id: str, avoid: int | None = None) -> int:
         order = rendezvous_order(root_id, self.urls)
         now = self.clock()
+        # A held engine only when every available one is held (the request then waits).
+        for index in order:
+            if index != avoid and self._eligible(index, now):
+                return index
         for index in order:
             if index != avoid and self._available(index, now):
                 return index
@@ -504,7 +534,7 @@ class EnginePool:
         or the reply is a 429 / 503, up to `--retry-max-retries` attempts in all; the last
         reply (or error) is the caller's."""
         attempts = self.reliability.attempts
-        index = self.index_for(root_id, headers, body)
+        index = await self._route(root_id, headers, body)
         attempt = 0
         while True:
             last = attempt + 1 >= attempts
@@ -535,7 +565,18 @@ class EnginePool:
                 if unreachable and failed is not None
                 else None
             )
-            index = following if following is not None else self.index_for(root_id, headers, body)
+            if following is not None and not self.hold.is_held(self.urls[following]):
+                index = following
+            else:
+                index = await self._route(root_id, headers, body)
+
+    async def _route(
+        self, root_id: str | None, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> int:
+        """`index_for`, waiting while its engine is held (engines/hold.py)."""
+        return await self.hold.route(
+            lambda: self.index_for(root_id, headers, body), lambda index: self.urls[index]
+        )
 
     def _backoff(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (0-based), jitter drawn here."""
@@ -702,6 +743,7 @@ class EnginePool:
             "affinity_hits": self.affinity_hits,
             "repins": self.repins,
             "pinned_trees": len(self.pins),  # families; the field keeps its earlier name
+            "held": self.hold.status(),
         }
 
     async def aclose(self) -> None:

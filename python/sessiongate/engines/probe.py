@@ -66,6 +66,26 @@ async def check(url: str, path: str = "/health", timeout: float = PROBE_TIMEOUT_
         await client.aclose()
 
 
+async def readiness(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool | None:
+    """Whether the engine takes new requests, by SGLang's `GET /ready`: 200 yes, 503 no (it
+    is paused, or not up: http_server.py `ready`, tokenizer_manager.py `is_ready`); None
+    when it does not say (no such route, another status, no answer)."""
+    client = EngineClient(url, timeout=timeout, connect_timeout=timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            stream = await client.open_stream("GET", "/ready")
+            await stream.aclose()
+    except (EngineTransportError, TimeoutError):
+        return None
+    finally:
+        await client.aclose()
+    if stream.status == 200:
+        return True
+    if stream.status == 503:
+        return False
+    return None
+
+
 async def describe(url: str, *, timeout: float = PROBE_TIMEOUT_S) -> ProbeResult:
     """The engine's model and server info (a health check passed already); an error when it
     has no model info."""

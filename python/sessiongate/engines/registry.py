@@ -15,7 +15,11 @@ registration removes it from the set, so it can never answer a request meant for
 registered engine.
 
 Whenever the admitted set changes, `on_change` gets the new URL list (the in-process core's
-pool, or the router's message to every worker).
+pool, or the router's message to every worker); so it does when the **held** engines change
+(`held()`: paused through the RL control plane or seen paused by their `/ready`, or behind
+the newest weight version under `--newest-weights-only`), which every pool then stops
+picking (engines/hold.py). Each engine's weight version is learned from its model info at
+admission and after each weight update passed through the plane (rl/plane.py).
 
 The registry's prober is the one prober of its process: each interval it probes every engine
 once (`GET` of the health path; a registration's admission probe reads the model info too),
@@ -37,8 +41,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from sessiongate.config.rl import split_label
 from sessiongate.engines.engine_versions import AUTO, registration_refusal
-from sessiongate.engines.probe import PROBE_TIMEOUT_S, ProbeResult, check, describe, probe
+from sessiongate.engines.probe import (
+    PROBE_TIMEOUT_S,
+    ProbeResult,
+    check,
+    describe,
+    probe,
+    readiness,
+)
 from sessiongate.errors import Conflict
 
 logger = logging.getLogger(__name__)
@@ -52,6 +64,10 @@ Checker = Callable[[str, str, float], Awaitable[str | None]]
 # A pool told each health verdict: (url, None when healthy, else why not).
 HealthSink = Callable[[str, str | None], None]
 OnChange = Callable[[list[str]], Awaitable[None]]
+# (url, timeout) -> True when ready, False when paused, None when the engine does not say.
+ReadyChecker = Callable[[str, float], Awaitable[bool | None]]
+# `Engine.paused` of an engine whose `/ready` said it is paused.
+OBSERVED = "observed"
 
 
 class BadEngineUrl(ValueError):
@@ -108,6 +124,20 @@ class Engine:
     registered_at: float = field(default_factory=time.time)
     model_info: dict[str, object] | None = None
     server_info: dict[str, object] | None = None
+    # Labels the RL control plane's selectors match (registration's "labels", --engine-label).
+    labels: dict[str, str] = field(default_factory=dict)
+    # The weight version the engine samples with, as last learned (its model info at
+    # admission, a weight update passed through the control plane): docs/routing.md,
+    # "Weight versions and pauses". None: not known (not an SGLang engine).
+    weight_version: str | None = None
+    # Why the engine takes no new request: the pause mode passed through the control plane
+    # ("abort", "retract", "in_place"), or "observed" (its `/ready` answered 503); None when
+    # it is not paused.
+    paused: str | None = None
+    # Control calls through the plane in progress on this engine, and a count of the pause
+    # transitions they made: a readiness probe that overlaps either is not believed.
+    control_calls: int = 0
+    pause_epoch: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -124,7 +154,13 @@ class Engine:
             "state": self.state,
             "static": self.static,
             "in_rotation": self.admitted,
+            "weight_version": self.weight_version,
+            "paused": self.paused is not None,
         }
+        if self.paused is not None:
+            document["pause_mode"] = self.paused
+        if self.labels:
+            document["labels"] = dict(self.labels)
         model = self.model_info.get("model_path") if self.model_info else None
         if isinstance(model, str):
             document["model_id"] = model
@@ -144,18 +180,32 @@ class EngineRegistry:
         health_timeout: float = PROBE_TIMEOUT_S,
         checker: Checker = check,
         sglang_version: str = AUTO,
+        ready_checker: ReadyChecker = readiness,
+        newest_weights_only: bool = False,
+        labels: Sequence[str] = (),
     ) -> None:
         """`static_urls`: the `--backend` engines (admitted from the start); `placeholder`:
         they are the embedded mock, replaced by the first registration. `prober` admits a
         registered engine; `checker` is the periodic health probe (`health_path`, within
         `health_timeout`: `--health-check-endpoint`, `--health-check-timeout-secs`).
         `sglang_version`: the SGLang version whose rules the session cores render by; a
-        registered engine whose version renders differently is refused (`auto`: none is)."""
+        registered engine whose version renders differently is refused (`auto`: none is).
+        `ready_checker`: the readiness probe that observes pauses; `newest_weights_only`:
+        engines behind the newest weight version are held; `labels`: `[URL#]KEY=VALUE` of
+        the static engines (`--engine-label`)."""
         self.engines: dict[str, Engine] = {}
         for raw in static_urls:
             url = normalise_url(raw)
             engine = Engine(engine_id(url), url, static=True, state=READY, admitted=True)
             self.engines[engine.id] = engine
+        for text in labels:
+            try:
+                target, key, value = split_label(text)
+                chosen = self.engines.values() if target is None else [self._static(target)]
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from None
+            for engine in list(chosen):
+                engine.labels[key] = value
         self.placeholder = placeholder and bool(self.engines)
         self.on_change = on_change
         self.prober = prober
@@ -164,6 +214,12 @@ class EngineRegistry:
         self.health_timeout = health_timeout
         self.checker = checker
         self.sglang_version = sglang_version
+        self.ready_checker = ready_checker
+        self.newest_weights_only = newest_weights_only
+        # The weight version most recently applied through the control plane (or the first
+        # one learned): what `--newest-weights-only` routes to.
+        self.newest_version: str | None = None
+        self._held: list[str] = []
         self._sinks: list[HealthSink] = []
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[None]] = {}
@@ -178,6 +234,31 @@ class EngineRegistry:
     def urls(self) -> list[str]:
         """The admitted set, in registration order: what the session cores use."""
         return [e.url for e in self.engines.values() if e.admitted]
+
+    def held(self) -> list[str]:
+        """The admitted engines that take no new request: paused, or (under
+        `--newest-weights-only`) at a known weight version other than the newest."""
+        return [e.url for e in self.engines.values() if e.admitted and self._holds(e)]
+
+    def _holds(self, engine: Engine) -> bool:
+        if engine.paused is not None:
+            return True
+        return (
+            self.newest_weights_only
+            and self.newest_version is not None
+            and engine.weight_version is not None
+            and engine.weight_version != self.newest_version
+        )
+
+    def _static(self, raw_url: str) -> Engine:
+        try:
+            url = normalise_url(raw_url)
+        except BadEngineUrl as exc:
+            raise ValueError(f"--engine-label: {exc}") from None
+        engine = self.engines.get(engine_id(url))
+        if engine is None:
+            raise ValueError(f"--engine-label: {raw_url} is not a --backend engine")
+        return engine
 
     def find(self, key: str) -> Engine | None:
         """By id, or by URL (normalised; a `url@rank` suffix is not part of it)."""
@@ -195,13 +276,15 @@ class EngineRegistry:
 
     # -- changes ----------------------------------------------------------------------
 
-    async def add(self, raw_url: str) -> tuple[Engine, bool]:
-        """Register `raw_url` (BadEngineUrl if it is not one); `(engine, created)`. Waits for
-        the first probe, so the reply says whether the engine takes traffic already.
-        Registering a known URL again is a no-op (the framework retries)."""
+    async def add(self, raw_url: str, labels: dict[str, str] | None = None) -> tuple[Engine, bool]:
+        """Register `raw_url` (BadEngineUrl if it is not one) with `labels`;
+        `(engine, created)`. Waits for the first probe, so the reply says whether the engine
+        takes traffic already. Registering a known URL again is a no-op but for its labels,
+        which are merged (the framework retries)."""
         url = normalise_url(raw_url)
         known = self.engines.get(engine_id(url))
         if known is not None and not (known.static and self.placeholder):
+            known.labels.update(labels or {})
             return known, False
         placeholder, self.placeholder = self.placeholder, False
         stand_ins = [e for e in self.engines.values() if e.static] if placeholder else []
@@ -211,7 +294,7 @@ class EngineRegistry:
             for engine in stand_ins:
                 del self.engines[engine.id]
             logger.warning("the embedded mock engine leaves the engine set (an engine registered)")
-        engine = Engine(engine_id(url), url, static=False)
+        engine = Engine(engine_id(url), url, static=False, labels=dict(labels or {}))
         self.engines[engine.id] = engine
         if placeholder:
             await self._propagate()
@@ -263,6 +346,7 @@ class EngineRegistry:
         if result.error is None:
             engine.model_info = result.model_info
             engine.server_info = result.server_info
+            self._learn_version(engine, result.model_info)
             version = (result.server_info or {}).get("version")
             refusal = registration_refusal(
                 version if isinstance(version, str) else None, self.sglang_version
@@ -310,6 +394,87 @@ class EngineRegistry:
             if result.error is None and self.engines.get(engine.id) is engine:
                 engine.model_info = result.model_info
                 engine.server_info = result.server_info
+                self._learn_version(engine, result.model_info)
+        if error is None:
+            await self._observe_pause(engine)
+
+    # -- weight versions and pauses ----------------------------------------------------
+
+    def _learn_version(self, engine: Engine, model_info: dict[str, object] | None) -> None:
+        version = (model_info or {}).get("weight_version")
+        if isinstance(version, str):
+            engine.weight_version = version
+            if self.newest_version is None:
+                self.newest_version = version
+
+    async def _observe_pause(self, engine: Engine) -> None:
+        """Believe the engine's `/ready` (SGLang: 503 while paused) when no control call
+        through the plane overlaps the probe: a pause or continue in progress is the
+        plane's to record."""
+        epoch = engine.pause_epoch
+        if engine.control_calls:
+            return
+        try:
+            ready = await self.ready_checker(engine.url, self.health_timeout)
+        except Exception:  # a probe bug must not take the registry down
+            logger.exception("readiness probe of %s failed", engine.url)
+            return
+        if ready is None or engine.control_calls or engine.pause_epoch != epoch:
+            return
+        if self.engines.get(engine.id) is not engine:
+            return
+        if not ready and engine.paused is None:
+            logger.warning("engine %s (%s) is paused (its /ready says so)", engine.id, engine.url)
+            engine.paused = OBSERVED
+            await self._hold_changed()
+        elif ready and engine.paused is not None:
+            logger.warning("engine %s (%s) takes requests again", engine.id, engine.url)
+            engine.paused = None
+            await self._hold_changed()
+
+    def control_started(self, engine: Engine) -> None:
+        """A control call through the plane begins on `engine` (readiness probes of it are
+        not believed until it ends)."""
+        engine.control_calls += 1
+
+    def control_ended(self, engine: Engine) -> None:
+        engine.control_calls = max(0, engine.control_calls - 1)
+
+    async def pause(self, engine: Engine, mode: str) -> None:
+        """Hold `engine` before its pause is sent: once this returns, every pool of the
+        gateway has stopped picking it (the compiled front, the workers)."""
+        engine.paused = mode
+        engine.pause_epoch += 1
+        await self._hold_changed()
+
+    async def resume(self, engine: Engine) -> None:
+        """Release `engine` (its continue succeeded, or its pause was refused)."""
+        engine.paused = None
+        engine.pause_epoch += 1
+        await self._hold_changed()
+
+    async def weights_updated(self, engine: Engine, version: str | None) -> None:
+        """A weight update through the plane succeeded on `engine`: its version is read back
+        from its model info (the engine's word), else taken from the call's body; it is the
+        newest from now on."""
+        result = await describe(engine.url)
+        if result.error is None:
+            engine.model_info = result.model_info
+            found = (result.model_info or {}).get("weight_version")
+            if isinstance(found, str):
+                version = found
+        if version is None:
+            return
+        engine.weight_version = version
+        self.newest_version = version
+        await self._hold_changed()
+
+    async def _hold_changed(self) -> None:
+        """Send the set again when the held engines changed."""
+        held = self.held()
+        if held != self._held:
+            self._held = held
+            await self._propagate()
 
     async def probe_once(self) -> None:
         """One probe of every engine: admitted ones are health-checked (`_check`), the
@@ -322,6 +487,7 @@ class EngineRegistry:
 
     async def _propagate(self) -> None:
         self.changed = True
+        self._held = self.held()
         if self.on_change is None:
             return
         async with self._change_lock:

@@ -7,6 +7,7 @@ front end must never parse request bodies; the handler decides what a body means
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import math
@@ -148,7 +149,7 @@ class GatewayApp:
         # (the API key of clients does not); without one, the API key guards it as the rest.
         key, what = (
             (self._admin_key, "admin key")
-            if op is Op.ENGINES and self._admin_key is not None
+            if op in (Op.ENGINES, Op.RL) and self._admin_key is not None
             else (self._api_key, "API key")
         )
         if key is None:
@@ -184,8 +185,13 @@ class GatewayApp:
                 self.settings.body_timeout,
             )
 
+        async def gone() -> None:
+            # After the body: the next message is the client's disconnect.
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
         query = scope.get("query_string", b"").decode("latin-1")
-        reply = await self.respond(method, path, query, headers, read_body)
+        reply = await self.respond(method, path, query, headers, read_body, gone)
         if reply is not None:
             await send_reply(send, reply, head_only=method == "HEAD")
 
@@ -196,11 +202,13 @@ class GatewayApp:
         query: str,
         headers: list[tuple[str, str]],
         read_body: Callable[[], Awaitable[bytes]],
+        gone: Callable[[], Awaitable[None]] | None = None,
     ) -> CoreReply | None:
         """The reply to one request (`headers` with lowercased names), errors included;
         None when the client left while sending its body. Shared by the ASGI server and the
-        compiled front's dispatched requests (front/dispatched.py)."""
-        reply = await self._respond(method, path, query, headers, read_body)
+        compiled front's dispatched requests (front/dispatched.py). `gone`: returns when the
+        client disconnects (after its body), which cancels an RL control call."""
+        reply = await self._respond(method, path, query, headers, read_body, gone)
         if reply is not None and reply.status >= 400 and reply.stream is None:
             # A dialect route's refusals, wherever they were made (here, the router, the
             # worker), reach its client in the dialect's error envelope.
@@ -218,6 +226,7 @@ class GatewayApp:
         query: str,
         headers: list[tuple[str, str]],
         read_body: Callable[[], Awaitable[bytes]],
+        gone: Callable[[], Awaitable[None]] | None = None,
     ) -> CoreReply | None:
         try:
             route = classify(method, path, headers, self.settings.session_headers)
@@ -240,6 +249,8 @@ class GatewayApp:
                 body=body,
                 auto_create=route.auto_create,
             )
+            if route.op is Op.RL and gone is not None:
+                return await _unless_gone(self.handler(request), gone)
             return await self.handler(request)
         except BodyTimeout as error:
             # The rest of the body may still come: the connection cannot carry another
@@ -272,6 +283,29 @@ class GatewayApp:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+async def _unless_gone(
+    answer: Awaitable[CoreReply], gone: Callable[[], Awaitable[None]]
+) -> CoreReply | None:
+    """`answer`, cancelled when the client leaves first (None then): a trainer that gives
+    up on a control call does not leave it running against its engines."""
+    work = asyncio.ensure_future(answer)
+    watch = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        work.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    logger.info("client left: its RL control call was cancelled")
+    return None
 
 
 def _build_docs_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:

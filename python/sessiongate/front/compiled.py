@@ -134,6 +134,8 @@ class CompiledFrontDoor:
         self._requests: DispatchedRequests | None = None
         # The engine set given at run time (`use_engines`), None while it is the start-up one.
         self.engines: list[str] | None = None
+        # Engines that take no new request: while there are any, Python relays.
+        self.held: list[str] = []
 
     @property
     def port(self) -> int:
@@ -174,13 +176,16 @@ class CompiledFrontDoor:
         self._apply_engines()
         loop.add_reader(self._wake_read, self._on_wake)
 
-    def use_engines(self, urls: Sequence[str]) -> None:
+    def use_engines(self, urls: Sequence[str], held: Sequence[str] = ()) -> None:
         """Relay stateless requests to `urls` from now on: the engine set changed at run
         time (a registration or a removal). The front swaps its pool (kept engines keep
         their connections and health; requests in flight finish where they are). An empty
         set, or one with an engine the front cannot reach (not plain http://), is handed to
-        Python instead, whose session core proxies (or refuses) through its own pool."""
+        Python instead, whose session core proxies (or refuses) through its own pool. So is
+        every stateless request while any engine is `held` (paused): the Python pools hold
+        requests for paused engines (engines/hold.py); the front has no queue."""
         self.engines = list(urls)
+        self.held = list(held)
         self._apply_engines()
 
     def probed(self, url: str, error: str | None) -> None:
@@ -197,7 +202,7 @@ class CompiledFrontDoor:
     def _apply_engines(self) -> None:
         if self._front is None or self.engines is None:
             return  # start() applies it
-        if self.engines:
+        if self.engines and not self.held:
             try:
                 self._front.set_engines(self.engines)
             except ValueError as exc:

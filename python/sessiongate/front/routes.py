@@ -39,6 +39,10 @@ ENGINE_PREFIX = "/workers/"
 # The Gateway's fan-out routes (engines/fanout.py): every engine's cache flushed, every
 # engine's `/metrics` merged. Compared last, like the engine routes.
 FANOUT_PATHS = ("/flush_cache", "/engine_metrics")
+# smg's RL control plane (rl/plane.py): `/v1/rl` and below, answered by the process that
+# owns the engine registry, never relayed to an engine although it is under `/v1/`.
+RL_PATH = "/v1/rl"
+RL_PREFIX = "/v1/rl/"
 # A "%" not followed by two hex digits: `unquote` would keep it as a literal "%".
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -160,6 +164,9 @@ def classify(
             return Route(Op.CHAT, session_id, auto_create=True)
         return Route(Op.PROXY, None, upstream_path=path)
     if path.startswith("/v1/") or path == GENERATE_PATH:
+        if path.startswith(RL_PREFIX) or path == RL_PATH:
+            # The method is checked by the plane, which names the ones each route takes.
+            return Route(Op.RL)
         return Route(Op.PROXY, None, upstream_path=path)
     # Last, so the hot routes above never pay for these two comparisons.
     if path in DOCS_PATHS:
@@ -211,5 +218,9 @@ def front_decision(
     if served_by_front(method, path, headers, session_headers):
         return "proxy"
     if method not in DISPATCH_METHODS or path in DOCS_PATHS:
+        return "handoff"
+    if path == RL_PATH or path.startswith(RL_PREFIX):
+        # The Python server serves the connection, so a client that leaves is seen and its
+        # control calls are cancelled (the front does not watch a dispatched connection).
         return "handoff"
     return "dispatch"

@@ -26,8 +26,8 @@ class LocalSessions:
     async def handle(self, request: CoreRequest) -> CoreReply:
         return await self.core.handle(request)
 
-    async def use_engines(self, urls: list[str]) -> None:
-        self.core.upstream.set_urls(urls)
+    async def use_engines(self, urls: list[str], held: list[str]) -> None:
+        self.core.upstream.set_urls(urls, held)
 
     def engine_counts(self) -> list[list[dict[str, object]]]:
         return [self.core.upstream.engine_counts()]

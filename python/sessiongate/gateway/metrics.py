@@ -91,19 +91,28 @@ class EngineGauge:
     healthy: bool
     in_flight: int = 0
     sent: int = 0
+    # Held by a pause (docs/routing.md, "Weight versions and pauses"), and the weight
+    # version the registry last learned (None: not known).
+    paused: bool = False
+    weight_version: str | None = None
 
 
 def engine_gauges(
     engines: Sequence[tuple[str, bool]],
     counts: Sequence[Sequence[Mapping[str, Any]]],
     front: Mapping[str, Any] | None = None,
+    states: Mapping[str, tuple[bool, str | None]] | None = None,
 ) -> list[EngineGauge]:
     """`engines`: (url, healthy) of the set, as the engine registry knows it; `counts`: each
     pool's `[{"url", "in_flight", "sent"}]` (`EnginePool.engine_counts`, the workers'
     heartbeats); `front`: the compiled front's stats, whose `upstreams` carry the same two
-    numbers for the stateless requests it relays itself. Counts of engines no longer in the
-    set are left out."""
+    numbers for the stateless requests it relays itself; `states`: (paused, weight version)
+    by URL. Counts of engines no longer in the set are left out."""
     gauges = {_key(url): EngineGauge(url, healthy) for url, healthy in engines}
+    for url, (paused, version) in (states or {}).items():
+        known = gauges.get(_key(url))
+        if known is not None:
+            known.paused, known.weight_version = paused, version
     sources = [*counts, list(front.get("upstreams", [])) if front else []]
     for source in sources:
         for entry in source:
@@ -354,6 +363,25 @@ def _engine_families(lines: list[str], engines: Sequence[EngineGauge]) -> None:
         "gauge",
         "1 when the engine registry's last probe of the engine passed.",
         [(lab, int(e.healthy)) for lab, e in zip(label, engines, strict=True)],
+    )
+    _family(
+        lines,
+        "sessiongate_engine_paused",
+        "gauge",
+        "1 while the engine is paused (through the RL control plane, or seen by its /ready): "
+        "it gets no new request.",
+        [(lab, int(e.paused)) for lab, e in zip(label, engines, strict=True)],
+    )
+    _family(
+        lines,
+        "sessiongate_engine_weight_version",
+        "gauge",
+        "1 for the weight version the engine samples with, as the gateway last learned it.",
+        [
+            (f'{lab},weight_version="{_label(e.weight_version)}"', 1)
+            for lab, e in zip(label, engines, strict=True)
+            if e.weight_version is not None
+        ],
     )
 
 

@@ -16,12 +16,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from sessiongate.config.rl import RlConfig
 from sessiongate.engines.fanout import handle_fanout
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import GatewayError, RouteNotFound
 from sessiongate.gateway.metrics import RouterMetrics, WorkerGauge, engine_gauges
 from sessiongate.protocol import CoreReply, CoreRequest, Op, error_reply
+from sessiongate.rl.plane import RlPlane
 
 METRICS_HEADERS = [("content-type", "text/plain; version=0.0.4; charset=utf-8")]
 
@@ -34,8 +36,9 @@ class SessionBackend(Protocol):
         """Answer a session operation or `/health`; errors come back as replies."""
         ...
 
-    async def use_engines(self, urls: list[str]) -> None:
-        """The engine set changed: every session pool uses `urls` from now on."""
+    async def use_engines(self, urls: list[str], held: list[str]) -> None:
+        """The engine set changed: every session pool uses `urls` from now on, and picks
+        none of `held` (engines/hold.py)."""
         ...
 
     def gauges(self) -> list[WorkerGauge]:
@@ -59,7 +62,7 @@ class FrontDoor(Protocol):
     port: its counters for `/metrics`, and the engine set its stateless proxy relays to."""
 
     def stats(self) -> dict[str, Any]: ...
-    def use_engines(self, urls: Sequence[str]) -> None: ...
+    def use_engines(self, urls: Sequence[str], held: Sequence[str] = ()) -> None: ...
 
 
 class GatewayShell:
@@ -68,12 +71,17 @@ class GatewayShell:
     `sessions`. Owns `engines`: its changes reach both from here."""
 
     def __init__(
-        self, sessions: SessionBackend, engines: EngineRegistry, front: FrontDoor | None = None
+        self,
+        sessions: SessionBackend,
+        engines: EngineRegistry,
+        front: FrontDoor | None = None,
+        rl: RlConfig | None = None,
     ) -> None:
         self.sessions = sessions
         self.engines = engines
         self.front = front
         self.management = EngineManagement(engines)
+        self.rl = RlPlane(engines, rl or RlConfig())
         self.metrics = RouterMetrics()
         engines.on_change = self._engines_changed
 
@@ -98,6 +106,8 @@ class GatewayShell:
             return await self.management.handle(request)
         if request.op is Op.FANOUT:
             return await handle_fanout(request, self.engines.urls())
+        if request.op is Op.RL:
+            return await self.rl.handle(request)
         if request.op is Op.SET_ENGINES:
             # Only the registry sets the engines; no front classifies a request as this op.
             raise RouteNotFound("the engine set is the gateway's to send")
@@ -106,8 +116,10 @@ class GatewayShell:
     def _render_metrics(self) -> CoreReply:
         # The compiled front's proxy requests never reach this handler: its counters join.
         front = self.front.stats() if self.front is not None else None
-        listed = [(e.url, e.healthy) for e in self.engines.listing() if e.admitted]
-        engines = engine_gauges(listed, self.sessions.engine_counts(), front)
+        admitted = [e for e in self.engines.listing() if e.admitted]
+        listed = [(e.url, e.healthy) for e in admitted]
+        states = {e.url: (e.paused is not None, e.weight_version) for e in admitted}
+        engines = engine_gauges(listed, self.sessions.engine_counts(), front, states)
         body = self.metrics.render(
             self.sessions.gauges(),
             front,
@@ -117,9 +129,12 @@ class GatewayShell:
         return CoreReply(200, list(METRICS_HEADERS), body)
 
     async def _engines_changed(self, urls: list[str]) -> None:
+        # The front first: its relay is synchronous, so once the workers have the set too
+        # (awaited), no pool of the gateway picks a newly held engine.
+        held = self.engines.held()
         if self.front is not None:
-            self.front.use_engines(urls)
-        await self.sessions.use_engines(urls)
+            self.front.use_engines(urls, held)
+        await self.sessions.use_engines(urls, held)
 
     async def aclose(self) -> None:
         await self.engines.aclose()

@@ -70,11 +70,13 @@ def run_in_process(
         health_path=pool.health_path,
         health_timeout=pool.reliability.health_check_timeout_secs,
         sglang_version=core.tito.tokenizer.sglang_rules.since,  # the rules it renders by
+        newest_weights_only=gateway_config.rl.newest_weights_only,
+        labels=gateway_config.rl.engine_labels,
     )
     pool.fed_by(engines.feed)
     if door is not None:
         engines.feed(door.probed)
-    gateway = GatewayShell(LocalSessions(core), engines, front=door)
+    gateway = GatewayShell(LocalSessions(core), engines, front=door, rl=gateway_config.rl)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)
     server = QuietServer(uvicorn_config(app, host, port, log_level, protocol))

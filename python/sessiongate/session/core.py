@@ -212,10 +212,13 @@ class SessionCore:
         process, which starts from its --backend argv, converges on the live set."""
         document = parse_json_object(request.body, "the engine set")
         urls = document.get("urls")
+        held = document.get("held", [])
         if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
-            raise BadRequest('the engine set must be {"urls": [string, ...]}')
+            raise BadRequest('the engine set must be {"urls": [string, ...], "held": [...]}')
+        if not isinstance(held, list) or not all(isinstance(u, str) for u in held):
+            raise BadRequest('"held" must be a list of engine URLs')
         try:
-            self.upstream.set_urls(urls)
+            self.upstream.set_urls(urls, held)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
         return json_reply(200, {"urls": self.upstream.urls})

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from sessiongate.config.engines import NO_BACKEND, EngineRoutingConfig, ReliabilityConfig
 from sessiongate.config.gateway import GatewayConfig
+from sessiongate.config.rl import DEFAULT_PAUSE_QUEUE, DEFAULT_PAUSE_WAIT_S
 from sessiongate.session.core_options import check_session_routing, core_settings, engine_urls
 from sessiongate.session.limit_options import limit_settings, limits_for_workers
 from sessiongate.session.settings import SessionSettings
@@ -72,6 +73,9 @@ class CoreConfig:
     engine_routing: EngineRoutingConfig = field(default_factory=EngineRoutingConfig)
     # Health thresholds, retries and the circuit breaker (--retry-*, --cb-*, --health-*).
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    # Requests held while their engines are paused: how many, how long (--pause-*).
+    pause_queue_size: int = DEFAULT_PAUSE_QUEUE
+    pause_wait_secs: float = DEFAULT_PAUSE_WAIT_S
 
 
 def core_config(
@@ -109,6 +113,8 @@ def core_config(
         store=store_settings(config.records, role.shard),
         engine_routing=config.engines.routing,
         reliability=config.engines.reliability,
+        pause_queue_size=config.rl.pause_queue_size,
+        pause_wait_secs=config.rl.pause_wait_secs,
     )
 
 

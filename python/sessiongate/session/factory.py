@@ -32,6 +32,8 @@ def build_core(config: CoreConfig, *, tokenizer: ChatTokenizer | None = None) ->
             health_interval=config.health_interval,
             engine_routing=config.engine_routing,
             reliability=config.reliability,
+            pause_queue_size=config.pause_queue_size,
+            pause_wait_secs=config.pause_wait_secs,
             # `--backend none`: engines register at run time (engines/registry.py).
             allow_empty=True,
         ),

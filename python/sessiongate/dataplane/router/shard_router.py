@@ -126,6 +126,7 @@ class ShardRouter:
         # The registry lives in this process, not in the workers: registrations survive a
         # worker's restart, and every worker's pool gets the same set.
         self._engine_set: list[str] | None = None
+        self._held: list[str] = []
         self._engine_pushes: set[asyncio.Task[None]] = set()
         # Per worker slot, the engine set being sent to a (re)attached worker: its requests
         # wait for it, so none reaches the worker before the live set does.
@@ -136,17 +137,19 @@ class ShardRouter:
         for remote in self.remotes or []:
             remote.start()
 
-    async def use_engines(self, urls: list[str]) -> None:
-        """The engine set changed: send it to every live worker now, and to every worker
-        that (re)connects from now on."""
+    async def use_engines(self, urls: list[str], held: list[str]) -> None:
+        """The engine set (and its held engines) changed: send it to every live worker now,
+        and to every worker that (re)connects from now on."""
         self._engine_set = list(urls)
+        self._held = list(held)
         channels = [c for c in self.channels if c is not None and c.up]
-        await asyncio.gather(*(self._send_engines(c, urls) for c in channels))
+        await asyncio.gather(*(self._send_engines(c, urls, held) for c in channels))
 
-    async def _send_engines(self, channel: WorkerChannel, urls: list[str]) -> None:
+    async def _send_engines(self, channel: WorkerChannel, urls: list[str], held: list[str]) -> None:
         request = CoreRequest(Op.SET_ENGINES, method="POST")
+        body = json.dumps({"urls": urls, "held": held}).encode()
         try:
-            reply = await channel.request(request.to_meta(), json.dumps({"urls": urls}).encode())
+            reply = await channel.request(request.to_meta(), body)
         except (WorkerLost, WorkerFailed) as exc:
             # It gets the set again when it is back (attach).
             logger.warning("could not send the engine set to worker %d: %s", channel.index, exc)
@@ -175,7 +178,7 @@ class ShardRouter:
             # A restarted (or reconnected) worker starts from its --backend argv: give it the
             # live set before anything else (`_handle` waits for this task).
             task = asyncio.get_running_loop().create_task(
-                self._send_engines(channel, self._engine_set)
+                self._send_engines(channel, self._engine_set, self._held)
             )
             self._engine_pushes.add(task)
             task.add_done_callback(self._engine_pushes.discard)
