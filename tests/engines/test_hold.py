@@ -58,7 +58,7 @@ def test_the_queue_bound_and_the_wait_limit_answer_503() -> None:
         await asyncio.sleep(0.01)
         with pytest.raises(Unavailable, match="--pause-queue-size 1"):
             await gate.route(lambda: 0, [A].__getitem__)
-        with pytest.raises(Unavailable, match="stayed paused for 0.05 s"):
+        with pytest.raises(Unavailable, match=r"stayed paused for 0\.05 s"):
             await first
         assert gate.refused == 2 and gate.waiting == 0
 
