@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -89,6 +89,9 @@ class SessionReads:
             "parent_session_id": session.parent_id,
             "child_session_ids": list(session.children),
             "num_turns": len(records),
+            # The versions that sampled the turns, in order of first use: more than one when
+            # a weight update landed mid-session (docs/trajectory.md).
+            "weight_versions": weight_versions(records),
         }
         head = json.dumps({"session_id": session.session_id}, separators=(",", ":")).encode()
         meta = json.dumps(metadata, ensure_ascii=False, separators=(",", ":")).encode()
@@ -203,3 +206,14 @@ async def _session_document_parts(
         for part in record.json_parts():
             yield part
     yield b'],"metadata":' + metadata + b"}"
+
+
+def weight_versions(records: Sequence[Any]) -> list[str]:
+    """The distinct `weight_version`s of `records` (turns an engine reported one for), in
+    the order the session first met them."""
+    seen: dict[str, None] = {}
+    for record in records:
+        version = getattr(record, "weight_version", None)
+        if isinstance(version, str):
+            seen.setdefault(version, None)
+    return list(seen)

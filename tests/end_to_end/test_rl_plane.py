@@ -1,0 +1,260 @@
+"""The RL control plane (`--enable-rl`, smg 1.13's `/v1/rl` contract) driven by a stdlib
+client written from smg's documented behaviour (tests/support/rl_client.py), in every layout:
+a real `sessiongate serve` in front of two real mock engines and one registered engine that
+is not there.
+
+The last test is a trainer's step with rollouts running: pause (retract) -> update the weight
+version -> continue, while `/generate` and session turns keep coming. No request fails, none
+reaches an engine while it is paused (the mock counts arrivals during a pause), and the
+router reports the new version on every engine afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from support.procs import ServerProcess, free_port, mock_engine
+from support.rl_client import PartialFanout, PlaneClient, PlaneError, paused
+
+pytestmark = pytest.mark.procs
+
+LAYOUTS = {
+    "workers 0, compiled front": ("--workers", "0", "--front", "compiled"),
+    "workers 0, python front": ("--workers", "0", "--front", "python"),
+    "workers 2, compiled front": ("--workers", "2", "--front", "compiled"),
+}
+ADMIN = "adm1n"
+LIVE = "health=ready"
+
+
+@dataclass
+class Setup:
+    gateway: ServerProcess
+    engines: list[ServerProcess]
+    dead: str
+    plane: PlaneClient = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.plane = PlaneClient(self.gateway.url, api_key=ADMIN)
+
+    def ids(self) -> dict[str, str]:
+        return {w["url"]: w["id"] for w in self.plane.workers()}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
+    with ExitStack() as stack:
+        engines = [
+            stack.enter_context(mock_engine("--token-delay-ms", "2")) for _ in range(2)
+        ]
+        port = free_port()
+        argv = [
+            "serve",
+            "--port",
+            str(port),
+            "--health-interval",
+            "0.5",
+            "--enable-rl",
+            "--admin-key",
+            ADMIN,
+            "--engine-label",
+            "pool=rollout",
+            *LAYOUTS[request.param],
+        ]
+        for engine in engines:
+            argv += ["--backend", engine.url]
+        gateway = stack.enter_context(ServerProcess(argv, port, timeout=60))
+        dead = f"http://127.0.0.1:{free_port()}"
+        reply = httpx.post(
+            f"{gateway.url}/workers",
+            json={"url": dead, "labels": {"pool": "rollout", "role": "spare"}},
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+        )
+        assert reply.status_code == 202, reply.text
+        yield Setup(gateway, engines, dead)
+
+
+def test_discovery_lists_every_engine_with_labels_and_versions(setup: Setup) -> None:
+    rows = {w["url"]: w for w in setup.plane.workers()}
+    assert set(rows) == {*(e.url for e in setup.engines), setup.dead}
+    for engine in setup.engines:
+        row = rows[engine.url]
+        assert row["health"] == "ready" and row["engine"] == "sglang"
+        assert row["weight_version"] == "default" and row["labels"]["pool"] == "rollout"
+        assert row["capabilities"]["pause_modes"] == ["abort", "retract", "in_place"]
+        assert row["paused"] is False and setup.plane.worker(row["id"]) == row
+    spare = rows[setup.dead]
+    assert spare["health"] == "unhealthy" and spare["role"] == "spare"
+    with pytest.raises(PlaneError) as missing:
+        setup.plane.worker("engine-nope")
+    assert (missing.value.status, missing.value.code) == (404, "worker_not_found")
+
+
+def test_the_plane_takes_the_admin_key(setup: Setup) -> None:
+    for key in (None, "wrong"):
+        status, _ = PlaneClient(setup.gateway.url, api_key=key).request("GET", "/v1/rl/workers")
+        assert status == 401
+
+
+def test_one_engine_call_mirrors_the_engine(setup: Setup) -> None:
+    worker_id = setup.ids()[setup.engines[0].url]
+    info = setup.plane.call(worker_id, "model_info", method="GET")
+    assert info["status"] == 200 and info["body"]["weight_version"] == "default"
+    missing = setup.plane.call(worker_id, "no_such_route", method="GET")
+    assert missing["status"] == 404 and missing["worker_id"] == worker_id
+    with pytest.raises(PlaneError) as bad_path:
+        setup.plane.call(worker_id, "a/b/c/d/e")
+    assert (bad_path.value.status, bad_path.value.code) == (400, "invalid_engine_path")
+    with pytest.raises(PlaneError) as dead:
+        setup.plane.call(setup.ids()[setup.dead], "flush_cache", {})
+    assert (dead.value.status, dead.value.code) == (502, "upstream_unreachable")
+
+
+def test_a_fanout_goes_to_the_engines_the_selector_matches(setup: Setup) -> None:
+    result = setup.plane.fanout("flush_cache", {}, selector=f"{LIVE},pool in (rollout)")
+    assert result["total"] == result["succeeded"] == 2
+    assert sorted(r["url"] for r in result["results"].values()) == sorted(
+        e.url for e in setup.engines
+    )
+
+
+def test_broken_selectors_are_400(setup: Setup) -> None:
+    for selector, code in (
+        ("", "selector_required"),
+        ("pool in (rollout", "invalid_selector"),
+        ("pool=nothing", "no_workers_match"),
+    ):
+        with pytest.raises(PlaneError) as refused:
+            setup.plane.fanout("flush_cache", {}, selector=selector)
+        assert (refused.value.status, refused.value.code) == (400, code), selector
+    with pytest.raises(PlaneError) as offset:
+        setup.plane.fanout("flush_cache", {}, selector="pool in (rollout")
+    assert offset.value.payload["offset"] == 16
+
+
+def test_a_dead_engine_makes_the_fanout_a_207(setup: Setup) -> None:
+    with pytest.raises(PartialFanout) as partial:
+        setup.plane.fanout("flush_cache", {}, selector="pool=rollout")
+    result = partial.value.payload
+    assert partial.value.status == 207 and result["total"] == 3 and result["succeeded"] == 2
+    (failure,) = result["failed"]
+    assert failure["url"] == setup.dead and failure["error"] == "upstream_unreachable"
+
+
+class Traffic:
+    """`/generate` calls and session turns in background threads until stopped."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.errors: list[str] = []
+        self.sessions: list[str] = []
+        self.threads = [
+            threading.Thread(target=self._generate, daemon=True) for _ in range(2)
+        ] + [threading.Thread(target=self._session, daemon=True) for _ in range(2)]
+
+    def __enter__(self) -> Traffic:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+    def _generate(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}
+                self._note(lambda: client.post(f"{self.base}/generate", json=body))
+
+    def _session(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set():
+                created = client.post(f"{self.base}/sessions")
+                session_id = created.json()["session_id"]
+                self.sessions.append(session_id)
+                messages = [{"role": "user", "content": "count to ten"}]
+                for turn in range(4):
+                    if self.stop.is_set():
+                        return
+                    reply = self._note(
+                        lambda: client.post(
+                            f"{self.base}/sessions/{session_id}/v1/chat/completions",
+                            json={"model": "m", "messages": messages, "max_tokens": 16},
+                        )
+                    )
+                    if reply is None or reply.status_code != 200:
+                        return
+                    messages = [
+                        *messages,
+                        reply.json()["choices"][0]["message"],
+                        {"role": "user", "content": f"and again ({turn})"},
+                    ]
+
+    def _note(self, send: object) -> httpx.Response | None:
+        try:
+            reply = send()  # type: ignore[operator]
+        except httpx.HTTPError as exc:
+            self.errors.append(repr(exc))
+            return None
+        self.statuses.append(reply.status_code)
+        if reply.status_code != 200:
+            self.errors.append(f"{reply.status_code}: {reply.text[:300]}")
+        return reply
+
+
+def test_pause_update_continue_with_rollouts_running(setup: Setup) -> None:
+    plane = setup.plane
+    with Traffic(setup.gateway.url) as traffic:
+        time.sleep(0.5)
+        with paused(plane, LIVE, mode="retract") as pause:
+            assert pause["succeeded"] == 2
+            for engine in setup.engines:
+                assert httpx.get(f"{engine.url}/mock/stats").json()["paused"] is True
+            rows = {w["url"]: w for w in plane.workers()}
+            assert all(rows[e.url]["paused"] for e in setup.engines)
+            done_before = len(traffic.statuses)
+            time.sleep(0.6)  # rollouts keep asking: the gateway holds them
+            held = len(traffic.statuses) - done_before
+            update = plane.fanout(
+                "update_weight_version",
+                {"new_version": "step-1", "abort_all_requests": False},
+                selector=LIVE,
+            )
+            assert update["succeeded"] == 2
+        finished_at_continue = len(traffic.statuses)
+        time.sleep(0.6)
+    assert not traffic.errors, traffic.errors[:5]
+    assert held <= 4  # only requests already on an engine when it paused can finish
+    assert len(traffic.statuses) > finished_at_continue  # they flowed again
+    for engine in setup.engines:
+        stats = httpx.get(f"{engine.url}/mock/stats").json()
+        assert stats["arrived_while_paused"] == 0, stats
+        assert stats["paused"] is False
+    rows = {w["url"]: w for w in plane.workers()}
+    for engine in setup.engines:
+        assert rows[engine.url]["weight_version"] == "step-1"
+        assert rows[engine.url]["paused"] is False
+    listed = httpx.get(f"{setup.gateway.url}/workers").json()["workers"]
+    assert {w["url"]: w["weight_version"] for w in listed if w["in_rotation"]} == {
+        e.url: "step-1" for e in setup.engines
+    }
+    metrics = httpx.get(f"{setup.gateway.url}/metrics").text
+    for engine in setup.engines:
+        assert f'weight_version="step-1"' in metrics and engine.url in metrics
+    spans = [
+        httpx.get(f"{setup.gateway.url}/sessions/{s}").json()["metadata"]["weight_versions"]
+        for s in traffic.sessions
+    ]
+    assert ["default", "step-1"] in spans, spans
