@@ -4,7 +4,8 @@ The chat route answers SGLang 0.5.23's OpenAI chat contract (see docs/mock-engin
 source of every shape) by putting together `chat_request` (what is refused), `reply` (the
 non-stream body) and `stream` (the SSE chunks); `responses_api` answers `/v1/responses`
 through that route. Beside it: SGLang's own `/health`, `/v1/models`, `/model_info`,
-`/abort_request` and `/update_weight_version`, and the mock's `/mock/*` introspection and
+`/abort_request` and `/update_weight_version`, the generation control routes of `control`
+(pause, continue, readiness, weight updates), and the mock's `/mock/*` introspection and
 fault-injection routes (plus `X-Mock-Fail` and `--fail-rate`).
 
 Heavy work (prompt validation/tokenization, generation, R3 bytes, JSON assembly) runs in a
@@ -18,7 +19,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from sessiongate.mock_engine.chat_request import (
 )
 from sessiongate.mock_engine.completion import Completion
 from sessiongate.mock_engine.config import MockEngineConfig
+from sessiongate.mock_engine.control import ControlRoutes
 from sessiongate.mock_engine.generate import CompletionGenerator
 from sessiongate.mock_engine.messages import MessagesRoute
 from sessiongate.mock_engine.native import NativeRoutes, cache_namespace
@@ -60,6 +62,21 @@ def _injected(status: int) -> ApiError:
 def _fail_roll(seed: int, counter: int) -> float:
     digest = hashlib.blake2b(f"{seed}|fail|{counter}".encode(), digest_size=16).digest()
     return random.Random(digest).random()
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _counted(state: EngineState, route: str, handler: Handler) -> Handler:
+    """`handler`, counting the requests that arrive while the engine is paused (/mock/stats
+    `arrived_while_paused`). Only the routes a client calls are wrapped: /v1/messages calls
+    the chat handler itself, which must not count its request twice."""
+
+    async def counted(request: Request) -> Response:
+        state.note_arrival(route)
+        return await handler(request)
+
+    return counted
 
 
 async def _json_body(request: Request) -> Any:
@@ -97,6 +114,7 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
             state.prefix_cache,
             state.closing,
             on_admit=lambda job: state.count_prompt(len(job.prompt), job.cached, job.adapter),
+            progress=state.progress,
         )
     if config.r3_enabled:
         # Build the R3 pool now (~10 ms) rather than inside the first R3 reply.
@@ -107,23 +125,34 @@ def create_app(config: MockEngineConfig, tokenizer: TokenizerLike | None = None)
     server = SGLangServerRoutes(config, state)
     native = NativeRoutes(state, scheduler)
     mock = MockAdminRoutes(state, scheduler)
+    control = ControlRoutes(state, scheduler)
     messages = MessagesRoute(config, state, chat.chat)
+
+    def generation(path: str, handler: Handler, methods: list[str]) -> Route:
+        return Route(path, _counted(state, path, handler), methods=methods)
+
     routes = [
-        Route("/v1/chat/completions", chat.chat, methods=["POST"]),
-        Route("/v1/responses", responses.responses, methods=["POST"]),
-        Route("/v1/messages", messages.messages, methods=["POST"]),
+        generation("/v1/chat/completions", chat.chat, ["POST"]),
+        generation("/v1/responses", responses.responses, ["POST"]),
+        generation("/v1/messages", messages.messages, ["POST"]),
         Route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"]),
-        Route("/generate", native.generate, methods=["POST", "PUT"]),
+        generation("/generate", native.generate, ["POST", "PUT"]),
         Route("/flush_cache", native.flush_cache, methods=["GET", "POST"]),
         Route("/v1/loads", native.loads, methods=["GET"]),
         Route("/metrics", native.metrics, methods=["GET"]),
         Route("/health", server.health, methods=["GET"]),
+        Route("/health_generate", control.health_generate, methods=["GET"]),
+        Route("/ready", control.ready, methods=["GET"]),
         Route("/v1/models", server.models, methods=["GET"]),
         Route("/model_info", server.model_info, methods=["GET"]),
+        Route("/get_model_info", server.model_info, methods=["GET"]),
         Route("/server_info", server.server_info, methods=["GET"]),
         Route("/get_server_info", server.server_info, methods=["GET"]),
         Route("/abort_request", server.abort_request, methods=["POST"]),
         Route("/update_weight_version", server.update_weight_version, methods=["POST"]),
+        Route("/update_weights_from_disk", control.update_weights_from_disk, methods=["POST"]),
+        Route("/pause_generation", control.pause_generation, methods=["POST"]),
+        Route("/continue_generation", control.continue_generation, methods=["POST"]),
         Route("/mock/abort_next", mock.abort_next, methods=["POST"]),
         Route("/mock/requests", mock.recent_requests, methods=["GET"]),
         Route("/mock/stats", mock.stats, methods=["GET"]),
@@ -185,6 +214,11 @@ class OpenAIChatRoute:
             state.bad_requests += 1
             raise
         state.prompt_tokens += completion.prompt_tokens
+        # tokenizer_manager.py `generate_request`: a valid request waits here while the
+        # engine is paused (or a weight update drains); registered in the same step as it
+        # passes, so a pause's abort_all cannot miss it.
+        if await state.pass_gate() == "closing":
+            raise ApiError("mock engine is shutting down", "InternalServerError", 503)
         abort = asyncio.Event()
         state.running[req.rid] = abort
         job = self._submit(req, completion, cached, abort)
@@ -329,7 +363,7 @@ class OpenAIChatRoute:
         scheduler = self.scheduler
         state.flight(+1)
         try:
-            start = time.monotonic()
+            start = state.clock()  # generation time: a halted scheduler's pause is not in it
             if scheduler is not None and job is not None:
                 status = await scheduler.wait(job, completion.completion_tokens)
                 cached = job.cached
@@ -344,7 +378,7 @@ class OpenAIChatRoute:
                 state.aborted += 1
             elif status == "abort":
                 # Tokens "generated" before the abort arrived.
-                spent_ms = (time.monotonic() - start) * 1000 - config.ttft_ms
+                spent_ms = (state.clock() - start) * 1000 - config.ttft_ms
                 done = int(spent_ms // config.token_delay_ms) if config.token_delay_ms > 0 else 0
                 done = max(0, min(done, completion.completion_tokens - 1))
                 completion = self.generator.aborted(completion, done)
@@ -371,16 +405,22 @@ class SGLangServerRoutes:
         return Response(status_code=200)
 
     async def models(self, request: Request) -> Response:
-        config = self.config
-        model = {"id": config.model_name, "object": "model", "created": 0, "owned_by": "mock"}
+        # http_server.py `available_models`: the served model name, which a weight update
+        # from disk moves (tokenizer_manager.py `_update_model_path_info`).
+        served = self.state.served_model_name
+        model = {"id": served, "object": "model", "created": 0, "owned_by": "mock"}
         return json_response({"object": "list", "data": [model]})
 
     async def model_info(self, request: Request) -> Response:
+        # http_server.py `model_info` (and the deprecated `/get_model_info`): model_path and
+        # served_model_name are what the last weight update from disk loaded, and
+        # weight_version the one in effect (tokenizer_manager.py `config_value`).
         config = self.config
+        state = self.state
         return json_response(
             {
-                "model_path": config.model_name,
-                "served_model_name": config.model_name,
+                "model_path": state.served_model_name,
+                "served_model_name": state.served_model_name,
                 "is_generation": True,
                 "weight_version": self.state.weight_version,
                 "reasoning_parser": config.reasoning_parser,
@@ -391,7 +431,9 @@ class SGLangServerRoutes:
     async def server_info(self, request: Request) -> Response:
         # http_server.py `server_info` (and the deprecated `/get_server_info`): the server
         # arguments, scheduler info, internal states and `version` (sglang/version.py).
-        # The mock's subset: the arguments it has, and the version it stands in for.
+        # The mock's subset: the arguments it has, and the version it stands in for. As in
+        # SGLang these are the startup arguments: what a weight update or
+        # /update_weight_version changes is reported by /model_info (server_info's docstring).
         config = self.config
         return json_response(
             {
@@ -403,7 +445,7 @@ class SGLangServerRoutes:
                 "random_seed": config.seed,
                 "reasoning_parser": config.reasoning_parser,
                 "tool_call_parser": config.tool_call_parser,
-                "weight_version": self.state.weight_version,
+                "weight_version": config.weight_version,
                 "internal_states": [],
                 "version": config.sglang_version,
             }
@@ -433,8 +475,7 @@ class SGLangServerRoutes:
                 [{"type": "missing", "loc": ("body", "new_version"), "msg": "Field required"}]
             ).response()
         if body.get("abort_all_requests", True) is not False:
-            for event in state.running.values():
-                event.set()
+            state.abort_all()
         state.weight_version = new
         return json_response(
             {"success": True, "message": f"Weight version updated to {new}", "new_version": new}
@@ -483,6 +524,7 @@ class MockAdminRoutes:
         return json_response(
             {
                 **state.stats(),
+                **state.pause_stats(),
                 "prefix_cache": state.prefix_cache.stats(),
                 "cached_tokens": state.cached_tokens,
                 "prefilled_tokens": state.prefilled_tokens,

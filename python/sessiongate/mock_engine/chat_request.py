@@ -236,7 +236,7 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], state: EngineSt
     if any(c < 1 for c in caps):
         raise ApiError("max_tokens must be >= 1")
     prompt_ids = _prompt_ids(body, state.tokenizer, cfg.sglang_rules)
-    lora = _lora(body, cfg.model_name, cfg.lora_adapters)
+    lora = _lora(body, state.served_model_name, cfg.lora_adapters)
     want_r3 = body.get("return_routed_experts") is True
     r3_start = body.get("routed_experts_start_len") or 0
     r3_error: str | None = None

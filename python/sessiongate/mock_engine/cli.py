@@ -64,7 +64,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "mock-engine",
         help="run a deterministic SGLang-style chat engine (no GPU) for tests and benchmarks",
         description="Deterministic HTTP engine speaking SGLang 0.5.23's OpenAI chat "
-        "contract (input_ids, meta_info, sglext, routed_experts). See docs/mock-engine.md.",
+        "contract (input_ids, meta_info, sglext, routed_experts), its native /generate, and "
+        "its control routes (/pause_generation, /continue_generation, /ready, "
+        "/health_generate, /update_weights_from_disk, /update_weight_version, "
+        "/abort_request). See docs/mock-engine.md.",
     )
     # One flat option list (no argparse groups): the helpers keep --help's order.
     _add_server_arguments(p, d)
@@ -72,6 +75,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     _add_fault_arguments(p, d)
     _add_reply_feature_arguments(p, d)
     _add_step_scheduler_arguments(p, d)
+    _add_control_arguments(p, d)
     p.add_argument(
         "--log-level",
         default=d.log_level,
@@ -237,6 +241,25 @@ def _add_step_scheduler_arguments(p: argparse.ArgumentParser, d: MockEngineConfi
     )
 
 
+def _add_control_arguments(p: argparse.ArgumentParser, d: MockEngineConfig) -> None:
+    """The control routes: health probe timeout, weight updates that fail."""
+    p.add_argument(
+        "--health-check-timeout",
+        type=float,
+        default=d.health_check_timeout,
+        metavar="SECONDS",
+        help="how long GET /health_generate waits (e.g. on a paused engine) before its 503, "
+        "SGLang's SGLANG_HEALTH_CHECK_TIMEOUT (default %(default)s)",
+    )
+    p.add_argument(
+        "--reject-model-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="POST /update_weights_from_disk fails to load this model_path (repeatable)",
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
     return MockEngineConfig(
         host=args.host,
@@ -272,6 +295,8 @@ def config_from_args(args: argparse.Namespace) -> MockEngineConfig:
         speed=args.speed,
         max_running_requests=args.max_running_requests,
         max_prefill_tokens=args.max_prefill_tokens,
+        health_check_timeout=args.health_check_timeout,
+        reject_model_paths=tuple(args.reject_model_path),
     )
 
 

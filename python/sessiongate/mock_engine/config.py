@@ -69,6 +69,13 @@ class MockEngineConfig:
     # SGLang's --max-prefill-tokens: the uncached prompt tokens one prefill step admits (the
     # first request of a step is admitted whatever its size; SGLang would chunk it).
     max_prefill_tokens: int = 16384
+    # http_server.py HEALTH_CHECK_TIMEOUT (env SGLANG_HEALTH_CHECK_TIMEOUT, default 20 s): how
+    # long GET /health_generate waits for its one-token generation, e.g. on a paused engine,
+    # before answering 503.
+    health_check_timeout: float = 20.0
+    # Model paths POST /update_weights_from_disk fails to load (the mock has no weights to
+    # read, so a test names the paths that fail); "" always fails.
+    reject_model_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -106,6 +113,8 @@ class MockEngineConfig:
             problems.append("max_prefill_tokens must be >= 1")
         if self.max_running_requests < 1:
             problems.append("max_running_requests must be >= 1")
+        if not self.health_check_timeout > 0:
+            problems.append("health_check_timeout must be > 0")
         if not self.weight_version:
             problems.append("weight_version must not be empty")
         if parse_version(self.sglang_version) is None:

@@ -144,9 +144,11 @@ class NativeRoutes:
         if greq.stream:
             state.streams += 1
             return StreamingResponse(
-                self._stream(runs, greq.is_single, received),
+                self._gated_stream(runs, greq.is_single, received),
                 media_type="text/event-stream",
             )
+        if not await self._pass_gate(runs):
+            return error_response("mock engine is shutting down", "InternalServerError", 503)
         state.flight(+len(runs))
         try:
             results = await asyncio.gather(*(self._finish(run) for run in runs))
@@ -217,9 +219,29 @@ class NativeRoutes:
                 state.prefix_cache.insert([*item.prompt_ids, *completion.ids[:-1]], ns)
                 state.count_prompt(len(item.prompt_ids), run.cached, item.lora)
             runs.append(run)
+        return runs
+
+    async def _pass_gate(self, runs: list[_InFlightPrompt]) -> bool:
+        """tokenizer_manager.py `generate_request`: a valid request waits while the engine is
+        paused (or a weight update drains), then goes to the scheduler; registered in the
+        same step as it passes, so a pause's abort_all cannot miss it. False: shutting down."""
+        state = self.state
+        if await state.pass_gate() == "closing":
+            return False
         for run in runs:
             state.running[run.item.rid] = run.abort
-        return runs
+        return True
+
+    async def _gated_stream(
+        self, runs: list[_InFlightPrompt], is_single: bool, received: float
+    ) -> AsyncIterator[Part]:
+        """http_server.py `serve_generate_request` returns its StreamingResponse before
+        tokenizer_manager.py `generate_request` runs: a stream held by a pause has its 200
+        and headers, and its first event after the continue."""
+        if not await self._pass_gate(runs):
+            return
+        async for part in self._stream(runs, is_single, received):
+            yield part
 
     def _submit(self, run: _InFlightPrompt) -> None:
         if self.scheduler is not None and run.job is not None:
@@ -240,7 +262,7 @@ class NativeRoutes:
 
     async def _finish(self, run: _InFlightPrompt) -> Completion | None:
         self._submit(run)
-        start = time.monotonic()
+        start = self.state.clock()
         total = run.completion.completion_tokens
         status = await self._wait(run, total, True, total)
         if status == "closing":
@@ -250,7 +272,7 @@ class NativeRoutes:
                 done = run.job.done
             else:
                 cfg = self.state.config
-                spent = (time.monotonic() - start) * 1000 - cfg.ttft_ms
+                spent = (self.state.clock() - start) * 1000 - cfg.ttft_ms
                 done = int(spent // cfg.token_delay_ms) if cfg.token_delay_ms > 0 else 0
             self.state.aborted += 1
             return self.state.generator.aborted(run.completion, max(0, min(done, total - 1)))
@@ -300,7 +322,7 @@ class NativeRoutes:
             state.generator.stream_pieces, completion, cfg.stream_chunk_tokens
         )
         text = ""
-        start = time.monotonic()
+        start = state.clock()
         for n, piece in enumerate(pieces):
             # As the chat stream: the ttft before the first step, a token delay per token of
             # every later step.
@@ -314,7 +336,7 @@ class NativeRoutes:
                 if run.job is not None:
                     done = run.job.done
                 else:
-                    spent = (time.monotonic() - start) * 1000 - cfg.ttft_ms
+                    spent = (state.clock() - start) * 1000 - cfg.ttft_ms
                     done = int(spent // cfg.token_delay_ms) if cfg.token_delay_ms > 0 else 0
                 done = max(0, min(done, piece.start, completion.completion_tokens - 1))
                 completion = state.generator.aborted(completion, done)
@@ -469,6 +491,9 @@ class NativeRoutes:
         else:
             running, waiting, used, total, waiting_uncached = state.in_flight, 0, 0, 0, 0
             prefill_uncached, prefill_busy, max_running = state.prefilled_tokens, 0, 0
+            if state.retracted:
+                # scheduler.py `pause_generation` (retract): back in the waiting queue.
+                running, waiting = 0, state.in_flight
         capacity = cfg.prefix_cache_tokens
         prompt_total = state.cached_tokens + state.prefilled_tokens
         load: dict[str, Any] = {

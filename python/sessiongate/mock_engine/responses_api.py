@@ -55,16 +55,19 @@ def _from_api_error(exc: ApiError) -> Response:
     return _error(DialectError(exc.status, exc.err_type, exc.message))
 
 
-def engine_refusal(body: dict[str, Any], config: MockEngineConfig) -> DialectError | None:
+def engine_refusal(
+    body: dict[str, Any], config: MockEngineConfig, served_model: str | None = None
+) -> DialectError | None:
     """What a stateless SGLang refuses before converting (serving_responses.py
-    `create_responses`: the response store, then `_validate_model`)."""
+    `create_responses`: the response store, then `_validate_model` against the served model
+    name, `served_model`, which a weight update moves; default: the configured one)."""
     for param in ("previous_response_id", "background"):
         if body.get(param) not in (None, False):
             return DialectError(400, "invalid_request_error", STORE_DISABLED, param)
     model = body.get("model")
     if model is None:
         return None
-    known = {config.model_name, *config.lora_adapters}
+    known = {served_model or config.model_name, *config.lora_adapters}
     if not isinstance(model, str) or (model not in known and model.split(":")[0] not in known):
         message = f"The model '{model}' does not exist"
         return DialectError(404, "invalid_request_error", message, "model")
@@ -89,7 +92,7 @@ class ResponsesRoute:
         except ApiError as exc:
             return _from_api_error(exc)
         try:
-            refusal = engine_refusal(body, chat.config)
+            refusal = engine_refusal(body, chat.config, state.served_model_name)
             if refusal is not None:
                 raise refusal
             chat_body = responses_to_chat(body, None)

@@ -15,6 +15,11 @@ its prompt into the cache (the radix cache is filled when a prefill completes). 
 nobody to admit, a decode step of `--decode-step-ms` gives every running request one more
 token. A finished request leaves its prompt and output (all but the last token) in the
 cache. `--speed` divides every step's time, so `--speed 0.5` is an engine twice as slow.
+
+A retract or in_place `/pause_generation` halts the loop (scheduler.py `event_loop_normal`
+skips batches while `_engine_paused`); a retract pause first moves the running requests back
+to the head of the waiting queue (scheduler.py `pause_generation`), to be prefilled again
+(prompt only: the mock keeps their output so far) after `/continue_generation`.
 """
 
 from __future__ import annotations
@@ -61,11 +66,14 @@ class StepScheduler:
         cache: PrefixCache,
         closing: asyncio.Event,
         on_admit: Callable[[Job], None] | None = None,
+        progress: asyncio.Event | None = None,
     ) -> None:
         self.config = config
         self.cache = cache
         self.closing = closing
         self.on_admit = on_admit
+        # Set while the engine is not halted by a pause (None: never halted).
+        self.progress = progress
         self.waiting: deque[Job] = deque()
         self.running: list[Job] = []
         self._wake = asyncio.Event()
@@ -106,6 +114,26 @@ class StepScheduler:
                     w.cancel()
         return "ok"
 
+    def retract(self) -> None:
+        """Move the running requests back to the head of the waiting queue, in order."""
+        back = [job for job in self.running if not job.finished]
+        self.running = []
+        self.waiting.extendleft(reversed(back))
+
+    async def _until_progress(self) -> None:
+        """While halted by a pause: wait for the continue (or shutdown)."""
+        progress = self.progress
+        while progress is not None and not progress.is_set() and not self.closing.is_set():
+            waiters = [
+                asyncio.ensure_future(progress.wait()),
+                asyncio.ensure_future(self.closing.wait()),
+            ]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
     def used_tokens(self) -> int:
         """KV tokens the running batch holds (prompt and output so far)."""
         return sum(len(j.prompt) + j.done for j in self.running)
@@ -140,6 +168,9 @@ class StepScheduler:
         while not self.closing.is_set():
             for job in [j for j in self.running if j.abort.is_set()]:
                 self._finish(job)
+            if self.progress is not None and not self.progress.is_set():
+                await self._until_progress()
+                continue
             if not self.waiting and not self.running:
                 self._wake.clear()
                 await asyncio.wait(
@@ -169,9 +200,9 @@ class StepScheduler:
                 budget -= uncached
                 self.waiting.popleft()
                 job.cached = cached
+                if self.on_admit is not None and not job.admitted:
+                    self.on_admit(job)  # once: a retracted request is not a new one
                 job.admitted = True
-                if self.on_admit is not None:
-                    self.on_admit(job)
                 admitted.append(job)
             self.steps += 1
             if admitted:
@@ -185,7 +216,8 @@ class StepScheduler:
                     # The prefill is done: its prompt is in the cache, its first token out.
                     self.cache.insert(job.prompt, job.namespace)
                     self.running.append(job)
-                    job.done = min(1, job.total)
+                    # A retracted request keeps the tokens it had.
+                    job.done = max(job.done, min(1, job.total))
                     job.changed.set()
                     if job.done >= job.total:
                         self._finish(job)
