@@ -11,9 +11,10 @@ router reports the new version on every engine afterwards.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -150,61 +151,68 @@ def test_a_dead_engine_makes_the_fanout_a_207(setup: Setup) -> None:
 
 
 class Traffic:
-    """`/generate` calls and session turns in background threads until stopped."""
+    """Rollouts that keep arriving whatever the engines do: every `PACE_S` a new `/generate`
+    call or a new session of `TURNS` turns starts in its own thread (a rollout worker does
+    not wait for another's request before sending its own)."""
+
+    PACE_S = 0.02
+    TURNS = 3
 
     def __init__(self, base: str) -> None:
         self.base = base
         self.stop = threading.Event()
+        self.started = 0
         self.statuses: list[int] = []
         self.errors: list[str] = []
         self.sessions: list[str] = []
-        self.threads = [
-            threading.Thread(target=self._generate, daemon=True) for _ in range(2)
-        ] + [threading.Thread(target=self._session, daemon=True) for _ in range(2)]
+        self.threads: list[threading.Thread] = []
+        self._dispatcher = threading.Thread(target=self._dispatch, daemon=True)
 
     def __enter__(self) -> Traffic:
-        for thread in self.threads:
-            thread.start()
+        self._dispatcher.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        self._dispatcher.join(timeout=10)
         for thread in self.threads:
             thread.join(timeout=60)
 
+    def _dispatch(self) -> None:
+        while not self.stop.wait(self.PACE_S):
+            work = self._generate if self.started % 2 else self._session
+            self.started += 1
+            thread = threading.Thread(target=work, daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
     def _generate(self) -> None:
-        with httpx.Client(timeout=60) as client:
-            while not self.stop.is_set():
-                body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}
-                self._note(lambda: client.post(f"{self.base}/generate", json=body))
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 16}}
+        self._note(lambda: httpx.post(f"{self.base}/generate", json=body, timeout=60))
 
     def _session(self) -> None:
-        with httpx.Client(timeout=60) as client:
-            while not self.stop.is_set():
-                created = client.post(f"{self.base}/sessions")
-                session_id = created.json()["session_id"]
-                self.sessions.append(session_id)
-                messages = [{"role": "user", "content": "count to ten"}]
-                for turn in range(4):
-                    if self.stop.is_set():
-                        return
-                    reply = self._note(
-                        lambda: client.post(
-                            f"{self.base}/sessions/{session_id}/v1/chat/completions",
-                            json={"model": "m", "messages": messages, "max_tokens": 16},
-                        )
-                    )
-                    if reply is None or reply.status_code != 200:
-                        return
-                    messages = [
-                        *messages,
-                        reply.json()["choices"][0]["message"],
-                        {"role": "user", "content": f"and again ({turn})"},
-                    ]
+        created = self._note(lambda: httpx.post(f"{self.base}/sessions", timeout=60))
+        if created is None or created.status_code != 200:
+            return
+        session_id = created.json()["session_id"]
+        self.sessions.append(session_id)
+        messages = [{"role": "user", "content": "count to ten"}]
+        for turn in range(self.TURNS):
+            body = {"model": "m", "messages": messages, "max_tokens": 16}
+            url = f"{self.base}/sessions/{session_id}/v1/chat/completions"
+            reply = self._note(functools.partial(httpx.post, url, json=body, timeout=60))
+            if reply is None or reply.status_code != 200:
+                return
+            messages = [
+                *messages,
+                reply.json()["choices"][0]["message"],
+                {"role": "user", "content": f"and again ({turn})"},
+            ]
+            time.sleep(self.PACE_S * 5)  # the agent thinks: its next turn may meet a pause
 
-    def _note(self, send: object) -> httpx.Response | None:
+    def _note(self, send: Callable[[], httpx.Response]) -> httpx.Response | None:
         try:
-            reply = send()  # type: ignore[operator]
+            reply = send()
         except httpx.HTTPError as exc:
             self.errors.append(repr(exc))
             return None
@@ -224,9 +232,9 @@ def test_pause_update_continue_with_rollouts_running(setup: Setup) -> None:
                 assert httpx.get(f"{engine.url}/mock/stats").json()["paused"] is True
             rows = {w["url"]: w for w in plane.workers()}
             assert all(rows[e.url]["paused"] for e in setup.engines)
-            done_before = len(traffic.statuses)
+            asked_before = traffic.started
             time.sleep(0.6)  # rollouts keep asking: the gateway holds them
-            held = len(traffic.statuses) - done_before
+            asked = traffic.started - asked_before
             update = plane.fanout(
                 "update_weight_version",
                 {"new_version": "step-1", "abort_all_requests": False},
@@ -236,8 +244,8 @@ def test_pause_update_continue_with_rollouts_running(setup: Setup) -> None:
         finished_at_continue = len(traffic.statuses)
         time.sleep(0.6)
     assert not traffic.errors, traffic.errors[:5]
-    assert held <= 4  # only requests already on an engine when it paused can finish
-    assert len(traffic.statuses) > finished_at_continue  # they flowed again
+    assert asked >= 10  # requests kept coming during the pause...
+    assert len(traffic.statuses) > finished_at_continue + asked  # ...and all flowed after it
     for engine in setup.engines:
         stats = httpx.get(f"{engine.url}/mock/stats").json()
         assert stats["arrived_while_paused"] == 0, stats
@@ -246,13 +254,14 @@ def test_pause_update_continue_with_rollouts_running(setup: Setup) -> None:
     for engine in setup.engines:
         assert rows[engine.url]["weight_version"] == "step-1"
         assert rows[engine.url]["paused"] is False
-    listed = httpx.get(f"{setup.gateway.url}/workers").json()["workers"]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    listed = httpx.get(f"{setup.gateway.url}/workers", headers=admin).json()["workers"]
     assert {w["url"]: w["weight_version"] for w in listed if w["in_rotation"]} == {
         e.url: "step-1" for e in setup.engines
     }
     metrics = httpx.get(f"{setup.gateway.url}/metrics").text
     for engine in setup.engines:
-        assert f'weight_version="step-1"' in metrics and engine.url in metrics
+        assert f'{{engine="{engine.url}",weight_version="step-1"}} 1' in metrics
     spans = [
         httpx.get(f"{setup.gateway.url}/sessions/{s}").json()["metadata"]["weight_versions"]
         for s in traffic.sessions
