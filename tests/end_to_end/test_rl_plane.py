@@ -52,9 +52,7 @@ class Setup:
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def setup(request: pytest.FixtureRequest) -> Iterator[Setup]:
     with ExitStack() as stack:
-        engines = [
-            stack.enter_context(mock_engine("--token-delay-ms", "2")) for _ in range(2)
-        ]
+        engines = [stack.enter_context(mock_engine("--token-delay-ms", "2")) for _ in range(2)]
         port = free_port()
         argv = [
             "serve",
@@ -267,3 +265,43 @@ def test_pause_update_continue_with_rollouts_running(setup: Setup) -> None:
         for s in traffic.sessions
     ]
     assert ["default", "step-1"] in spans, spans
+
+
+def test_families_stay_pinned_across_the_pause(setup: Setup) -> None:
+    metrics = httpx.get(f"{setup.gateway.url}/metrics").text
+    repins = [
+        line for line in metrics.splitlines() if line.startswith("sessiongate_upstream_repins")
+    ]
+    assert repins and all(line.endswith(" 0") for line in repins), repins
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_a_pause_behind_the_routers_back_is_observed(setup: Setup) -> None:
+    """A trainer that pauses an engine directly: the registry's probe reads its `/ready`
+    (503 while paused) and holds it; requests go to the other engine meanwhile."""
+    first, second = setup.engines
+    json_body = {"json": {"mode": "retract"}, "timeout": 10}
+    assert httpx.post(f"{first.url}/pause_generation", **json_body).status_code == 200
+
+    def row() -> dict[str, object]:
+        return {w["url"]: w for w in setup.plane.workers()}[first.url]
+
+    try:
+        wait_until(lambda: row()["pause_mode"] == "observed")
+        before = httpx.get(f"{first.url}/mock/stats").json()["arrived_while_paused"]
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+        for _ in range(8):
+            reply = httpx.post(f"{setup.gateway.url}/generate", json=body, timeout=30)
+            assert reply.status_code == 200
+        after = httpx.get(f"{first.url}/mock/stats").json()["arrived_while_paused"]
+        assert after == before
+    finally:
+        httpx.post(f"{first.url}/continue_generation", json={}, timeout=10)
+    wait_until(lambda: row()["paused"] is False)
+    assert httpx.get(f"{second.url}/mock/stats").json()["paused"] is False
