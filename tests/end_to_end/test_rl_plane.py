@@ -284,7 +284,8 @@ def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
 
 def test_a_pause_behind_the_routers_back_is_observed(setup: Setup) -> None:
     """A trainer that pauses an engine directly: the registry's probe reads its `/ready`
-    (503 while paused) and holds it; requests go to the other engine meanwhile."""
+    (503 while paused) and holds it; requests go to the other engine meanwhile; the weight
+    version it set directly is learned when the pause ends."""
     first, second = setup.engines
     json_body = {"json": {"mode": "retract"}, "timeout": 10}
     assert httpx.post(f"{first.url}/pause_generation", **json_body).status_code == 200
@@ -301,7 +302,11 @@ def test_a_pause_behind_the_routers_back_is_observed(setup: Setup) -> None:
             assert reply.status_code == 200
         after = httpx.get(f"{first.url}/mock/stats").json()["arrived_while_paused"]
         assert after == before
+        update = {"new_version": "direct-1", "abort_all_requests": False}
+        httpx.post(f"{first.url}/update_weight_version", json=update, timeout=10)
     finally:
         httpx.post(f"{first.url}/continue_generation", json={}, timeout=10)
     wait_until(lambda: row()["paused"] is False)
+    # The version changed while it was paused is read when the pause is seen to end.
+    assert row()["weight_version"] == "direct-1"
     assert httpx.get(f"{second.url}/mock/stats").json()["paused"] is False

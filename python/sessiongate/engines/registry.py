@@ -430,7 +430,20 @@ class EngineRegistry:
         elif ready and engine.paused is not None:
             logger.warning("engine %s (%s) takes requests again", engine.id, engine.url)
             engine.paused = None
+            # A pause is when weights change: one made behind the router's back is read
+            # from the engine now (a new version is the newest: it came after the others).
+            await self._reread_version(engine)
             await self._hold_changed()
+
+    async def _reread_version(self, engine: Engine) -> None:
+        result = await describe(engine.url)
+        if result.error is not None or self.engines.get(engine.id) is not engine:
+            return
+        engine.model_info = result.model_info
+        version = (result.model_info or {}).get("weight_version")
+        if isinstance(version, str) and version != engine.weight_version:
+            engine.weight_version = version
+            self.newest_version = version
 
     def control_started(self, engine: Engine) -> None:
         """A control call through the plane begins on `engine` (readiness probes of it are
