@@ -155,9 +155,7 @@ def test_newest_weights_only_holds_engines_behind_the_newest_version() -> None:
 
 def test_labels_come_from_the_flag_and_the_registration() -> None:
     async def scenario() -> None:
-        registry = EngineRegistry(
-            [A, B], labels=("pool=x", f"{B}#role=actor"), prober=ready_probe
-        )
+        registry = EngineRegistry([A, B], labels=("pool=x", f"{B}#role=actor"), prober=ready_probe)
         rows = {e.url: e.labels for e in registry.listing()}
         assert rows == {A: {"pool": "x"}, B: {"pool": "x", "role": "actor"}}
         engine, _ = await registry.add("http://e:3", {"role": "rollout"})
