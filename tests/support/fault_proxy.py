@@ -36,6 +36,7 @@ _PROBES = [
     [b"GET", path]
     for path in (
         b"/health",
+        b"/ready",
         b"/model_info",
         b"/get_model_info",
         b"/server_info",
