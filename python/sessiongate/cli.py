@@ -28,7 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
         action=_PrintVersion,
         help="print the version and the Rust core's build (target, profile, rustc), then exit",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    from sessiongate.config.cli import CommandParser
+
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+    )
 
     from sessiongate.dataplane import router_main
     from sessiongate.dataplane.worker import main as worker_main

@@ -55,9 +55,9 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
 # options got one home: every process that runs a core (its stateless proxy path) takes them.
 ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--policy": ("cache_aware", False),
-    "--cache-threshold": (0.3, False),
-    "--balance-abs-threshold": (64, False),
-    "--balance-rel-threshold": (1.5, False),
+    "--cache-threshold/--cache-match-threshold": (0.3, False),
+    "--balance-abs-threshold/--spill-abs-threshold": (64, False),
+    "--balance-rel-threshold/--spill-rel-threshold": (1.5, False),
     "--eviction-interval-secs/--eviction-interval": (60, False),
     "--max-tree-size": (67108864, False),
     "--assignment-mode": ("random", False),

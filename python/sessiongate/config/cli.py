@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sessiongate.config.engines import DEFAULT_POLICY, POLICY_TUNABLES
@@ -17,6 +18,40 @@ from sessiongate.config.gateway import SCHEMA_LEAVES, GatewayConfig, build
 # Where the flags given on the command line are noted on the namespace.
 _GIVEN = "_given_options"
 CONFIG_DEST = "config_file"
+
+
+# Given a command's arguments and the option strings its parser declares, the message for
+# the first argument it refuses by name, or None (serve: smg's flags, config/smg_flags.py).
+Refusal = Callable[[Sequence[str], Collection[str]], "str | None"]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser (sessiongate/cli.py builds them all with this class). With a
+    `refuse` check, the arguments are read by it before argparse reads them: a flag another
+    gateway declares exits with status 2 and one line naming it and what to write instead,
+    rather than argparse's "unrecognized arguments" (or a silent prefix match)."""
+
+    refuse: Refusal | None = None
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        if self.refuse is not None:
+            message = self.refuse(
+                sys.argv[1:] if args is None else list(args), self._option_string_actions
+            )
+            if message is not None:
+                self.exit(2, f"{self.prog}: error: {message}\n")
+        return super().parse_known_args(args, namespace)
+
+
+def refuse_flags(parser: argparse.ArgumentParser, refuse: Refusal) -> None:
+    """Gives `parser` (a CommandParser) its `refuse` check."""
+    if not isinstance(parser, CommandParser):
+        raise TypeError(
+            "the subcommands' parsers must be CommandParser (add_subparsers(parser_class=...))"
+        )
+    parser.refuse = refuse
 
 
 class _Noted(argparse.Action):

@@ -81,6 +81,7 @@ class EngineRoutingConfig:
     )
     cache_threshold: float = option(
         "--cache-threshold",
+        "--cache-match-threshold",
         default=0.3,
         parse=float,
         metavar="RATIO",
@@ -90,6 +91,7 @@ class EngineRoutingConfig:
     # Both must be exceeded (max - min > abs and max > rel * min).
     balance_abs_threshold: int = option(
         "--balance-abs-threshold",
+        "--spill-abs-threshold",
         default=64,
         parse=int,
         metavar="N",
@@ -98,6 +100,7 @@ class EngineRoutingConfig:
     )
     balance_rel_threshold: float = option(
         "--balance-rel-threshold",
+        "--spill-rel-threshold",
         default=1.5,
         parse=float,
         metavar="RATIO",

@@ -10,12 +10,13 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sessiongate.config.cli import add_options, config_from_args
+from sessiongate.config.cli import add_options, config_from_args, refuse_flags
 from sessiongate.config.engines import MOCK_BACKEND
 from sessiongate.config.fields import flag_of
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.config.launch import RouterLaunch
 from sessiongate.config.sessions import SessionsConfig
+from sessiongate.config.smg_flags import refusal as smg_refusal
 from sessiongate.config.workers import WorkersConfig
 from sessiongate.engines.engine_versions import AUTO, choose_sglang_version
 from sessiongate.front.asgi import frontend_settings
@@ -37,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "built-in mock engine as a child process, so it needs no GPU and no network.",
     )
     add_options(parser, SERVE)
+    # smg's flags that serve does not take: named with what to write instead (docs/smg-flags.md).
+    refuse_flags(parser, smg_refusal)
     parser.set_defaults(run=run)
 
 
