@@ -94,6 +94,14 @@ CONFIG_FILE_OPTIONS: dict[str, tuple[object, bool]] = {
 }
 SESSION_CORE_OPTIONS.update(CONFIG_FILE_OPTIONS)
 
+# Requests held while their engines are paused (engines/hold.py): every process with a pool.
+PAUSE_OPTIONS: dict[str, tuple[object, bool]] = {
+    "--pause-queue-size": (4096, False),
+    "--pause-wait-secs": (600.0, False),
+    "--newest-weights-only": (False, False),
+}
+SESSION_CORE_OPTIONS.update(PAUSE_OPTIONS)
+
 EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
     "serve": {
         **SESSION_CORE_OPTIONS,
@@ -122,6 +130,11 @@ EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
         "--worker-num-cpus": (1.0, False),
         "--front": ("auto", False),
         "--front-threads": (None, False),
+        # smg's RL control plane (config/rl.py): where the engine registry is.
+        "--enable-rl": (False, False),
+        "--rl-control-timeout-secs": (600, False),
+        "--rl-fanout-concurrency": (32, False),
+        "--engine-label": ([], False),
     },
     "worker": {
         **SESSION_CORE_OPTIONS,
