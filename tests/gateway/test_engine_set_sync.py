@@ -59,4 +59,4 @@ def test_a_restarted_workers_first_request_waits_for_the_engine_set() -> None:
     channel = asyncio.run(main())
     assert [op for op, _ in channel.sent] == [Op.SET_ENGINES, Op.PROXY]
     assert channel.answered == [Op.SET_ENGINES, Op.PROXY]
-    assert json.loads(channel.sent[0][1]) == {"urls": []}
+    assert json.loads(channel.sent[0][1]) == {"urls": [], "held": []}

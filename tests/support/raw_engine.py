@@ -5,8 +5,8 @@ It reads HTTP/1.1 strictly (CRLF lines, Content-Length or chunked bodies), so wh
 is what a real engine would take the bytes to mean: method, target, each header line as sent
 and the body. Paths under `/v1/script/` answer as scripted below; every other request is
 passed to a real engine (the mock) and its reply sent back, so session turns work through it.
-The gateways' probes (`/health`, and the engine registry's `/model_info` and `/server_info`
-with their `/get_` forms) are passed on but not recorded: they come all the time.
+The gateways' probes (`/health`, and the engine registry's `/ready`, `/model_info` and
+`/server_info` with their `/get_` forms) are passed on but not recorded: they come all the time.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from support.procs import mock_engine
 
 # What the gateways ask on their own, on a timer: not part of any test's traffic.
 PROBES = frozenset(
-    {"/health", "/model_info", "/get_model_info", "/server_info", "/get_server_info"}
+    {"/health", "/ready", "/model_info", "/get_model_info", "/server_info", "/get_server_info"}
 )
 # Scripted replies, by path.
 SCRIPT = "/v1/script/"
