@@ -293,6 +293,10 @@ class CompiledFront:
         """A health probe's verdict on the engine at ``url`` (as given, trailing "/"
         stripped; ``error`` None: it passed), which flips its health at the health
         thresholds of ``reliability``. False when the current set has no such engine."""
+    def loads(self, url: str, report: tuple[int, int, int, float, float] | None = None) -> bool:
+        """A ``GET /v1/loads`` poll's outcome for the engine at ``url`` (a ``LoadReport``;
+        None: it gave none), for the front's policy (``EnginePolicy.set_loads``). False when
+        the current set has no such engine; ValueError for a report out of range."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned
