@@ -465,11 +465,13 @@ impl PolicyState {
     }
 
     /// Whether the policy reads the body's key material, and if so with the text when the
-    /// body has token ids (`Request::material`'s argument). least_load and power_of_two read
-    /// only the ids' count, and only for an engine with a load report: lazily, in the pick.
+    /// body has token ids (`Request::material`'s argument). least_load reads the ids' count
+    /// for nearly every pick once engines report loads, so outside the lock too;
+    /// power_of_two only when one of its two engines has a report (lazily, in the pick: an
+    /// engine set that never reports pays nothing).
     pub fn reads_body(&self) -> Option<bool> {
         match self.name.as_str() {
-            "cache_aware" | "prefix_hash" => Some(false),
+            "cache_aware" | "prefix_hash" | "least_load" => Some(false),
             "cache_aware_gateway" => Some(true),
             _ => None,
         }
