@@ -220,6 +220,11 @@ class EnginePolicy:
     def finished(self, index: int, cached_tokens: int | None = None) -> None: ...
     def set_load(self, index: int, load: int | None) -> None:
         """The engine's reported load (``/get_load``), None when unknown."""
+    def set_loads(self, index: int, report: tuple[int, int, int, float, float] | None) -> None:
+        """What the engine's ``GET /v1/loads`` said, summed over its DP ranks (a
+        ``LoadReport``: running requests, waiting requests, waiting uncached tokens, mean KV
+        token usage, generation throughput), None when unknown or aged out; a report resets
+        the tokens and requests counted as sent since the previous one."""
     def set_healthy(self, index: int, healthy: bool) -> None: ...
     def evict(self, now: float) -> None:
         """Trim the policy's state; ``now`` is seconds on a monotonic clock."""
@@ -288,6 +293,10 @@ class CompiledFront:
         """A health probe's verdict on the engine at ``url`` (as given, trailing "/"
         stripped; ``error`` None: it passed), which flips its health at the health
         thresholds of ``reliability``. False when the current set has no such engine."""
+    def loads(self, url: str, report: tuple[int, int, int, float, float] | None = None) -> bool:
+        """A ``GET /v1/loads`` poll's outcome for the engine at ``url`` (a ``LoadReport``;
+        None: it gave none), for the front's policy (``EnginePolicy.set_loads``). False when
+        the current set has no such engine; ValueError for a report out of range."""
     def stats(self) -> dict[str, object]:
         """``{"requests": {status: count}, "latency": {"buckets": [cumulative count per
         bound], "count": n, "sum": seconds}, "handoffs": n, "connections": open Rust-owned

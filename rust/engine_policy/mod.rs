@@ -17,8 +17,10 @@ mod cache_aware;
 mod consistent_hashing;
 mod key;
 mod least_in_flight;
+mod least_load;
 mod manual;
 mod power_of_two;
+mod prefix_hash;
 mod random;
 mod round_robin;
 mod tree;
@@ -29,7 +31,7 @@ pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 pub const TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
 /// Where consistent_hashing finds a key when the request names none (the Gateway's).
 pub const IMPLICIT_KEY_HEADERS: [&str; 3] = ["authorization", "x-forwarded-for", "cookie"];
-pub const POLICIES: [&str; 8] = [
+pub const POLICIES: [&str; 10] = [
     "round_robin",
     "random",
     "power_of_two",
@@ -38,7 +40,11 @@ pub const POLICIES: [&str; 8] = [
     "cache_aware_gateway",
     "manual",
     "consistent_hashing",
+    "least_load",
+    "prefix_hash",
 ];
+/// What power_of_two compares (`--power-of-two-load-metric`).
+pub const LOAD_METRICS: [&str; 3] = ["expected_wait", "requests", "least_requests"];
 
 /// Header lookup as a policy needs it.
 pub trait Headers {
@@ -90,6 +96,48 @@ impl<'a> Request<'a> {
     }
 }
 
+/// What an engine's `GET /v1/loads` says, summed over its DP ranks (averaged for the KV
+/// token usage): `LoadReport` of `policies/base.py`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadReport {
+    pub running_reqs: u64,
+    pub waiting_reqs: u64,
+    pub waiting_tokens: u64,
+    pub token_usage: f64,
+    pub throughput: f64,
+}
+
+impl LoadReport {
+    /// A report from its five figures (the Python tuple's order), or what is wrong with it
+    /// (the twin's messages).
+    pub fn new(
+        running_reqs: i64,
+        waiting_reqs: i64,
+        waiting_tokens: i64,
+        token_usage: f64,
+        throughput: f64,
+    ) -> Result<Self, String> {
+        let count = |name: &str, v: i64| {
+            u64::try_from(v)
+                .map_err(|_| format!("{name} must be an integer in [0, 2**63), got {v}"))
+        };
+        let number = |name: &str, v: f64| {
+            if v.is_finite() && v >= 0.0 {
+                Ok(v)
+            } else {
+                Err(format!("{name} must be a finite number >= 0, got {v}"))
+            }
+        };
+        Ok(Self {
+            running_reqs: count("running_reqs", running_reqs)?,
+            waiting_reqs: count("waiting_reqs", waiting_reqs)?,
+            waiting_tokens: count("waiting_tokens", waiting_tokens)?,
+            token_usage: number("token_usage", token_usage)?,
+            throughput: number("throughput", throughput)?,
+        })
+    }
+}
+
 /// The engines as the policies see them.
 pub struct EngineStates {
     pub urls: Vec<String>,
@@ -99,6 +147,11 @@ pub struct EngineStates {
     pub load: Vec<Option<u64>>,
     /// Work in flight as cache_aware estimates it (`policies/base.py`, `EngineStates.work`).
     pub work: Vec<u64>,
+    /// What the engine's `GET /v1/loads` last said (None: unknown or aged out), and the
+    /// tokens and requests the load-aware policies sent it since (see `policies/base.py`).
+    pub loads: Vec<Option<LoadReport>>,
+    pub since_tokens: Vec<u64>,
+    pub since_reqs: Vec<u64>,
 }
 
 impl EngineStates {
@@ -110,6 +163,9 @@ impl EngineStates {
             in_flight: vec![0; n],
             load: vec![None; n],
             work: vec![0; n],
+            loads: vec![None; n],
+            since_tokens: vec![0; n],
+            since_reqs: vec![0; n],
         }
     }
 
@@ -197,6 +253,16 @@ pub struct Options {
     pub max_idle_secs: u64,
     pub tie_break: String,
     pub seed: Option<u64>,
+    pub least_load_kv_pressure_weight: f64,
+    pub least_load_default_throughput: f64,
+    pub least_load_mean_prefill_tokens: u64,
+    pub least_load_max_waiting_requests: u64,
+    pub power_of_two_load_metric: String,
+    /// Read by the load poll, not by a policy.
+    pub load_monitor_interval: u64,
+    pub prefix_token_count: u64,
+    pub prefix_hash_load_factor: f64,
+    pub prefix_hash_balance_abs_threshold: u64,
 }
 
 impl Default for Options {
@@ -211,6 +277,15 @@ impl Default for Options {
             max_idle_secs: 14_400,
             tie_break: "index".into(),
             seed: None,
+            least_load_kv_pressure_weight: 0.15,
+            least_load_default_throughput: 2000.0,
+            least_load_mean_prefill_tokens: 1024,
+            least_load_max_waiting_requests: 0,
+            power_of_two_load_metric: "expected_wait".into(),
+            load_monitor_interval: 10,
+            prefix_token_count: 256,
+            prefix_hash_load_factor: 1.25,
+            prefix_hash_balance_abs_threshold: 10,
         }
     }
 }
@@ -250,6 +325,43 @@ impl Options {
                 self.tie_break
             ));
         }
+        let weight = self.least_load_kv_pressure_weight;
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(format!(
+                "least_load_kv_pressure_weight must be a number >= 0, got {weight}"
+            ));
+        }
+        let rate = self.least_load_default_throughput;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(format!(
+                "least_load_default_throughput must be a number > 0, got {rate}"
+            ));
+        }
+        for (name, value) in [
+            (
+                "least_load_mean_prefill_tokens",
+                self.least_load_mean_prefill_tokens,
+            ),
+            ("load_monitor_interval", self.load_monitor_interval),
+            ("prefix_token_count", self.prefix_token_count),
+        ] {
+            if value < 1 {
+                return Err(format!("{name} must be >= 1, got {value}"));
+            }
+        }
+        if !LOAD_METRICS.contains(&self.power_of_two_load_metric.as_str()) {
+            return Err(format!(
+                "unknown power_of_two_load_metric {:?}; expected one of {}",
+                self.power_of_two_load_metric,
+                LOAD_METRICS.join(", ")
+            ));
+        }
+        let factor = self.prefix_hash_load_factor;
+        if !(factor.is_finite() && factor >= 1.0) {
+            return Err(format!(
+                "prefix_hash_load_factor must be a number >= 1, got {factor}"
+            ));
+        }
         Ok(())
     }
 }
@@ -271,12 +383,14 @@ pub fn make_policy(
     Ok(match name {
         "round_robin" => Box::new(round_robin::RoundRobin::default()),
         "random" => Box::new(random::RandomPick::new(seed)),
-        "power_of_two" => Box::new(power_of_two::PowerOfTwo::new(seed)),
+        "power_of_two" => Box::new(power_of_two::PowerOfTwo::new(options, seed)),
         "least_in_flight" => Box::new(least_in_flight::LeastInFlight::new(&options.tie_break)),
         "cache_aware" => Box::new(cache_aware::CacheAware::new(options, engines, false)),
         "cache_aware_gateway" => Box::new(cache_aware::CacheAware::new(options, engines, true)),
         "manual" => Box::new(manual::Manual::new(options, engines, seed)),
         "consistent_hashing" => Box::new(consistent_hashing::ConsistentHashing::new(seed)),
+        "least_load" => Box::new(least_load::LeastLoad::new(options, seed)),
+        "prefix_hash" => Box::new(prefix_hash::PrefixHash::new(options)),
         _ => {
             return Err(format!(
                 "unknown policy {name:?}; expected one of {}",
@@ -339,11 +453,25 @@ impl PolicyState {
         index.min(self.engines.len().saturating_sub(1))
     }
 
+    /// Whether the policy reads the engines' `GET /v1/loads` (`EngineRoutingConfig.reads_loads`):
+    /// the seconds between polls when it does.
+    pub fn load_interval(&self) -> Option<u64> {
+        let reads = match self.name.as_str() {
+            "least_load" => true,
+            "power_of_two" => self.options.power_of_two_load_metric != "least_requests",
+            _ => false,
+        };
+        reads.then_some(self.options.load_monitor_interval)
+    }
+
     /// Whether the policy reads the body's key material, and if so with the text when the
-    /// body has token ids (`Request::material`'s argument).
+    /// body has token ids (`Request::material`'s argument). least_load reads the ids' count
+    /// for nearly every pick once engines report loads, so outside the lock too;
+    /// power_of_two only when one of its two engines has a report (lazily, in the pick: an
+    /// engine set that never reports pays nothing).
     pub fn reads_body(&self) -> Option<bool> {
         match self.name.as_str() {
-            "cache_aware" => Some(false),
+            "cache_aware" | "prefix_hash" | "least_load" => Some(false),
             "cache_aware_gateway" => Some(true),
             _ => None,
         }
@@ -385,6 +513,18 @@ impl PolicyState {
     pub fn set_load(&mut self, index: usize, load: Option<u64>) {
         if let Some(l) = self.engines.load.get_mut(index) {
             *l = load;
+        }
+    }
+
+    /// See `EnginePolicy.set_loads` of the twin: a report resets the since-report counts.
+    pub fn set_loads(&mut self, index: usize, report: Option<LoadReport>) {
+        let engines = &mut self.engines;
+        if let Some(slot) = engines.loads.get_mut(index) {
+            *slot = report;
+            if report.is_some() {
+                engines.since_tokens[index] = 0;
+                engines.since_reqs[index] = 0;
+            }
         }
     }
 
@@ -474,6 +614,20 @@ impl PyEnginePolicy {
             None => None,
         };
         self.state.set_load(index, load);
+        Ok(())
+    }
+
+    #[pyo3(signature = (index, report))]
+    fn set_loads(&mut self, index: i64, report: Option<(i64, i64, i64, f64, f64)>) -> PyResult<()> {
+        let index = self.check(index)?;
+        let report = match report {
+            Some((running, waiting, tokens, usage, rate)) => Some(
+                LoadReport::new(running, waiting, tokens, usage, rate)
+                    .map_err(PyValueError::new_err)?,
+            ),
+            None => None,
+        };
+        self.state.set_loads(index, report);
         Ok(())
     }
 

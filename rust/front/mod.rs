@@ -31,7 +31,7 @@ use server::{Config, Shared};
 use stats::Stats;
 use upstream::{parse_url, Pool};
 
-use crate::engine_policy::{Options as EngineOptions, PolicyState};
+use crate::engine_policy::{LoadReport, Options as EngineOptions, PolicyState};
 
 /// Durations past this (including infinity) mean "no practical limit"; capped so deadline
 /// arithmetic cannot overflow.
@@ -330,6 +330,22 @@ impl CompiledFront {
     #[pyo3(signature = (url, error = None))]
     fn probed(&self, url: &str, error: Option<String>) -> bool {
         self.shared.pool().probed_url(url, error)
+    }
+
+    /// A `GET /v1/loads` poll's outcome for the engine at `url` (`report` None: it gave
+    /// none), from the process's one load poll (the engine registry's): the policy's
+    /// `set_loads`. False when the front's current set has no engine at `url`; a ValueError
+    /// for a report the policy refuses.
+    #[pyo3(signature = (url, report = None))]
+    fn loads(&self, url: &str, report: Option<(i64, i64, i64, f64, f64)>) -> PyResult<bool> {
+        let report = match report {
+            Some((running, waiting, tokens, usage, rate)) => Some(
+                LoadReport::new(running, waiting, tokens, usage, rate)
+                    .map_err(PyValueError::new_err)?,
+            ),
+            None => None,
+        };
+        Ok(self.shared.pool().loads_url(url, report))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

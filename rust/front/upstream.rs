@@ -30,7 +30,7 @@ use super::hop::{connection_named, forwarded};
 use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
-use crate::engine_policy::{PolicyState, Request as RoutingRequest};
+use crate::engine_policy::{LoadReport, PolicyState, Request as RoutingRequest};
 use crate::hash::rendezvous_weight;
 
 pub type Body = Full<Bytes>;
@@ -313,6 +313,18 @@ impl Pool {
         match self.upstreams.iter().position(|u| u.target.url == url) {
             Some(index) => {
                 self.probed(index, error);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A load report for the engine at `url` (`CompiledFront.loads`): false when no engine
+    /// of this set has that URL.
+    pub fn loads_url(&self, url: &str, report: Option<LoadReport>) -> bool {
+        match self.upstreams.iter().position(|u| u.target.url == url) {
+            Some(index) => {
+                lock(&self.state).set_loads(index, report);
                 true
             }
             None => false,

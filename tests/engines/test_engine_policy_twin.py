@@ -116,6 +116,19 @@ ops = st.one_of(
     st.tuples(st.just("finished"), st.integers(0, 4)),
     st.tuples(st.just("record"), st.integers(0, 4), headers, bodies()),
     st.tuples(st.just("load"), st.integers(0, 4), st.none() | st.integers(0, 20)),
+    # GET /v1/loads reports: small figures so that scores tie; throughputs of 0 (unreported).
+    st.tuples(
+        st.just("loads"),
+        st.integers(0, 4),
+        st.none()
+        | st.tuples(
+            st.integers(0, 3),
+            st.integers(0, 3),
+            st.sampled_from([0, 1, 100, 1024, 5000]),
+            st.sampled_from([0.0, 0.25, 0.5, 0.999, 1.0, 1.5]),
+            st.sampled_from([0.0, 100.0, 1000.0, 1500.5]),
+        ),
+    ),
     st.tuples(st.just("health"), st.integers(0, 4), st.booleans()),
     st.tuples(st.just("evict"), st.floats(0, 100)),
 )
@@ -132,6 +145,16 @@ def options(draw: st.DrawFn) -> dict[str, object]:
         "max_idle_secs": draw(st.integers(0, 30)),
         "tie_break": draw(st.sampled_from(["index", "round_robin"])),
         "seed": draw(st.integers(0, (1 << 64) - 1)),
+        "least_load_kv_pressure_weight": draw(st.sampled_from([0.0, 0.15, 1.0])),
+        "least_load_default_throughput": draw(st.sampled_from([1.0, 2000.0])),
+        "least_load_mean_prefill_tokens": draw(st.sampled_from([1, 3, 1024])),
+        "least_load_max_waiting_requests": draw(st.integers(0, 3)),
+        "power_of_two_load_metric": draw(
+            st.sampled_from(["expected_wait", "requests", "least_requests"])
+        ),
+        "prefix_token_count": draw(st.integers(1, 6)),
+        "prefix_hash_load_factor": draw(st.floats(1.0, 3.0)),
+        "prefix_hash_balance_abs_threshold": draw(st.integers(0, 3)),
     }
 
 
@@ -164,6 +187,9 @@ def test_rust_and_python_pick_alike(
         elif op[0] == "load":
             rust.set_load(op[1], op[2])
             py.set_load(op[1], op[2])
+        elif op[0] == "loads":
+            rust.set_loads(op[1], op[2])
+            py.set_loads(op[1], op[2])
         elif op[0] == "health":
             rust.set_healthy(op[1], op[2])
             py.set_healthy(op[1], op[2])

@@ -64,6 +64,16 @@ ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--max-idle-secs": (14400, False),
     "--tie-break": ("index", False),
     "--policy-seed": (None, False),
+    # smg 1.13's load-aware policies (least_load, power_of_two's expected wait, prefix_hash).
+    "--least-load-kv-pressure-weight": (0.15, False),
+    "--least-load-default-throughput": (2000.0, False),
+    "--least-load-mean-prefill-tokens": (1024, False),
+    "--least-load-max-waiting-requests": (0, False),
+    "--power-of-two-load-metric": ("expected_wait", False),
+    "--load-monitor-interval": (10, False),
+    "--prefix-token-count": (256, False),
+    "--prefix-hash-load-factor": (1.25, False),
+    "--prefix-hash-balance-abs-threshold": (10, False),
 }
 # Engine reliability (health thresholds, retries, circuit breaker), with the SGLang Model
 # Gateway's names and defaults: declared with engine routing, so the same processes take them.

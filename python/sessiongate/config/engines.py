@@ -25,10 +25,14 @@ POLICIES = (
     "cache_aware_gateway",
     "manual",
     "consistent_hashing",
+    "least_load",
+    "prefix_hash",
 )
 DEFAULT_POLICY = "cache_aware"
 ASSIGNMENT_MODES = ("random", "min_load", "min_group")
 TIE_BREAKS = ("index", "round_robin")
+# What power_of_two compares between its two engines (smg 1.13's --power-of-two-load-metric).
+LOAD_METRICS = ("expected_wait", "requests", "least_requests")
 # The tunables each policy reads: its variant of the [engines.routing] table. A file that
 # sets another policy's tunable is refused (config/cli.py); on the command line such flags
 # are accepted and ignored, as the Gateway accepts them, so a command line can switch
@@ -40,18 +44,33 @@ _CACHE_AWARE_TUNABLES = (
     "eviction_interval_secs",
     "max_tree_size",
 )
+# The expected-wait score's tunables (least_load's; power_of_two scores its pair with it).
+_EXPECTED_WAIT_TUNABLES = (
+    "least_load_kv_pressure_weight",
+    "least_load_default_throughput",
+    "least_load_mean_prefill_tokens",
+    "load_monitor_interval",
+)
 POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
     "round_robin": (),
     "random": ("seed",),
-    "power_of_two": ("seed",),
+    "power_of_two": ("seed", "power_of_two_load_metric", *_EXPECTED_WAIT_TUNABLES),
     "least_in_flight": ("tie_break",),
     "cache_aware": _CACHE_AWARE_TUNABLES,
     "cache_aware_gateway": _CACHE_AWARE_TUNABLES,
     "manual": ("assignment_mode", "max_idle_secs", "eviction_interval_secs", "seed"),
     "consistent_hashing": ("seed",),
+    "least_load": (*_EXPECTED_WAIT_TUNABLES, "least_load_max_waiting_requests", "seed"),
+    "prefix_hash": (
+        "prefix_token_count",
+        "prefix_hash_load_factor",
+        "prefix_hash_balance_abs_threshold",
+    ),
 }
 # The policies that keep state a periodic `evict` trims.
 EVICTING_POLICIES = frozenset({"cache_aware", "cache_aware_gateway", "manual"})
+# The policies that read the engines' `GET /v1/loads` (polled every load_monitor_interval).
+LOAD_READING_POLICIES = frozenset({"least_load", "power_of_two"})
 
 # `serve --backend mock` (its default): the embedded mock engine, started by serve itself.
 MOCK_BACKEND = "mock"
@@ -148,8 +167,80 @@ class EngineRoutingConfig:
         default=None,
         parse=int,
         metavar="N",
-        help="random, power_of_two, manual, consistent_hashing: seed of the random choices "
-        "(default: from the OS)",
+        help="random, power_of_two, manual, consistent_hashing, least_load: seed of the random "
+        "choices (default: from the OS)",
+    )
+    # smg 1.13's load-aware tunables, with its names and defaults (router_args.py).
+    least_load_kv_pressure_weight: float = option(
+        "--least-load-kv-pressure-weight",
+        default=0.15,
+        parse=float,
+        metavar="SECONDS",
+        help="least_load, power_of_two: weight of the KV-pressure term k/(1-k) of the expected "
+        "wait, k the engine's KV token usage (0.15)",
+    )
+    least_load_default_throughput: float = option(
+        "--least-load-default-throughput",
+        default=2000.0,
+        parse=float,
+        metavar="TOKENS_PER_SEC",
+        help="least_load, power_of_two: generation throughput assumed for an engine whose "
+        "/v1/loads reports none (2000)",
+    )
+    least_load_mean_prefill_tokens: int = option(
+        "--least-load-mean-prefill-tokens",
+        default=1024,
+        parse=int,
+        metavar="TOKENS",
+        help="least_load, power_of_two: tokens assumed for a request without token ids, and "
+        "per queued request when an engine reports no queued tokens (1024)",
+    )
+    least_load_max_waiting_requests: int = option(
+        "--least-load-max-waiting-requests",
+        default=0,
+        parse=int,
+        metavar="N",
+        help="least_load: skip engines whose reported waiting requests plus requests sent "
+        "since their report reach N, while another is under it (0 = off)",
+    )
+    power_of_two_load_metric: str = option(
+        "--power-of-two-load-metric",
+        default="expected_wait",
+        choices=LOAD_METRICS,
+        help="power_of_two: what it compares between its two engines: the expected wait "
+        "(least_load's score, once /v1/loads answered), the reported requests, or the "
+        "requests in flight through this process (expected_wait)",
+    )
+    load_monitor_interval: int = option(
+        "--load-monitor-interval",
+        default=10,
+        parse=int,
+        metavar="SECONDS",
+        help="least_load, power_of_two: seconds between polls of every engine's GET /v1/loads (10)",
+    )
+    prefix_token_count: int = option(
+        "--prefix-token-count",
+        default=256,
+        parse=int,
+        metavar="TOKENS",
+        help="prefix_hash: leading token ids hashed (four times as many characters of a "
+        "prompt without ids) (256)",
+    )
+    prefix_hash_load_factor: float = option(
+        "--prefix-hash-load-factor",
+        default=1.25,
+        parse=float,
+        metavar="X",
+        help="prefix_hash: an engine with more requests in flight than X times the average "
+        "(and the absolute threshold) is passed over for the next on the ring (1.25)",
+    )
+    prefix_hash_balance_abs_threshold: int = option(
+        "--prefix-hash-balance-abs-threshold",
+        default=10,
+        parse=int,
+        metavar="N",
+        help="prefix_hash: requests over the average an engine must also exceed to be "
+        "passed over (10)",
     )
 
     def __post_init__(self) -> None:
@@ -180,6 +271,39 @@ class EngineRoutingConfig:
             return f"max_idle_secs must be >= 0, got {self.max_idle_secs}"
         if self.tie_break not in TIE_BREAKS:
             return f"unknown tie_break {self.tie_break!r}; expected one of {', '.join(TIE_BREAKS)}"
+        if not (
+            math.isfinite(self.least_load_kv_pressure_weight)
+            and self.least_load_kv_pressure_weight >= 0
+        ):
+            return (
+                "least_load_kv_pressure_weight must be a number >= 0, got "
+                f"{self.least_load_kv_pressure_weight}"
+            )
+        if not (
+            math.isfinite(self.least_load_default_throughput)
+            and self.least_load_default_throughput > 0
+        ):
+            return (
+                "least_load_default_throughput must be a number > 0, got "
+                f"{self.least_load_default_throughput}"
+            )
+        for name in ("least_load_mean_prefill_tokens", "load_monitor_interval"):
+            if getattr(self, name) < 1:
+                return f"{name} must be >= 1, got {getattr(self, name)}"
+        for name in ("least_load_max_waiting_requests", "prefix_hash_balance_abs_threshold"):
+            if getattr(self, name) < 0:
+                return f"{name} must be >= 0, got {getattr(self, name)}"
+        if self.power_of_two_load_metric not in LOAD_METRICS:
+            return (
+                f"unknown power_of_two_load_metric {self.power_of_two_load_metric!r}; expected "
+                f"one of {', '.join(LOAD_METRICS)}"
+            )
+        if self.prefix_token_count < 1:
+            return f"prefix_token_count must be >= 1, got {self.prefix_token_count}"
+        if not (math.isfinite(self.prefix_hash_load_factor) and self.prefix_hash_load_factor >= 1):
+            return (
+                f"prefix_hash_load_factor must be a number >= 1, got {self.prefix_hash_load_factor}"
+            )
         if self.seed is not None and not 0 <= self.seed < 1 << 64:
             return f"seed must be in [0, 2**64), got {self.seed}"
         return None
@@ -189,6 +313,13 @@ class EngineRoutingConfig:
         values = asdict(self)
         del values["policy"]
         return values
+
+    @property
+    def reads_loads(self) -> bool:
+        """Whether the policy reads the engines' `GET /v1/loads` (a poll has a reader)."""
+        if self.policy == "power_of_two":
+            return self.power_of_two_load_metric != "least_requests"
+        return self.policy in LOAD_READING_POLICIES
 
     @property
     def evicts(self) -> bool:

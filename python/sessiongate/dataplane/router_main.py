@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # The static engines are the workers' (the same configuration); with remote workers the
     # router knows none, and sends a set only once one registers.
     reliability = config.engines.reliability
+    routing = config.engines.routing
     registry = EngineRegistry(
         backends,
         placeholder=launch.engines_placeholder,
@@ -85,9 +86,14 @@ def run(args: argparse.Namespace) -> int:
         sglang_version=config.sessions.sglang_version,
         newest_weights_only=config.rl.newest_weights_only,
         labels=config.rl.engine_labels,
+        # Only the front's policy reads loads here (the workers' pools poll for themselves).
+        load_interval=routing.load_monitor_interval
+        if routing.reads_loads and door is not None
+        else None,
     )
     if door is not None:
         registry.feed(door.probed)  # the front's one prober (it runs none itself)
+        registry.feed_loads(door.loads)
     gateway = GatewayShell(router, registry, front=door, rl=config.rl)
     app = GatewayApp(gateway.handle, settings)
     host = config.listen.host

@@ -58,7 +58,9 @@ from sessiongate.engines.client import (
     EngineUnreachable,
 )
 from sessiongate.engines.hold import HoldGate
+from sessiongate.engines.loads import LoadPoll, LoadSink
 from sessiongate.engines.policy import EnginePolicy, EngineRoutingConfig
+from sessiongate.engines.policy.base import LoadReport
 from sessiongate.engines.registry import HealthSink, same_engine
 from sessiongate.engines.reliability import (
     OPEN,
@@ -125,6 +127,9 @@ class NoEngine:
     def set_healthy(self, index: int, healthy: bool) -> None:
         pass
 
+    def set_loads(self, index: int, report: LoadReport | None) -> None:
+        pass
+
     def evict(self, now: float) -> None:
         pass
 
@@ -188,6 +193,10 @@ class EnginePool:
         # loop of its own then.
         self._fed = False
         self._evictor: asyncio.Task[None] | None = None
+        # The `GET /v1/loads` poll of a pool that reads loads and is not fed them (a
+        # worker's: engines/loads.py).
+        self._loads_fed = False
+        self._load_poll: LoadPoll | None = None
         # GET /model_info per upstream, once it answered: its JSON object, or {} when it
         # answered with none (an engine that is not SGLang).
         self._model_info: list[dict[str, object] | None] = [None] * len(self.urls)
@@ -213,6 +222,14 @@ class EnginePool:
             self._prober = asyncio.create_task(self._probe_forever())
         if self._evictor is None and self.engine_routing.evicts:
             self._evictor = asyncio.create_task(self._evict_forever())
+        if self._load_poll is None and self.engine_routing.reads_loads and not self._loads_fed:
+            self._load_poll = LoadPoll(
+                lambda: list(self.urls),
+                self.engine_routing.load_monitor_interval,
+                self.reliability.health_check_timeout_secs,
+            )
+            self._load_poll.feed(self.loads_probed)
+            self._load_poll.start()
 
     async def _evict_forever(self) -> None:
         while True:
@@ -241,6 +258,20 @@ class EnginePool:
         instead of probing: call before `start`."""
         self._fed = True
         feed(self.probed)
+
+    def fed_loads_by(self, feed: Callable[[LoadSink], None]) -> None:
+        """Take the load reports of this process's one load poll
+        (`EngineRegistry.feed_loads`) instead of polling: call before `start`."""
+        self._loads_fed = True
+        feed(self.loads_probed)
+
+    def loads_probed(self, url: str, report: LoadReport | None) -> None:
+        """A `/v1/loads` poll's outcome for the engine at `url` (None: no report), for the
+        policy; ignored when it is not in this set."""
+        for index, mine in enumerate(self.urls):
+            if same_engine(mine, url):
+                self.engine_policy.set_loads(index, report)
+                return
 
     def probed(self, url: str, error: str | None) -> None:
         """A probe's verdict on the engine at `url` (None: healthy); ignored when it is not
@@ -747,6 +778,8 @@ class EnginePool:
         }
 
     async def aclose(self) -> None:
+        if self._load_poll is not None:
+            await self._load_poll.aclose()
         for task in (self._prober, self._evictor):
             if task is not None:
                 task.cancel()

@@ -27,7 +27,8 @@ keeps its own state from the verdict and passes the verdict on to every pool of 
 that `feed` gave it (the compiled front's relay pool, the in-process core's `EnginePool`).
 Those apply their `--health-*-threshold`s to it as to a probe of their own, and run none:
 probing an engine once per pool only multiplied the requests an engine answers and let the
-pools of one process disagree about it for an interval.
+pools of one process disagree about it for an interval. So does its load poll
+(`feed_loads`, engines/loads.py), when a policy of the process reads `GET /v1/loads`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from urllib.parse import urlsplit
 
 from sessiongate.config.rl import split_label
 from sessiongate.engines.engine_versions import AUTO, registration_refusal
+from sessiongate.engines.loads import LoadFetcher, LoadPoll, LoadSink, fetch_loads
 from sessiongate.engines.probe import (
     PROBE_TIMEOUT_S,
     ProbeResult,
@@ -183,6 +185,8 @@ class EngineRegistry:
         ready_checker: ReadyChecker = readiness,
         newest_weights_only: bool = False,
         labels: Sequence[str] = (),
+        load_interval: float | None = None,
+        load_fetcher: LoadFetcher = fetch_loads,
     ) -> None:
         """`static_urls`: the `--backend` engines (admitted from the start); `placeholder`:
         they are the embedded mock, replaced by the first registration. `prober` admits a
@@ -192,7 +196,9 @@ class EngineRegistry:
         registered engine whose version renders differently is refused (`auto`: none is).
         `ready_checker`: the readiness probe that observes pauses; `newest_weights_only`:
         engines behind the newest weight version are held; `labels`: `[URL#]KEY=VALUE` of
-        the static engines (`--engine-label`)."""
+        the static engines (`--engine-label`); `load_interval`: seconds between polls of
+        the admitted engines' `GET /v1/loads` (`load_fetcher`), None when no policy of the
+        process reads loads (`--load-monitor-interval`)."""
         self.engines: dict[str, Engine] = {}
         for raw in static_urls:
             url = normalise_url(raw)
@@ -221,6 +227,11 @@ class EngineRegistry:
         self.newest_version: str | None = None
         self._held: list[str] = []
         self._sinks: list[HealthSink] = []
+        self.load_poll = (
+            LoadPoll(self.urls, load_interval, health_timeout, load_fetcher)
+            if load_interval is not None
+            else None
+        )
         self._task: asyncio.Task[None] | None = None
         self._probes: dict[str, asyncio.Task[None]] = {}
         # Serialises `on_change` calls so the last set sent is the current one.
@@ -333,6 +344,12 @@ class EngineRegistry:
         """Pass every health verdict of this registry's prober to `sink` from now on (a pool
         that then probes nothing itself)."""
         self._sinks.append(sink)
+
+    def feed_loads(self, sink: LoadSink) -> None:
+        """Pass every `/v1/loads` poll outcome to `sink` from now on (nothing when no policy
+        of the process reads loads: no poll runs)."""
+        if self.load_poll is not None:
+            self.load_poll.feed(sink)
 
     async def _probe(self, engine: Engine) -> str | None:
         """Probe `engine` for admission; why its SGLang version rules it out, if it does."""
@@ -512,6 +529,8 @@ class EngineRegistry:
         """Probe every engine now and on the interval (needs a running loop; idempotent)."""
         if self._task is None:
             self._task = asyncio.create_task(self._probe_forever())
+        if self.load_poll is not None:
+            self.load_poll.start()
 
     async def _probe_forever(self) -> None:
         # From the start, not one interval in: `/health` must say an engine is down before
@@ -521,6 +540,8 @@ class EngineRegistry:
             await asyncio.sleep(self.interval)
 
     async def aclose(self) -> None:
+        if self.load_poll is not None:
+            await self.load_poll.aclose()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -31,6 +31,7 @@ import uvicorn
 
 from sessiongate.config.engines import EngineRoutingConfig, ReliabilityConfig
 from sessiongate.config.gateway import GatewayConfig
+from sessiongate.engines.policy.base import LoadReport
 from sessiongate.engines.registry import same_engine
 from sessiongate.front.asgi import FrontendSettings, GatewayApp
 from sessiongate.front.dispatched import DispatchedRequests
@@ -197,6 +198,17 @@ class CompiledFrontDoor:
         for given in self.engines if self.engines is not None else self.options.engine_urls:
             if same_engine(given, url):
                 front.probed(given.rstrip("/"), error)
+                return
+
+    def loads(self, url: str, report: LoadReport | None) -> None:
+        """A `/v1/loads` poll's outcome (`EngineRegistry.feed_loads`) for the engine the
+        registry knows as `url`: the front's policy takes it (the front polls nothing)."""
+        front = self._front
+        if front is None:
+            return
+        for given in self.engines if self.engines is not None else self.options.engine_urls:
+            if same_engine(given, url):
+                front.loads(given.rstrip("/"), report)
                 return
 
     def _apply_engines(self) -> None:

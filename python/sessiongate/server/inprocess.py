@@ -63,6 +63,7 @@ def run_in_process(
     # the registry's prober is the core pool's and the front's too (one probe per engine).
     # With the embedded mock (`watched`), the first registered engine replaces it.
     pool = core.upstream
+    routing = pool.engine_routing
     engines = EngineRegistry(
         pool.urls,
         placeholder=bool(watched),
@@ -72,10 +73,13 @@ def run_in_process(
         sglang_version=core.tito.tokenizer.sglang_rules.since,  # the rules it renders by
         newest_weights_only=gateway_config.rl.newest_weights_only,
         labels=gateway_config.rl.engine_labels,
+        load_interval=routing.load_monitor_interval if routing.reads_loads else None,
     )
     pool.fed_by(engines.feed)
+    pool.fed_loads_by(engines.feed_loads)
     if door is not None:
         engines.feed(door.probed)
+        engines.feed_loads(door.loads)
     gateway = GatewayShell(LocalSessions(core), engines, front=door, rl=gateway_config.rl)
     app = GatewayApp(gateway.handle, frontend)
     protocol = gateway_protocol(frontend.header_timeout)

@@ -15,6 +15,7 @@ from sessiongate.config.engines import (
     POLICIES,
     EngineRoutingConfig,
 )
+from sessiongate.engines.policy.base import LoadReport
 from sessiongate.engines.policy.engine_policy import EnginePolicy as PyEnginePolicy
 from sessiongate.twins import Impl, pick
 
@@ -23,6 +24,7 @@ __all__ = [
     "POLICIES",
     "EnginePolicy",
     "EngineRoutingConfig",
+    "LoadReport",
     "PyEnginePolicy",
     "get_engine_policy",
 ]

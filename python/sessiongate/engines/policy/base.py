@@ -2,9 +2,10 @@
 
 A policy sees the request (`RoutingRequest`: its headers and body, the routing key material
 read from the body on demand) and the engines (`EngineStates`: their URLs, health, requests in
-flight and reported load), and answers with an engine's index. It never sees an empty engine
-list, and it picks among `EngineStates.candidates()`: the healthy engines, or all of them when
-none is (a request then finds out for itself, as the round robin always did).
+flight, reported load and `/v1/loads` report), and answers with an engine's index. It never
+sees an empty engine list, and it picks among `EngineStates.candidates()`: the healthy
+engines, or all of them when none is (a request then finds out for itself, as the round robin
+always did).
 
 This package is the specification; `rust/engine_policy/` is its compiled twin, which must
 make the same picks for the same sequence of calls (tests/engines/test_engine_policy_twin.py).
@@ -13,10 +14,11 @@ make the same picks for the same sequence of calls (tests/engines/test_engine_po
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 TARGET_WORKER_HEADER = "x-smg-target-worker"
@@ -110,6 +112,33 @@ def key_material(body: bytes) -> KeyMaterial:
     )
 
 
+class LoadReport(NamedTuple):
+    """What an engine's `GET /v1/loads` says, summed over its DP ranks as smg does
+    (`WorkerLoadResponse`): the `loads[]` entries' `num_running_reqs`, `num_waiting_reqs`,
+    `num_waiting_uncached_tokens` and `gen_throughput` summed, `token_usage` averaged.
+
+    The shape `EnginePolicy.set_loads` takes (a plain 5-tuple in this order does too, which
+    is what the compiled twin receives)."""
+
+    running_reqs: int
+    waiting_reqs: int
+    waiting_tokens: int
+    token_usage: float
+    throughput: float
+
+    def problem(self) -> str | None:
+        """What makes this report unusable, or None."""
+        for name in ("running_reqs", "waiting_reqs", "waiting_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value < 1 << 63:
+                return f"{name} must be an integer in [0, 2**63), got {value!r}"
+        for name in ("token_usage", "throughput"):
+            value = getattr(self, name)
+            if type(value) is not float or not (math.isfinite(value) and value >= 0):
+                return f"{name} must be a finite number >= 0, got {value!r}"
+        return None
+
+
 class RoutingRequest:
     """One request as a policy sees it; the body is read only by a policy that asks."""
 
@@ -146,6 +175,13 @@ class EngineStates:
         # Work in flight per engine as cache_aware estimates it: at each pick, the units the
         # request will prefill there, plus one; a request's end takes off the engine's mean.
         self.work = [0] * len(urls)
+        # What the engine's GET /v1/loads last said (None: unknown, or aged out), and the
+        # tokens and requests the load-aware policies sent it since (reset by each report,
+        # kept only while there is one: a poll is stale between intervals, and without the
+        # credit every pick of an interval would go to the same engine).
+        self.loads: list[LoadReport | None] = [None] * len(urls)
+        self.since_tokens = [0] * len(urls)
+        self.since_reqs = [0] * len(urls)
 
     def __len__(self) -> int:
         return len(self.urls)

@@ -2,8 +2,10 @@
 
 The pure-Python twin of `sessiongate._core.EnginePolicy` (`rust/engine_policy/`): same
 constructor, same methods, same picks for the same calls. The caller reports what the
-policy cannot see: a request sent (`started`) and done (`finished`), an engine's health and
-its reported load, and the time for `evict`.
+policy cannot see: a request sent (`started`) and done (`finished`), an engine's health, its
+reported load (`set_load`: a `/get_load` figure; `set_loads`: what `GET /v1/loads` said, a
+`LoadReport` of the figures summed over the engine's DP ranks, or None once it is unknown or
+too old), and the time for `evict`.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sessiongate.config.engines import EngineRoutingConfig
-from sessiongate.engines.policy.base import EngineStates, RoutingRequest
+from sessiongate.engines.policy.base import EngineStates, LoadReport, RoutingRequest
 from sessiongate.engines.policy.cache_aware import CacheAware
 from sessiongate.engines.policy.factory import make_policy
+from sessiongate.engines.policy.least_load import LeastLoad
+from sessiongate.engines.policy.power_of_two import PowerOfTwo
 
 
 class EnginePolicy:
@@ -52,9 +56,10 @@ class EnginePolicy:
     def record(self, index: int, headers: Sequence[tuple[str, str]], body: bytes) -> None:
         """A request with these headers and body went to engine `index` without a pick (a
         pinned session family's turn): the policy learns it as a pick of `index` would
-        (only cache_aware keeps anything of it: its prefix tree and work estimate)."""
+        (cache_aware keeps its prefix tree and work estimate; least_load and power_of_two
+        count it as sent since the engine's load report)."""
         self._check(index)
-        if isinstance(self.policy, CacheAware):
+        if isinstance(self.policy, CacheAware | LeastLoad | PowerOfTwo):
             self.policy.record(index, RoutingRequest(headers, body), self.engines)
 
     def started(self, index: int) -> None:
@@ -80,6 +85,35 @@ class EnginePolicy:
         if load is not None and load < 0:
             raise ValueError(f"load must be >= 0, got {load}")
         self.engines.load[index] = load
+
+    def set_loads(
+        self, index: int, report: LoadReport | tuple[int, int, int, float, float] | None
+    ) -> None:
+        """What the engine's `GET /v1/loads` said (`LoadReport`: running requests, waiting
+        requests, waiting uncached tokens, mean KV token usage, generation throughput),
+        None when unknown or aged out. A report resets the tokens and requests counted as
+        sent to the engine since the previous one."""
+        self._check(index)
+        if report is None:
+            self.engines.loads[index] = None
+            return
+        if not isinstance(report, tuple) or len(report) != 5:
+            raise ValueError(f"a load report is 5 numbers, got {report!r}")
+        running, waiting, tokens, usage, rate = report
+        # Floats as floats: an integer throughput must divide as the compiled twin's f64.
+        checked = LoadReport(
+            running,
+            waiting,
+            tokens,
+            float(usage) if type(usage) is int else usage,
+            float(rate) if type(rate) is int else rate,
+        )
+        problem = checked.problem()
+        if problem is not None:
+            raise ValueError(problem)
+        self.engines.loads[index] = checked
+        self.engines.since_tokens[index] = 0
+        self.engines.since_reqs[index] = 0
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self._check(index)

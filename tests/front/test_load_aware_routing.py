@@ -1,0 +1,128 @@
+"""least_load end to end: the gateway polls every engine's `GET /v1/loads` each
+`--load-monitor-interval` and stateless requests go to the engine of lowest expected wait,
+through the compiled front (its Rust policy, fed by the engine registry's poll) and the
+Python front (the in-process core's pool fed the same way, or a worker's pool polling for
+itself).
+
+The engines are stubs whose `/v1/loads` says what the test sets, so the loads are known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from support.procs import ServerProcess, free_port
+
+# Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
+pytestmark = pytest.mark.procs
+
+REPLY = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "stub",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+
+
+def loads(waiting_tokens: int) -> bytes:
+    rank = {
+        "dp_rank": 0,
+        "num_running_reqs": 0,
+        "num_waiting_reqs": 0,
+        "num_waiting_uncached_tokens": waiting_tokens,
+        "token_usage": 0.1,
+        "gen_throughput": 1000.0,
+    }
+    return json.dumps({"timestamp": "t", "version": "0.5.23", "loads": [rank]}).encode()
+
+
+class StubEngine(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.loads = loads(0)
+        self.posts = 0
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StubEngine
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(self.server.loads if self.path.startswith("/v1/loads") else b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        with self.server.lock:
+            self.server.posts += 1
+        self._send(REPLY)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def stub_engine() -> Iterator[StubEngine]:
+    server = StubEngine()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def send(gw: ServerProcess, engines: list[StubEngine], n: int) -> list[int]:
+    before = [e.posts for e in engines]
+    for i in range(n):
+        body = {"messages": [{"role": "user", "content": f"q{i}"}], "max_tokens": 1}
+        reply = httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+    return [e.posts - b for e, b in zip(engines, before, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("front", "layout"), [("compiled", "0"), ("python", "0"), ("compiled", "1"), ("python", "1")]
+)
+def test_least_load_follows_the_polled_loads(front: str, layout: str) -> None:
+    with stub_engine() as a, stub_engine() as b:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", layout, "--front", front]
+        argv += ["--backend", a.url, "--backend", b.url, "--policy", "least_load"]
+        argv += ["--load-monitor-interval", "1"]
+        a.loads = loads(100_000)  # 100 s of queue
+        with ServerProcess(argv, port, timeout=60) as gw:
+            time.sleep(1.5)  # a poll has been
+            assert send(gw, [a, b], 6) == [0, 6]
+            a.loads, b.loads = loads(0), loads(100_000)
+            time.sleep(2.5)  # the next poll has been
+            assert send(gw, [a, b], 6) == [6, 0]
