@@ -79,16 +79,15 @@ def test_renamed_flags_name_sessiongates_option(
         (["--sticky-sessions"], "--sticky-sessions is smg's and not served by sessiongate: "
          "sticky sessions"),
         (["--routing-key-headers", "x-a", "x-b"], "not served by sessiongate: sticky sessions"),
-        (["--load-monitor-interval=5"], "not served by sessiongate: smg's load monitor"),
+        (["--disable-load-monitoring"], "not served by sessiongate: smg's load monitor"),
         (["--worker-overload-shed"], "worker overload protection"),
         (["--redis-url", "redis://r:6379"], "(Redis)"),
         (["--enable-mesh"], "the HA mesh"),
         (["--router-enable-trace"], "--router-enable-trace is smg serve's and not served by "
          "sessiongate: tracing"),
         (["--no-worker-auto-recovery"], "service discovery"),
-        (["--policy", "least_load"], "--policy least_load is smg's and not served by "
-         "sessiongate: use cache_aware"),
-        (["--policy=prefix_hash"], "--policy prefix_hash is smg's and not served"),
+        (["--policy", "passthrough"], "--policy passthrough is smg's and not served by "
+         "sessiongate: give one --backend URL"),
         (["--backend", "sglang"], "sessiongate's --backend is an engine URL"),
         (["--assignment-mode", "delegate"], "--assignment-mode delegate is smg's"),
     ],

@@ -59,6 +59,15 @@ SMG_SERVED: tuple[str, ...] = (
     "--health-check-timeout-secs",
     "--health-check-endpoint",
     "--backend",
+    "--prefix-token-count",
+    "--prefix-hash-load-factor",
+    "--prefix-hash-balance-abs-threshold",
+    "--least-load-kv-pressure-weight",
+    "--least-load-default-throughput",
+    "--least-load-mean-prefill-tokens",
+    "--least-load-max-waiting-requests",
+    "--power-of-two-load-metric",
+    "--load-monitor-interval",
     "--api-key",
 )
 
@@ -86,10 +95,8 @@ _DISCOVERY = "service discovery (engines register with POST /workers)"
 _OVERLOAD = "worker overload protection"
 _KV_EVENTS = "event-driven cache-aware routing (KV events)"
 _CACHE_AWARE = "a tunable of smg's cache_aware that sessiongate's cache_aware does not read"
-_LEAST_LOAD = "the least_load policy"
-_PREFIX_HASH = "the prefix_hash policy"
 _STARTUP = "smg's worker startup wait (engines are probed by health checks)"
-_LOAD_MONITOR = "smg's load monitor"
+_LOAD_MONITOR = "smg's load monitor switch (the poll runs whenever the policy reads loads)"
 _ADMISSION = "admission control (concurrency limit, queue, rate limit)"
 _MULTIMODAL = "router-side multimodal processing"
 _TOKENIZER = "smg's tokenizer loading and caches"
@@ -115,15 +122,6 @@ SMG_NOT_SERVED: dict[str, str] = {
     "--encode-policy": _EPD,
     "--prefill-policy": _PD,
     "--decode-policy": _PD,
-    "--prefix-token-count": _PREFIX_HASH,
-    "--prefix-hash-load-factor": _PREFIX_HASH,
-    "--prefix-hash-balance-abs-threshold": _PREFIX_HASH,
-    "--least-load-kv-pressure-weight": _LEAST_LOAD,
-    "--least-load-default-throughput": _LEAST_LOAD,
-    "--least-load-mean-prefill-tokens": _LEAST_LOAD,
-    "--least-load-max-waiting-requests": _LEAST_LOAD,
-    "--power-of-two-load-metric": "a choice of power_of_two's load (it compares reported "
-    "load, else requests in flight)",
     "--balance-token-usage-threshold": _CACHE_AWARE,
     "--overload-token-usage-threshold": _CACHE_AWARE,
     "--worker-overload-waiting-requests": _OVERLOAD,
@@ -172,7 +170,6 @@ SMG_NOT_SERVED: dict[str, str] = {
     "--worker-startup-check-interval": _STARTUP,
     "--job-queue-capacity": "smg's control-plane job queue",
     "--job-queue-concurrency": "smg's control-plane job queue",
-    "--load-monitor-interval": _LOAD_MONITOR,
     "--disable-load-monitoring": _LOAD_MONITOR,
     "--multimodal-tensor-transport": _MULTIMODAL,
     "--multimodal-shm-min-bytes": _MULTIMODAL,
@@ -295,8 +292,6 @@ _RUNTIME = (
     "(smg's --worker-urls)"
 )
 SMG_VALUES: dict[tuple[str, str], str] = {
-    ("--policy", "least_load"): "use cache_aware (the default) or least_in_flight",
-    ("--policy", "prefix_hash"): "use cache_aware (the default) or consistent_hashing",
     ("--policy", "passthrough"): "give one --backend URL",
     ("--assignment-mode", "delegate"): "use random, min_load or min_group",
     ("--backend", "sglang"): _RUNTIME,
