@@ -166,3 +166,26 @@ def test_labels_come_from_the_flag_and_the_registration() -> None:
             EngineRegistry([A], labels=("http://nope:1#k=v",))
 
     asyncio.run(scenario())
+
+
+def test_settle_waits_for_requests_picked_before_the_hold_to_be_written() -> None:
+    async def scenario() -> None:
+        gate = HoldGate()
+        written = gate.sending(A)
+        other = gate.sending(B)
+        gate.set_held([A])
+        settled = asyncio.create_task(gate.settle(5.0))
+        await asyncio.sleep(0.01)
+        assert not settled.done()  # a request to A is still being written
+        other()  # B is not held: its request does not count
+        await asyncio.sleep(0.01)
+        assert not settled.done()
+        written()
+        written()  # twice is once
+        await asyncio.wait_for(settled, 1.0)
+        # Nothing unwritten: at once; and bounded by its timeout otherwise.
+        await asyncio.wait_for(gate.settle(5.0), 1.0)
+        gate.sending(A)
+        await asyncio.wait_for(gate.settle(0.05), 1.0)
+
+    asyncio.run(scenario())

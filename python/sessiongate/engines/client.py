@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from sessiongate.errors import UpstreamError
@@ -157,14 +157,18 @@ class EngineClient:
         return await self.check(path, timeout) is None
 
     async def post_json(
-        self, path: str, body: bytes, headers: Iterable[tuple[str, str]] = ()
+        self,
+        path: str,
+        body: bytes,
+        headers: Iterable[tuple[str, str]] = (),
+        on_sent: Callable[[], None] | None = None,
     ) -> EngineReply:
         all_headers = [("content-type", "application/json"), _IDENTITY, *headers]
         try:
             async with (
                 asyncio.timeout(self.timeout),
                 self._http.request(
-                    "POST", self.base_url + path, headers=all_headers, body=body
+                    "POST", self.base_url + path, headers=all_headers, body=body, on_sent=on_sent
                 ) as response,
             ):
                 content = await response.read()
@@ -184,6 +188,7 @@ class EngineClient:
         query: str = "",
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
+        on_sent: Callable[[], None] | None = None,
     ) -> EngineStream:
         url = self.base_url + path + (f"?{query}" if query else "")
         exchange = contextlib.AsyncExitStack()
@@ -195,6 +200,7 @@ class EngineClient:
                         url,
                         headers=[_IDENTITY, *forwardable_headers(headers)],
                         body=body or None,
+                        on_sent=on_sent,
                     )
                 )
         except (HttpError, OSError, TimeoutError) as exc:

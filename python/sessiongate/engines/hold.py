@@ -10,15 +10,29 @@ whole history on another engine. When every candidate is held, a stateless reque
 too. Waiting is bounded: `--pause-queue-size` requests per process (one more is a 503 at
 once) and `--pause-wait-secs` each (then a 503); a change of the held set wakes every
 waiter, which then picks again, so requests flow the moment one engine continues.
+
+A request picked just before its engine was held may not have been written to the engine
+yet: `settle` waits until every such request is written (`sending` / `sent`, called from the
+engine client once the request's bytes are out), so the pause sent after it never finds a
+request of this gateway arriving behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from sessiongate.config.rl import DEFAULT_PAUSE_QUEUE, DEFAULT_PAUSE_WAIT_S
 from sessiongate.errors import Unavailable
+
+# How long a change of the held set waits for requests picked before it to be written: a
+# write takes microseconds, a connect to a slow engine up to its connect timeout.
+HOLD_SETTLE_S = 5.0
+# The compiled front's relay has no such count: requests it picked just before it stopped
+# relaying are written within microseconds; this covers them.
+FRONT_SETTLE_S = 0.02
 
 
 class HoldGate:
@@ -36,6 +50,36 @@ class HoldGate:
         self.released = 0
         self.refused = 0
         self._changed = asyncio.Event()
+        # Requests picked for each engine and not yet written to it.
+        self._unsent: Counter[str] = Counter()
+        self._all_sent = asyncio.Event()
+
+    def sending(self, url: str) -> Callable[[], None]:
+        """A request to `url` is about to be sent: the returned function says it was
+        written (or will never be); calling it again does nothing."""
+        self._unsent[url] += 1
+        done = False
+
+        def sent() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            self._unsent[url] -= 1
+            if self._unsent[url] <= 0:
+                del self._unsent[url]
+                if not any(u in self.held for u in self._unsent):
+                    self._all_sent.set()
+
+        return sent
+
+    async def settle(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until no request picked for a held engine is unwritten."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while any(u in self.held for u in self._unsent):
+                    self._all_sent = asyncio.Event()
+                    await self._all_sent.wait()
 
     def set_held(self, urls: Iterable[str]) -> None:
         """The held set changed: every waiter looks again."""

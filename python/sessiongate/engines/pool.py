@@ -636,9 +636,11 @@ class EnginePool:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
             policy.started(index)
             self.sent[self.urls[index]] += 1
+            written = self.hold.sending(self.urls[index])
             try:
-                return await self._post_json(index, path, body, header_list)
+                return await self._post_json(index, path, body, header_list, written)
             finally:
+                written()
                 policy.finished(index)
 
         async def discard(reply: EngineReply) -> None:
@@ -647,12 +649,17 @@ class EnginePool:
         return await self._with_retries(root_id, header_list, body, send, discard)
 
     async def _post_json(
-        self, index: int, path: str, body: bytes, headers: list[tuple[str, str]]
+        self,
+        index: int,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        written: Callable[[], None] | None = None,
     ) -> EngineReply:
         """One attempt on upstream `index`, recording what it says about the upstream."""
         client = self.clients[index]
         try:
-            reply = await client.post_json(path, body, headers)
+            reply = await client.post_json(path, body, headers, on_sent=written)
         except EngineTransportError as exc:
             self._transport_failed(client, exc)
             raise
@@ -685,11 +692,13 @@ class EnginePool:
             policy = self.engine_policy
             policy.started(index)
             self.sent[client.base_url] += 1
+            written = self.hold.sending(client.base_url)
             try:
                 stream = await client.open_stream(
-                    method, path, query=query, headers=header_list, body=body
+                    method, path, query=query, headers=header_list, body=body, on_sent=written
                 )
             except BaseException as exc:
+                written()
                 policy.finished(index)
                 if isinstance(exc, EngineTransportError):
                     self._transport_failed(client, exc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sessiongate.engines.hold import HOLD_SETTLE_S
 from sessiongate.gateway.metrics import WorkerGauge, reliability_gauges
 from sessiongate.protocol import CoreReply, CoreRequest
 
@@ -28,6 +29,7 @@ class LocalSessions:
 
     async def use_engines(self, urls: list[str], held: list[str]) -> None:
         self.core.upstream.set_urls(urls, held)
+        await self.core.upstream.hold.settle(HOLD_SETTLE_S)
 
     def engine_counts(self) -> list[list[dict[str, object]]]:
         return [self.core.upstream.engine_counts()]

@@ -12,12 +12,14 @@ Import-light on purpose: the router process uses it without loading the session 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from sessiongate.config.rl import RlConfig
 from sessiongate.engines.fanout import handle_fanout
+from sessiongate.engines.hold import FRONT_SETTLE_S
 from sessiongate.engines.management import EngineManagement
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.errors import GatewayError, RouteNotFound
@@ -82,6 +84,8 @@ class GatewayShell:
         self.front = front
         self.management = EngineManagement(engines)
         self.rl = RlPlane(engines, rl or RlConfig())
+        # The held engines last sent (engines/hold.py).
+        self._held: list[str] = []
         self.metrics = RouterMetrics()
         engines.on_change = self._engines_changed
 
@@ -132,8 +136,12 @@ class GatewayShell:
         # The front first: its relay is synchronous, so once the workers have the set too
         # (awaited), no pool of the gateway picks a newly held engine.
         held = self.engines.held()
+        newly_held = not set(held) <= set(self._held)
+        self._held = held
         if self.front is not None:
             self.front.use_engines(urls, held)
+            if newly_held:
+                await asyncio.sleep(FRONT_SETTLE_S)
         await self.sessions.use_engines(urls, held)
 
     async def aclose(self) -> None:

@@ -22,7 +22,7 @@ import re
 import select
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -455,8 +455,10 @@ class HttpClient:
         *,
         headers: Mapping[str, str] | Iterable[tuple[str, str]] | None = None,
         body: bytes | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> AsyncIterator[Response]:
-        """Send one request; the response's body must be read inside the `async with`."""
+        """Send one request; the response's body must be read inside the `async with`.
+        `on_sent` is called once the request is written (before its reply is awaited)."""
         parts = urlsplit(url)
         scheme = parts.scheme
         if scheme not in ("http", "https") or not parts.hostname:
@@ -482,6 +484,9 @@ class HttpClient:
                 conn = await self._connect(*origin)
             try:
                 await conn.write(wire)
+                if on_sent is not None:
+                    on_sent()
+                    on_sent = None  # once, whatever retry follows
                 head = await self._final_head(conn)
             except _NotSent as exc:
                 conn.close()

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sessiongate.engines.hold import HOLD_SETTLE_S
 from sessiongate.engines.pool import EnginePool
 from sessiongate.errors import BadRequest, GatewayError, LimitReached, UpstreamError
 from sessiongate.protocol import (
@@ -221,6 +222,9 @@ class SessionCore:
             self.upstream.set_urls(urls, held)
         except ValueError as exc:
             raise BadRequest(str(exc)) from exc
+        # Answered once the requests picked for a newly held engine are written to it: the
+        # router sends the engine its pause only then (engines/hold.py).
+        await self.upstream.hold.settle(HOLD_SETTLE_S)
         return json_reply(200, {"urls": self.upstream.urls})
 
     async def _proxy(self, request: CoreRequest) -> CoreReply:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -19,7 +19,7 @@ from sessiongate.session.session_table import SessionTable
 from sessiongate.session.state import Session, TurnRecord
 from sessiongate.session.store.spilled import SpilledRecord, pin_files
 from sessiongate.session.tito import TitoEngine
-from sessiongate.session.trajectory import build_trajectory
+from sessiongate.session.trajectory import build_trajectory, weight_versions
 from sessiongate.session.tree_export import (
     TreeSnapshot,
     tree_samples_payload,
@@ -206,14 +206,3 @@ async def _session_document_parts(
         for part in record.json_parts():
             yield part
     yield b'],"metadata":' + metadata + b"}"
-
-
-def weight_versions(records: Sequence[Any]) -> list[str]:
-    """The distinct `weight_version`s of `records` (turns an engine reported one for), in
-    the order the session first met them."""
-    seen: dict[str, None] = {}
-    for record in records:
-        version = getattr(record, "weight_version", None)
-        if isinstance(version, str):
-            seen.setdefault(version, None)
-    return list(seen)

@@ -41,9 +41,22 @@ def build_trajectory(
         "session_id": session_id,
         "turns": json.dumps(turns),
         "routed_experts": r3_note,
+        # More than one when the session's turns span a weight update.
+        "weight_versions": json.dumps(weight_versions(records)),
         **{k: json.dumps(v) for k, v in metadata.items()},
     }
     return encode(tensors, header)
+
+
+def weight_versions(records: Sequence[Any]) -> list[str]:
+    """The distinct `weight_version`s of `records` (turns an engine reported one for), in
+    the order the session first met them."""
+    seen: dict[str, None] = {}
+    for record in records:
+        version = getattr(record, "weight_version", None)
+        if isinstance(version, str):
+            seen.setdefault(version, None)
+    return list(seen)
 
 
 @dataclass(frozen=True)
