@@ -136,11 +136,13 @@ class GatewayShell:
         # The front first: its relay is synchronous, so once the workers have the set too
         # (awaited), no pool of the gateway picks a newly held engine.
         held = self.engines.held()
-        newly_held = not set(held) <= set(self._held)
+        # The front stops relaying when the first engine is held: only then can it have
+        # picked a request for it just before.
+        front_stops = bool(held) and not self._held
         self._held = held
         if self.front is not None:
             self.front.use_engines(urls, held)
-            if newly_held:
+            if front_stops:
                 await asyncio.sleep(FRONT_SETTLE_S)
         await self.sessions.use_engines(urls, held)
 
