@@ -17,12 +17,33 @@ system prefix plus a unique part, lognormal lengths; several steps with `/flush_
 between them, as after a weight update), `multiturn` (agents extending their own prefix turn
 by turn), `slow` (grpo with one engine at half speed), `lora` (grpo with a mix of adapters).
 
-Arms: `sg:<policy>` (sessiongate `serve --workers 0 --policy <policy>`, each policy its
-`serve --help` lists; round robin only when it has no `--policy`), `smg:<policy>` (the SGLang
-Model Gateway, sglang-router, in its own venv: `SGLANG_ROUTER_PYTHON=/venv/bin/python`;
-skipped with a message when absent), `client:rr` (the client alone, round robin over the
-engines) and `client:lif` (the client alone with the rollout framework router's rule: the
-engine with the fewest requests in flight).
+Arms: `sg:<policy>` (sessiongate `serve --workers 0 --policy <policy>`, each policy of its
+configuration), `smg:<policy>` (the SGLang Model Gateway as sglang-router 0.3.2, in its own
+venv: `SGLANG_ROUTER_PYTHON=/venv/bin/python`), `smg13:<arm>` (its successor smg 1.13, the
+Shepherd Model Gateway, `smg launch`, in its own venv: `SMG_BIN=/venv/bin/smg` or
+`SMG_PYTHON=/venv/bin/python`; arms `cache_aware`, `cache_aware_no_overload` (with
+`--disable-worker-overload-protection`), `least_load`, `prefix_hash`, `power_of_two` and
+`sticky` (`--sticky-sessions` over `least_load`), `manual` (`--policy manual --assignment-mode
+min_load`, the key in the `x-smg-routing-key` header)), `client:rr` (the client alone, round robin
+over the engines) and `client:lif` (the client alone with the rollout framework router's
+rule: the engine with the fewest requests in flight). A peer whose venv is absent is
+skipped with a message.
+
+The rids have smg's request-id lineage shape, which `--sticky-sessions` reads as the routing
+key (one `_r<n>` suffix, then one `_t<n>` suffix, stripped): `<run>-s<step>p<prompt>_r<n>`
+for a GRPO sample (key: the group) and `<run>-a<agent>_t<turn>` for an agent's turn (key:
+the agent). No other arm routes on the rid. Under concurrency `--sticky-sessions` does not
+hold a new key's requests together (a GRPO group's samples arrive at once and are spread;
+an agent's turns, one after the other, stay), so `smg13:manual`'s requests also carry the
+key in the `x-smg-routing-key` header, which `--policy manual` pins at once; no other arm
+is sent the header (sessiongate's `manual` and `consistent_hashing` would read it).
+
+Under each variant's table: the oracle bound (the best hit rate a placement using every
+engine could get on that workload, from the workload itself: `oracle_bound`) and the goals
+for sessiongate's default arm (`sg:cache_aware`) against the best sglang-router and smg arm
+(per figure): hit rate at least the best peer's and within 2% of the oracle (>= 0.98x),
+makespan <= 0.95x the best peer's, work imbalance <= 1.15, and on multi-turn hit rate and
+makespan at least as good as `client:rr`'s.
 
 Figures per arm: prefix-cache hit rate (sum of `cached_tokens` over sum of prompt tokens,
 from the replies), re-prefilled tokens, the share of GRPO groups kept on one engine, load
@@ -80,7 +101,13 @@ SMG13_ARMS = {
     "prefix_hash": ["--policy", "prefix_hash"],
     "power_of_two": ["--policy", "power_of_two"],
     "sticky": ["--policy", "least_load", "--sticky-sessions"],
+    "manual": ["--policy", "manual", "--assignment-mode", "min_load"],
 }
+# The smg 1.13 arms whose requests carry the group's (agent's) key in smg's routing-key
+# header: `--sticky-sessions` does not hold a key's concurrent first requests together (a
+# GRPO group's samples are spread; measured), `--policy manual` with the header does.
+SMG13_KEY_HEADER = frozenset({"manual"})
+ROUTING_KEY_HEADER = "x-smg-routing-key"
 # The default arm and the peers the goals compare it with (docs/performance.md).
 DEFAULT_ARM = "sg:cache_aware"
 PEER_KINDS = ("smg", "smg13")
@@ -156,8 +183,16 @@ _RUNS = itertools.count()
 class Target:
     """Where requests go: a router URL, or the client picking an engine itself."""
 
-    def __init__(self, name: str, engines: list[str], router: str | None, rule: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        engines: list[str],
+        router: str | None,
+        rule: str = "",
+        key_header: bool = False,
+    ) -> None:
         self.name, self.engines, self.router, self.rule = name, engines, router, rule
+        self.key_header = key_header  # send the group's key in smg's routing-key header
         self.run = f"{name.replace(':', '-')}-{next(_RUNS)}"
         self._turn = itertools.count()
         self.in_flight = [0] * len(engines)
@@ -184,9 +219,10 @@ async def send(client: httpx.AsyncClient, target: Target, request: Request) -> O
         body["lora_path"] = request.adapter
     if index is not None:
         target.in_flight[index] += 1
+    headers = {ROUTING_KEY_HEADER: f"{target.run}-{request.group}"} if target.key_header else {}
     started_at = time.perf_counter()
     try:
-        reply = await client.post(f"{url}/generate", json=body)
+        reply = await client.post(f"{url}/generate", json=body, headers=headers)
     finally:
         if index is not None:
             target.in_flight[index] -= 1
@@ -591,7 +627,7 @@ def smg13_target(arm: str, name: str, urls: list[str], port: int) -> Iterator[Ta
     with started(cmd, port):
         url = f"http://127.0.0.1:{port}"
         wait_for_workers(url, len(urls))
-        yield Target(arm, urls, url)
+        yield Target(arm, urls, url, key_header=name in SMG13_KEY_HEADER)
 
 
 def wait_for_workers(url: str, count: int, timeout: float = 60.0) -> None:
