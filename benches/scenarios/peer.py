@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from support.procs import ServerProcess, free_port
 
 PEER_VENVS = ("/work/sgl-venv", "/tmp/peer", os.path.expanduser("~/.venvs/sglang-router"))
+SMG_VENVS = ("/work/smgvenv", os.path.expanduser("~/.venvs/smg"))
 # ~1 KiB request body, a short reply: the routers' per-request cost dominates.
 BODY = {
     "model": "default",
@@ -144,6 +145,24 @@ def peer_python() -> str | None:
         )
         if probe.returncode == 0:
             return python
+    return None
+
+
+def smg_bin() -> str | None:
+    """The `smg` launcher of a venv with smg (the Shepherd Model Gateway, sglang-router's
+    successor; 1.13 measured) installed, or None: `$SMG_BIN`, else `$SMG_PYTHON`'s sibling
+    `smg`, else the known venvs, else `smg` on PATH; each must answer `--help` as smg."""
+    candidates = [os.environ.get("SMG_BIN", "")]
+    if os.environ.get("SMG_PYTHON"):
+        candidates.append(str(Path(os.environ["SMG_PYTHON"]).with_name("smg")))
+    candidates += [f"{venv}/bin/smg" for venv in SMG_VENVS]
+    candidates.append(shutil.which("smg") or "")
+    for binary in candidates:
+        if not binary or not Path(binary).exists():
+            continue
+        probe = subprocess.run([binary, "--help"], capture_output=True, text=True, check=False)
+        if probe.returncode == 0 and "Shepherd Model Gateway" in probe.stdout:
+            return binary
     return None
 
 

@@ -17,12 +17,33 @@ system prefix plus a unique part, lognormal lengths; several steps with `/flush_
 between them, as after a weight update), `multiturn` (agents extending their own prefix turn
 by turn), `slow` (grpo with one engine at half speed), `lora` (grpo with a mix of adapters).
 
-Arms: `sg:<policy>` (sessiongate `serve --workers 0 --policy <policy>`, each policy its
-`serve --help` lists; round robin only when it has no `--policy`), `smg:<policy>` (the SGLang
-Model Gateway, sglang-router, in its own venv: `SGLANG_ROUTER_PYTHON=/venv/bin/python`;
-skipped with a message when absent), `client:rr` (the client alone, round robin over the
-engines) and `client:lif` (the client alone with the rollout framework router's rule: the
-engine with the fewest requests in flight).
+Arms: `sg:<policy>` (sessiongate `serve --workers 0 --policy <policy>`, each policy of its
+configuration), `smg:<policy>` (the SGLang Model Gateway as sglang-router 0.3.2, in its own
+venv: `SGLANG_ROUTER_PYTHON=/venv/bin/python`), `smg13:<arm>` (its successor smg 1.13, the
+Shepherd Model Gateway, `smg launch`, in its own venv: `SMG_BIN=/venv/bin/smg` or
+`SMG_PYTHON=/venv/bin/python`; arms `cache_aware`, `cache_aware_no_overload` (with
+`--disable-worker-overload-protection`), `least_load`, `prefix_hash`, `power_of_two` and
+`sticky` (`--sticky-sessions` over `least_load`), `manual` (`--policy manual --assignment-mode
+min_load`, the key in the `x-smg-routing-key` header)), `client:rr` (the client alone, round robin
+over the engines) and `client:lif` (the client alone with the rollout framework router's
+rule: the engine with the fewest requests in flight). A peer whose venv is absent is
+skipped with a message.
+
+The rids have smg's request-id lineage shape, which `--sticky-sessions` reads as the routing
+key (one `_r<n>` suffix, then one `_t<n>` suffix, stripped): `<run>-s<step>p<prompt>_r<n>`
+for a GRPO sample (key: the group) and `<run>-a<agent>_t<turn>` for an agent's turn (key:
+the agent). No other arm routes on the rid. Under concurrency `--sticky-sessions` does not
+hold a new key's requests together (a GRPO group's samples arrive at once and are spread;
+an agent's turns, one after the other, stay), so `smg13:manual`'s requests also carry the
+key in the `x-smg-routing-key` header, which `--policy manual` pins at once; no other arm
+is sent the header (sessiongate's `manual` and `consistent_hashing` would read it).
+
+Under each variant's table: the oracle bound (the best hit rate a placement using every
+engine could get on that workload, from the workload itself: `oracle_bound`) and the goals
+for sessiongate's default arm (`sg:cache_aware`) against the best sglang-router and smg arm
+(per figure): hit rate at least the best peer's and within 2% of the oracle (>= 0.98x),
+makespan <= 0.95x the best peer's, work imbalance <= 1.15, and on multi-turn hit rate and
+makespan at least as good as `client:rr`'s.
 
 Figures per arm: prefix-cache hit rate (sum of `cached_tokens` over sum of prompt tokens,
 from the replies), re-prefilled tokens, the share of GRPO groups kept on one engine, load
@@ -61,13 +82,35 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peer import peer_python, started
+from peer import peer_python, smg_bin, started
 from support.procs import ServerProcess, free_port
 
 ENGINES = 4
 VOCAB = (300, 7600)  # inside the built-in tokenizer's vocabulary (7,615 ids)
 ADAPTERS = ("math", "code")
+MULTITURN_NEW = 32  # tokens generated per agent turn (ignore_eos: exactly this many)
 SMG_POLICIES = ("cache_aware", "round_robin", "power_of_two", "manual")
+# smg 1.13 arms: name -> `smg launch` flags. `sticky`: --sticky-sessions pins a routing key
+# (here the rid lineage: `<run>-s<step>p<prompt>` for a GRPO group, `<run>-a<agent>` for an
+# agent) to the worker its first request went to; least_load places the keys, so the pin
+# carries the affinity and the policy the balance.
+SMG13_ARMS = {
+    "cache_aware": ["--policy", "cache_aware"],
+    "cache_aware_no_overload": ["--policy", "cache_aware", "--disable-worker-overload-protection"],
+    "least_load": ["--policy", "least_load"],
+    "prefix_hash": ["--policy", "prefix_hash"],
+    "power_of_two": ["--policy", "power_of_two"],
+    "sticky": ["--policy", "least_load", "--sticky-sessions"],
+    "manual": ["--policy", "manual", "--assignment-mode", "min_load"],
+}
+# The smg 1.13 arms whose requests carry the group's (agent's) key in smg's routing-key
+# header: `--sticky-sessions` does not hold a key's concurrent first requests together (a
+# GRPO group's samples are spread; measured), `--policy manual` with the header does.
+SMG13_KEY_HEADER = frozenset({"manual"})
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+# The default arm and the peers the goals compare it with (docs/performance.md).
+DEFAULT_ARM = "sg:cache_aware"
+PEER_KINDS = ("smg", "smg13")
 
 
 @dataclass
@@ -77,6 +120,7 @@ class Request:
     max_new_tokens: int
     group: str
     adapter: str | None = None
+    shared: int = 0  # leading tokens every request of the variant shares (the system prompt)
 
 
 @dataclass
@@ -121,7 +165,10 @@ def grpo_workload(
             adapter = adapters[rng.randrange(len(adapters))] if adapters else None
             group = f"s{step}p{p}"
             for s in range(samples):
-                batch.append(Request(f"{group}n{s}", system + unique, 16, group, adapter))
+                # `<group>_r<n>`: smg's rid lineage, the group's routing key under
+                # --sticky-sessions (one `_r<n>` suffix stripped).
+                ids = system + unique
+                batch.append(Request(f"{group}_r{s}", ids, 16, group, adapter, len(system)))
         rng.shuffle(batch)  # samples of a group do not arrive back to back
         work.steps.append(batch)
     return work
@@ -136,8 +183,16 @@ _RUNS = itertools.count()
 class Target:
     """Where requests go: a router URL, or the client picking an engine itself."""
 
-    def __init__(self, name: str, engines: list[str], router: str | None, rule: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        engines: list[str],
+        router: str | None,
+        rule: str = "",
+        key_header: bool = False,
+    ) -> None:
         self.name, self.engines, self.router, self.rule = name, engines, router, rule
+        self.key_header = key_header  # send the group's key in smg's routing-key header
         self.run = f"{name.replace(':', '-')}-{next(_RUNS)}"
         self._turn = itertools.count()
         self.in_flight = [0] * len(engines)
@@ -164,9 +219,10 @@ async def send(client: httpx.AsyncClient, target: Target, request: Request) -> O
         body["lora_path"] = request.adapter
     if index is not None:
         target.in_flight[index] += 1
+    headers = {ROUTING_KEY_HEADER: f"{target.run}-{request.group}"} if target.key_header else {}
     started_at = time.perf_counter()
     try:
-        reply = await client.post(f"{url}/generate", json=body)
+        reply = await client.post(f"{url}/generate", json=body, headers=headers)
     finally:
         if index is not None:
             target.in_flight[index] -= 1
@@ -263,10 +319,14 @@ def multiturn_steps(
         for a in range(workload.agents)
     }
     for turn in range(workload.turns):
-        yield [Request(f"a{a}t{turn}", list(prompts[a]), 32, f"a{a}") for a in prompts]
+        # `a<agent>_t<turn>`: smg's rid lineage (one `_t<n>` suffix stripped) keys the agent.
+        yield [
+            Request(f"a{a}_t{turn}", list(prompts[a]), MULTITURN_NEW, f"a{a}", None, len(system))
+            for a in prompts
+        ]
         replies = {o.rid.rpartition("-")[2]: o for o in outcomes}
         for a in prompts:
-            reply = replies[f"a{a}t{turn}"]
+            reply = replies[f"a{a}_t{turn}"]
             prompts[a] += reply.output_ids + _tokens(rng, _lognormal(rng, 120, 0.5, 16, 600))
 
 
@@ -328,11 +388,163 @@ def summarise(
     }
 
 
+# -- the oracle bound and the goals ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Oracle:
+    hit_rate: float
+    prompt: int  # prompt tokens sent
+    paid: int  # the fewest of them a placement using every engine must prefill
+    rule: str
+    one_engine: float  # the same with the shared prompt paid once: every group on one engine
+
+
+def multiturn_requests(workload: Workload, seed: int) -> list[list[Request]]:
+    """The multi-turn workload's requests, built as a run builds them, each reply being
+    MULTITURN_NEW tokens (`ignore_eos`; the tokens' values do not change the lengths)."""
+    outcomes: list[Outcome] = []
+    steps = []
+    for batch in multiturn_steps(workload, outcomes, seed):
+        steps.append(batch)
+        for r in batch:
+            output = [VOCAB[0]] * r.max_new_tokens
+            outcomes.append(Outcome(f"oracle-{r.rid}", -1, len(r.ids), 0, len(output), 0.0, output))
+    return steps
+
+
+def oracle_bound(variant: str, workload: Workload, seed: int) -> Oracle:
+    """The best hit rate any router could get on this workload from these engines.
+
+    Assumes: a request can reuse only what its own engine has cached, and never its last
+    prompt token (SGLang recomputes it: `cached_tokens` <= prompt - 1); the cache never evicts
+    (200,000 tokens per engine); a group's followers start after its first prefill. Every
+    engine is used (a router that spreads the load must): the shared system prompt is paid
+    once per engine, min(engines, groups) when there are fewer groups than engines, per
+    adapter (the cache is per adapter) and, for GRPO, per step (the caches are flushed
+    between steps). GRPO, slow, LoRA: each group's unique part is paid once, and each other
+    sample of the group pays its one last token. Multi-turn: each agent's first turn pays its
+    unique part, and each later turn what it adds to the previous turn's cached prompt and
+    output (the new message, and the last output token, which never had its KV computed).
+    The oracle ignores balance and time: it is the hit rate's bound, not a schedule."""
+    if variant == "multiturn":
+        steps = multiturn_requests(workload, seed)
+        agents: dict[str, list[Request]] = defaultdict(list)
+        for batch in steps:
+            for r in batch:
+                agents[r.group].append(r)
+        shared = steps[0][0].shared
+        paid = min(ENGINES, len(agents)) * shared
+        extra = (min(ENGINES, len(agents)) - 1) * shared
+        for turns in agents.values():
+            paid += len(turns[0].ids) - turns[0].shared
+            for before, now in itertools.pairwise(turns):
+                paid += len(now.ids) - (len(before.ids) + before.max_new_tokens - 1)
+        rule = (
+            "each agent's unique prefill once; the system prompt once per engine; later turns "
+            "pay the new message and the last output token"
+        )
+    else:
+        steps = workload.steps
+        paid = extra = 0
+        for batch in steps:
+            by_adapter: dict[str | None, dict[str, list[Request]]] = defaultdict(dict)
+            for r in batch:
+                by_adapter[r.adapter].setdefault(r.group, []).append(r)
+            for groups in by_adapter.values():
+                first = next(iter(groups.values()))[0]
+                paid += min(ENGINES, len(groups)) * first.shared
+                extra += (min(ENGINES, len(groups)) - 1) * first.shared
+                for requests in groups.values():
+                    paid += len(requests[0].ids) - requests[0].shared + len(requests) - 1
+        rule = (
+            "each group's unique prefill once; the system prompt once per engine per adapter "
+            "per step; other samples pay their last token"
+        )
+    prompt = sum(len(r.ids) for batch in steps for r in batch)
+    if not prompt:
+        return Oracle(0.0, 0, 0, rule, 0.0)
+    return Oracle(1 - paid / prompt, prompt, paid, rule, 1 - (paid - extra) / prompt)
+
+
+def goals(
+    variant: str, rows: list[dict[str, float | str]], oracle: Oracle
+) -> list[tuple[str, bool | None, str]]:
+    """The bench's goals for sessiongate's default arm: (goal, met or None when it cannot be
+    judged, figures). The best peer is per figure, over every sglang-router and smg arm run."""
+    by_arm = {str(row["arm"]): row for row in rows}
+    ours = by_arm.get(DEFAULT_ARM)
+    if ours is None:
+        return [(f"{DEFAULT_ARM} was not run", None, "")]
+    peers = [row for row in rows if str(row["arm"]).partition(":")[0] in PEER_KINDS]
+    checks: list[tuple[str, bool | None, str]] = []
+    hit, span = float(ours["hit_rate"]), float(ours["makespan_s"])
+    if peers:
+        best_hit = max(peers, key=lambda row: float(row["hit_rate"]))
+        best_span = min(peers, key=lambda row: float(row["makespan_s"]))
+        bh, bs = float(best_hit["hit_rate"]), float(best_span["makespan_s"])
+        checks.append(
+            (
+                "hit rate >= best peer's",
+                hit >= bh,
+                f"{hit:.3f} vs {bh:.3f} ({best_hit['arm']})",
+            )
+        )
+        checks.append(
+            (
+                "makespan <= 0.95x best peer's",
+                span <= 0.95 * bs,
+                f"{span:.2f} s vs {bs:.2f} s ({best_span['arm']}): {span / bs:.2f}x",
+            )
+        )
+    else:
+        checks.append(("against the best peer", None, "no sglang-router or smg arm ran"))
+    checks.append(
+        (
+            "hit rate within 2% of the oracle",
+            hit >= 0.98 * oracle.hit_rate,
+            f"{hit:.3f} vs {oracle.hit_rate:.3f}: {hit / oracle.hit_rate:.3f}x"
+            if oracle.hit_rate
+            else "no oracle",
+        )
+    )
+    imbalance = float(ours["work_imbalance"])
+    checks.append(("work imbalance <= 1.15", imbalance <= 1.15, f"{imbalance:.2f}"))
+    if variant == "multiturn":
+        rr = by_arm.get("client:rr")
+        if rr is None:
+            checks.append(("at least client:rr", None, "client:rr was not run"))
+        else:
+            rh, rs = float(rr["hit_rate"]), float(rr["makespan_s"])
+            checks.append(("hit rate >= client:rr's", hit >= rh, f"{hit:.3f} vs {rh:.3f}"))
+            checks.append(("makespan <= client:rr's", span <= rs, f"{span:.2f} s vs {rs:.2f} s"))
+    return checks
+
+
+def report(variant: str, rows: list[dict[str, float | str]], oracle: Oracle) -> str:
+    lines = [
+        f"oracle bound ({variant}): hit rate {oracle.hit_rate:.3f} "
+        f"({oracle.paid:,} of {oracle.prompt:,} prompt tokens prefilled: {oracle.rule}); "
+        f"{oracle.one_engine:.3f} if every group sat on one engine (an arm above the bound "
+        "paid the system prompt on fewer engines)",
+        f"goals ({DEFAULT_ARM} against the best sglang-router / smg arm):",
+    ]
+    for goal, met, figures in goals(variant, rows, oracle):
+        verdict = "n/a" if met is None else ("met" if met else "NOT met")
+        lines.append(f"  {goal}: {verdict} ({figures})" if figures else f"  {goal}: {verdict}")
+    return "\n".join(lines)
+
+
 # -- processes ------------------------------------------------------------------------------
 
 
 def sessiongate_policies() -> list[str]:
-    """The `--policy` choices `serve --help` lists; [] when serve has no such flag."""
+    """sessiongate's engine routing policies: its configuration's list, else the `--policy`
+    choices `serve --help` lists; [] when serve has no such flag."""
+    with contextlib.suppress(ImportError):
+        from sessiongate.config.engines import POLICIES
+
+        return list(POLICIES)
     help_text = subprocess.run(
         [sys.executable, "-m", "sessiongate", "serve", "--help"],
         capture_output=True,
@@ -382,6 +594,9 @@ def arm_target(arm: str, urls: list[str]) -> Iterator[Target | None]:
         with ServerProcess(argv, port, timeout=60) as proc:
             yield Target(arm, urls, proc.url)
         return
+    if kind == "smg13":
+        yield from smg13_target(arm, policy, urls, port)
+        return
     peer = peer_python()
     if peer is None:
         print(f"  {arm}: skipped (no sglang-router venv: set SGLANG_ROUTER_PYTHON)")
@@ -389,10 +604,45 @@ def arm_target(arm: str, urls: list[str]) -> Iterator[Target | None]:
         return
     cmd = [peer, "-m", "sglang_router.launch_router", "--port", str(port), "--log-level", "warn"]
     cmd += ["--policy", policy, "--worker-urls", *urls]
+    # Its metrics listener defaults to 0.0.0.0:29000, which another process may hold.
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
     if policy == "manual":
         cmd += ["--assignment-mode", "min_load"]
     with started(cmd, port):
         yield Target(arm, urls, f"http://127.0.0.1:{port}")
+
+
+def smg13_target(arm: str, name: str, urls: list[str], port: int) -> Iterator[Target | None]:
+    """smg 1.13 (`smg launch`) in front of the engines, once it lists them all healthy."""
+    binary = smg_bin()
+    if binary is None:
+        print(f"  {arm}: skipped (no smg: set SMG_BIN=/venv/bin/smg or SMG_PYTHON)")
+        yield None
+        return
+    if name not in SMG13_ARMS:
+        raise SystemExit(f"{arm}: unknown smg13 arm; expected one of {', '.join(SMG13_ARMS)}")
+    cmd = [binary, "launch", "--port", str(port), "--host", "127.0.0.1", "--log-level", "warn"]
+    cmd += ["--worker-urls", *urls, *SMG13_ARMS[name]]
+    cmd += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    with started(cmd, port):
+        url = f"http://127.0.0.1:{port}"
+        wait_for_workers(url, len(urls))
+        yield Target(arm, urls, url, key_header=name in SMG13_KEY_HEADER)
+
+
+def wait_for_workers(url: str, count: int, timeout: float = 60.0) -> None:
+    """smg registers its --worker-urls asynchronously after /health answers: wait until
+    `GET /workers` lists `count` of them healthy and ready."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            workers = httpx.get(f"{url}/workers", timeout=2).json().get("workers", [])
+            ready = [w for w in workers if w.get("is_healthy") and w.get("status") == "ready"]
+            if len(ready) >= count:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url}: fewer than {count} workers ready after {timeout:.0f} s")
+        time.sleep(0.2)
 
 
 def default_arms() -> list[str]:
@@ -400,6 +650,7 @@ def default_arms() -> list[str]:
     return [
         *(f"sg:{p}" for p in policies),
         *(f"smg:{p}" for p in SMG_POLICIES),
+        *(f"smg13:{name}" for name in SMG13_ARMS),
         "client:rr",
         "client:lif",
     ]
@@ -452,6 +703,7 @@ def main() -> int:
         args.steps, args.prompts, args.samples = 2, 6, 4
     arms = [a for a in args.arms.split(",") if a] or default_arms()
     results: dict[str, list[dict[str, float | str]]] = {}
+    oracles: dict[str, dict[str, float]] = {}
     cost = EngineCost(args.prefill_us_per_token, args.decode_step_ms)
     for variant in [v for v in args.variants.split(",") if v]:
         print(f"== {variant}")
@@ -468,8 +720,16 @@ def main() -> int:
                 rows.append(row)
         results[variant] = rows
         print(table(rows))
+        oracle = oracle_bound(variant, workload, args.seed)
+        print(report(variant, rows, oracle))
+        oracles[variant] = {
+            "hit_rate": oracle.hit_rate,
+            "paid": oracle.paid,
+            "prompt": oracle.prompt,
+            "one_engine": oracle.one_engine,
+        }
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"rows": results, "oracle": oracles}, indent=1))
     counts = Counter(len(rows) for rows in results.values())
     return 0 if counts else 1
 
