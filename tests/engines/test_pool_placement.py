@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -29,11 +30,17 @@ class FakeClient:
         self.release.set()
 
     async def post_json(
-        self, path: str, body: bytes, headers: list[tuple[str, str]]
+        self,
+        path: str,
+        body: bytes,
+        headers: list[tuple[str, str]],
+        on_sent: Callable[[], None] | None = None,
     ) -> EngineReply:
         if self.refuse:
             raise EngineUnreachable("connection refused", base_url=self.base_url)
         self.sent.append(body)
+        if on_sent is not None:
+            on_sent()
         await self.release.wait()
         return EngineReply(200, [], b"{}")
 

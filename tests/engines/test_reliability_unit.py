@@ -131,7 +131,9 @@ class Scripted:
         self.script = list(script)
         self.posts = 0
 
-    async def post_json(self, path: str, body: bytes, headers: object = ()) -> EngineReply:
+    async def post_json(
+        self, path: str, body: bytes, headers: object = (), on_sent: object = None
+    ) -> EngineReply:
         self.posts += 1
         step = self.script.pop(0) if self.script else 200
         if step == "refused":
