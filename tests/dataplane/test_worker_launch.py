@@ -25,7 +25,7 @@ from sessiongate.tokenizer import BUILTIN_TOKENIZER_DIR
 WORKERS = 3
 INDEX = 1
 # Sections a session core reads; the others are serve's own (listen, front, workers).
-CORE_SECTIONS = ("engines", "sessions", "session_routing", "limits", "records", "log_level")
+CORE_SECTIONS = ("engines", "sessions", "session_routing", "limits", "records", "log_level", "rl")
 # serve's own engine options, and serve's records shard count (set for the workers).
 NOT_FORWARDED = {"engines.admin_key", "engines.mock_args", "records.shards"}
 
@@ -116,6 +116,38 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "round_robin",
         "--policy-seed",
         "11",
+        # smg 1.13's load-aware policies' tunables and the load poll.
+        "--least-load-kv-pressure-weight",
+        "0.3",
+        "--least-load-default-throughput",
+        "1000",
+        "--least-load-mean-prefill-tokens",
+        "512",
+        "--least-load-max-waiting-requests",
+        "9",
+        "--power-of-two-load-metric",
+        "requests",
+        "--load-monitor-interval",
+        "3",
+        "--prefix-token-count",
+        "128",
+        "--prefix-hash-load-factor",
+        "1.5",
+        "--prefix-hash-balance-abs-threshold",
+        "4",
+        # The RL section: the pause limits are every pool's, the plane's flags the router's.
+        "--enable-rl",
+        "--rl-control-timeout-secs",
+        "30",
+        "--rl-fanout-concurrency",
+        "4",
+        "--engine-label",
+        "pool=rollout",
+        "--pause-queue-size",
+        "16",
+        "--pause-wait-secs",
+        "12",
+        "--newest-weights-only",
         # Engine reliability: workers retry and break circuits as the front does.
         "--health-failure-threshold",
         "4",

@@ -113,6 +113,22 @@ def test_streamed_turn_conforms(gateway: ServerProcess) -> None:
         pool.close()
 
 
+def test_a_relayed_engine_reply_without_a_content_type_conforms(gateway: ServerProcess) -> None:
+    """Regression (schemathesis ST104 on `/sessions/{id}/health`): the proxy relays SGLang's
+    bodiless `/health` as it is, with no Content-Type."""
+    schema = load_schema(gateway.url)
+    pool = SessionPool(gateway.url)
+    try:
+        session_id = pool.client.post(gateway.url + "/sessions").json()["session_id"]
+        case = schema["/sessions/{session_id}/{path}"]["GET"].Case(
+            path_parameters={"session_id": session_id, "path": "health"}
+        )
+        pool.counter = iter([0])  # keep this session id
+        check_case(case, gateway.url, pool)
+    finally:
+        pool.close()
+
+
 def test_docs_page(gateway: ServerProcess) -> None:
     page = httpx.get(gateway.url + "/docs")
     assert page.status_code == 200

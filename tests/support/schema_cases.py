@@ -59,10 +59,21 @@ class SessionPool:
         self.client.close()
 
 
+# The plain proxies relay the engine's reply as it is: SGLang's `/health` is a 200 with no
+# body and no Content-Type (http_server.py `health_generate`). Such an untyped engine reply
+# is checked for its status only; the gateway's own replies on these routes are typed.
+RELAYED_PATHS = frozenset({"/sessions/{session_id}/{path}", "/v1/{path}"})
+UNTYPED_CHECKS = ("status_code_conformance", "response_headers_conformance")
+
+
 def check_case(case: Any, base_url: str, pool: SessionPool) -> None:
     pool.maybe_real(case)
-    checks = [CHECKS.get_one(name) for name in CHECK_NAMES]
-    response = case.call_and_validate(base_url=base_url, checks=checks, timeout=30)
+    response = case.call(base_url=base_url, timeout=30)
+    names = CHECK_NAMES
+    untyped = "content-type" not in {k.lower() for k in response.headers}
+    if case.operation.path in RELAYED_PATHS and untyped:
+        names = UNTYPED_CHECKS
+    case.validate_response(response, checks=[CHECKS.get_one(name) for name in names])
     status = response.status_code
     assert status < 500 or status in ALLOWED_5XX, (
         f"server error {status} on {case.method} {case.formatted_path}: {response.text[:500]}"

@@ -23,52 +23,59 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
+from sessiongate.config.engines import EngineRoutingConfig, EnginesConfig
+from sessiongate.config.fields import flag_of
+
 # smg flags sessiongate's serve takes under the same name (a few with another meaning or
-# fewer values: see SMG_VALUES and docs/smg-flags.md).
-SMG_SERVED: tuple[str, ...] = (
-    "--host",
-    "--port",
-    "--policy",
-    "--cache-threshold",
-    "--cache-match-threshold",
-    "--balance-abs-threshold",
-    "--spill-abs-threshold",
-    "--balance-rel-threshold",
-    "--spill-rel-threshold",
-    "--eviction-interval-secs",
-    "--max-tree-size",
-    "--max-idle-secs",
-    "--assignment-mode",
-    "--enable-rl",
-    "--rl-control-timeout-secs",
-    "--rl-fanout-concurrency",
-    "--log-level",
-    "--retry-max-retries",
-    "--retry-initial-backoff-ms",
-    "--retry-max-backoff-ms",
-    "--retry-backoff-multiplier",
-    "--retry-jitter-factor",
-    "--disable-retries",
-    "--cb-failure-threshold",
-    "--cb-success-threshold",
-    "--cb-timeout-duration-secs",
-    "--cb-window-duration-secs",
-    "--disable-circuit-breaker",
-    "--health-failure-threshold",
-    "--health-success-threshold",
-    "--health-check-timeout-secs",
-    "--health-check-endpoint",
-    "--backend",
-    "--prefix-token-count",
-    "--prefix-hash-load-factor",
-    "--prefix-hash-balance-abs-threshold",
-    "--least-load-kv-pressure-weight",
-    "--least-load-default-throughput",
-    "--least-load-mean-prefill-tokens",
-    "--least-load-max-waiting-requests",
-    "--power-of-two-load-metric",
-    "--load-monitor-interval",
-    "--api-key",
+# fewer values: see SMG_VALUES and docs/smg-flags.md). Written without their dashes: serve
+# declares each flag once, in its configuration section, and this is only smg's list.
+SMG_SERVED: frozenset[str] = frozenset(
+    "--" + name
+    for name in (
+        "host",
+        "port",
+        "policy",
+        "cache-threshold",
+        "cache-match-threshold",
+        "balance-abs-threshold",
+        "spill-abs-threshold",
+        "balance-rel-threshold",
+        "spill-rel-threshold",
+        "eviction-interval-secs",
+        "max-tree-size",
+        "max-idle-secs",
+        "assignment-mode",
+        "enable-rl",
+        "rl-control-timeout-secs",
+        "rl-fanout-concurrency",
+        "log-level",
+        "retry-max-retries",
+        "retry-initial-backoff-ms",
+        "retry-max-backoff-ms",
+        "retry-backoff-multiplier",
+        "retry-jitter-factor",
+        "disable-retries",
+        "cb-failure-threshold",
+        "cb-success-threshold",
+        "cb-timeout-duration-secs",
+        "cb-window-duration-secs",
+        "disable-circuit-breaker",
+        "health-failure-threshold",
+        "health-success-threshold",
+        "health-check-timeout-secs",
+        "health-check-endpoint",
+        "backend",
+        "prefix-token-count",
+        "prefix-hash-load-factor",
+        "prefix-hash-balance-abs-threshold",
+        "least-load-kv-pressure-weight",
+        "least-load-default-throughput",
+        "least-load-mean-prefill-tokens",
+        "least-load-max-waiting-requests",
+        "power-of-two-load-metric",
+        "load-monitor-interval",
+        "api-key",
+    )
 )
 
 # smg flag -> the sessiongate option to write instead (and what differs, if anything).
@@ -291,18 +298,20 @@ _RUNTIME = (
     "smg's --backend names the engine runtime; sessiongate's --backend is an engine URL "
     "(smg's --worker-urls)"
 )
+_POLICY = flag_of(EngineRoutingConfig, "policy")
+_ASSIGNMENT = flag_of(EngineRoutingConfig, "assignment_mode")
+_BACKEND = flag_of(EnginesConfig, "urls")
 SMG_VALUES: dict[tuple[str, str], str] = {
-    ("--policy", "passthrough"): "give one --backend URL",
-    ("--assignment-mode", "delegate"): "use random, min_load or min_group",
-    ("--backend", "sglang"): _RUNTIME,
-    ("--backend", "vllm"): _RUNTIME,
-    ("--backend", "openai"): _RUNTIME,
-    ("--backend", "anthropic"): _RUNTIME,
-    ("--backend", "tokenspeed"): _RUNTIME,
+    (_POLICY, "passthrough"): "give one --backend URL",
+    (_ASSIGNMENT, "delegate"): "use random, min_load or min_group",
+    **{(_BACKEND, runtime): _RUNTIME for runtime in ("sglang", "vllm", "openai", "anthropic")},
+    (_BACKEND, "tokenspeed"): _RUNTIME,
 }
 
 # smg serve spells every flag but these with a --router- prefix as well.
-_UNPREFIXED = frozenset({"--host", "--port", "--worker-urls", "--router-disable-arg-fallback"})
+_UNPREFIXED = frozenset(
+    {"--" + name for name in ("host", "port", "worker-urls", "router-disable-arg-fallback")}
+)
 _ROUTER = "--router-"
 
 
