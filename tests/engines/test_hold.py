@@ -189,3 +189,31 @@ def test_settle_waits_for_requests_picked_before_the_hold_to_be_written() -> Non
         await asyncio.wait_for(gate.settle(0.05), 1.0)
 
     asyncio.run(scenario())
+
+
+def test_an_engine_that_goes_down_is_no_longer_held() -> None:
+    """SGLang's `/ready` is 503 while it shuts down too: the engine looks paused, then is
+    gone. Requests must not wait for it: once its health probe fails it is released."""
+    health: list[str | None] = [None]
+
+    async def ready(url: str, timeout: float) -> bool | None:
+        return False
+
+    async def check(url: str, path: str, timeout: float) -> str | None:
+        return health[0]
+
+    async def scenario() -> None:
+        registry = EngineRegistry([A], checker=check, ready_checker=ready)
+        (engine,) = registry.listing()
+        engine.model_info = {"model_path": "m"}
+        await registry.probe_once()
+        assert engine.paused == OBSERVED and registry.held() == [A]
+        health[0] = "connection refused"
+        await registry.probe_once()
+        assert engine.paused is None and registry.held() == []
+        # A pause through the plane of an engine that then dies is released too.
+        await registry.pause(engine, "retract")
+        await registry.probe_once()
+        assert engine.paused is None
+
+    asyncio.run(scenario())

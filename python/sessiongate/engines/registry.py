@@ -414,6 +414,14 @@ class EngineRegistry:
                 self._learn_version(engine, result.model_info)
         if error is None:
             await self._observe_pause(engine)
+        elif engine.paused is not None and not engine.control_calls:
+            # A down engine is no longer paused for routing: the pools' health steers traffic
+            # off it, and held requests must not wait for an engine that is gone (SGLang's
+            # `/ready` is also 503 while it shuts down, which looks like a pause).
+            logger.warning("engine %s (%s) is down: no longer held", engine.id, engine.url)
+            engine.paused = None
+            engine.pause_epoch += 1
+            await self._hold_changed()
 
     # -- weight versions and pauses ----------------------------------------------------
 
