@@ -13,13 +13,13 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
+from support.http_stub import serving
 from support.procs import ServerProcess, free_port
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -88,17 +88,8 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@contextlib.contextmanager
-def stub_engine() -> Iterator[StubEngine]:
-    server = StubEngine()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+def stub_engine() -> contextlib.AbstractContextManager[StubEngine]:
+    return serving(StubEngine())
 
 
 def send(gw: ServerProcess, engines: list[StubEngine], n: int) -> list[int]:

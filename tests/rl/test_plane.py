@@ -21,6 +21,7 @@ from sessiongate.config.rl import RlConfig
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.protocol import CoreRequest, Op
 from sessiongate.rl.plane import PlaneError, RlPlane, engine_path, selector_fields, worker_row
+from support.http_stub import serving
 from support.procs import ServerProcess, free_port
 
 
@@ -120,11 +121,8 @@ def stand() -> Iterator[Stand]:
             "/continue_generation": (200, {"message": "Generation continued successfully."}),
         }
     )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with serving(server):
+        yield server
 
 
 def call(path: str, body: object, query: str = "") -> CoreRequest:

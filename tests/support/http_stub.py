@@ -9,7 +9,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypeVar
 
 
 class JsonStub(ThreadingHTTPServer):
@@ -43,10 +43,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+Server = TypeVar("Server", bound=ThreadingHTTPServer)
+
+
 @contextlib.contextmanager
-def json_stub(body: bytes = b'{"status":"ok"}') -> Iterator[JsonStub]:
-    """The stub serving until the block ends."""
-    server = JsonStub(body)
+def serving(server: Server) -> Iterator[Server]:
+    """`server` answering on a thread of its own until the block ends, then closed."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -55,3 +57,10 @@ def json_stub(body: bytes = b'{"status":"ok"}') -> Iterator[JsonStub]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def json_stub(body: bytes = b'{"status":"ok"}') -> Iterator[JsonStub]:
+    """The stub serving until the block ends."""
+    with serving(JsonStub(body)) as server:
+        yield server
