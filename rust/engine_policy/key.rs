@@ -15,6 +15,8 @@ pub struct Material {
     pub text: Vec<u32>,
     pub adapter: Option<Vec<u8>>,
     pub extra_key: Option<Vec<u8>>,
+    /// The request id (`rid`, a string), which sticky keys are read from.
+    pub rid: Option<Vec<u8>>,
 }
 
 const INPUT_IDS: usize = 0;
@@ -24,7 +26,8 @@ const MESSAGES: usize = 3;
 const LORA_PATH: usize = 4;
 const MODEL: usize = 5;
 const EXTRA_KEY: usize = 6;
-const NAMES: [&[u8]; 7] = [
+const RID: usize = 7;
+const NAMES: [&[u8]; 8] = [
     b"input_ids",
     b"prompt",
     b"text",
@@ -32,6 +35,7 @@ const NAMES: [&[u8]; 7] = [
     b"lora_path",
     b"model",
     b"extra_key",
+    b"rid",
 ];
 
 /// The key material of `body`; with `text_with_ids` false the text is left empty when the
@@ -47,7 +51,7 @@ fn read(body: &[u8], text_with_ids: bool) -> Scan<Material> {
         return Ok(Material::default());
     }
     // Where each member's value starts; a duplicate key's last value wins, as in json.loads.
-    let mut at: [Option<usize>; 7] = [None; 7];
+    let mut at: [Option<usize>; 8] = [None; 8];
     // The token ids of `input_ids` and `prompt`, read while validating (one pass over them).
     let mut ids_of: [Option<Vec<u32>>; 2] = [None, None];
     if !sc.object_start()? {
@@ -84,11 +88,15 @@ fn read(body: &[u8], text_with_ids: bool) -> Scan<Material> {
     let extra_key = at[EXTRA_KEY]
         .and_then(|p| string_at(body, p))
         .map(Cow::into_owned);
+    let rid = at[RID]
+        .and_then(|p| string_at(body, p))
+        .map(Cow::into_owned);
     Ok(Material {
         ids,
         text,
         adapter,
         extra_key,
+        rid,
     })
 }
 
@@ -238,7 +246,7 @@ fn push_piece(piece: &[u8], first: &mut bool, out: &mut Vec<u32>) {
 }
 
 /// `text`, else `prompt` (a string or strings), else the message contents.
-fn read_text(body: &[u8], fields: &[Option<usize>; 7], out: &mut Vec<u32>) -> Scan<()> {
+fn read_text(body: &[u8], fields: &[Option<usize>; 8], out: &mut Vec<u32>) -> Scan<()> {
     if let Some(text) = fields[TEXT].and_then(|p| string_at(body, p)) {
         push_code_points(&text, out);
         return Ok(());

@@ -23,6 +23,7 @@ mod power_of_two;
 mod prefix_hash;
 mod random;
 mod round_robin;
+mod sticky;
 mod tree;
 
 pub use key::{key_material, Material};
@@ -263,6 +264,8 @@ pub struct Options {
     pub prefix_token_count: u64,
     pub prefix_hash_load_factor: f64,
     pub prefix_hash_balance_abs_threshold: u64,
+    pub sticky_sessions: bool,
+    pub routing_key_headers: Vec<String>,
 }
 
 impl Default for Options {
@@ -286,6 +289,8 @@ impl Default for Options {
             prefix_token_count: 256,
             prefix_hash_load_factor: 1.25,
             prefix_hash_balance_abs_threshold: 10,
+            sticky_sessions: false,
+            routing_key_headers: vec![ROUTING_KEY_HEADER.to_string()],
         }
     }
 }
@@ -318,6 +323,19 @@ impl Options {
                 "unknown assignment_mode {:?}; expected one of random, min_load, min_group",
                 self.assignment_mode
             ));
+        }
+        if self.routing_key_headers.is_empty() {
+            return Err("routing_key_headers needs at least one header name".into());
+        }
+        for name in &self.routing_key_headers {
+            let token = |c: u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c);
+            if name.is_empty() || !name.bytes().all(token) {
+                // Quoted as JSON, as the twin quotes it.
+                let quoted = serde_json::to_string(name).unwrap_or_default();
+                return Err(format!(
+                    "routing_key_headers: {quoted} is not an HTTP header name"
+                ));
+            }
         }
         if !["index", "round_robin"].contains(&self.tie_break.as_str()) {
             return Err(format!(
@@ -400,10 +418,12 @@ pub fn make_policy(
     })
 }
 
-/// A policy and the engine states it decides on.
+/// A policy and the engine states it decides on, and the sticky keys over it when
+/// `sticky_sessions` applies to it.
 pub struct PolicyState {
     name: String,
     policy: Box<dyn Policy>,
+    sticky: Option<sticky::StickyKeys>,
     pub engines: EngineStates,
     options: Options,
 }
@@ -414,9 +434,18 @@ impl PolicyState {
     pub fn new(name: &str, urls: Vec<String>, options: Options) -> Result<Self, String> {
         options.check()?;
         let policy = make_policy(name, &options, urls.len())?;
+        let sticky =
+            (options.sticky_sessions && !sticky::OWN_KEY_POLICIES.contains(&name)).then(|| {
+                sticky::StickyKeys::new(
+                    &options.routing_key_headers,
+                    options.max_idle_secs,
+                    policy_reads_body(name) == Some(true),
+                )
+            });
         Ok(Self {
             name: name.to_string(),
             policy,
+            sticky,
             engines: EngineStates::new(urls),
             options,
         })
@@ -436,7 +465,7 @@ impl PolicyState {
         let trims = matches!(
             self.name.as_str(),
             "cache_aware" | "cache_aware_gateway" | "manual"
-        );
+        ) || self.sticky.is_some();
         (trims && self.options.eviction_interval_secs > 0)
             .then_some(self.options.eviction_interval_secs)
     }
@@ -448,9 +477,18 @@ impl PolicyState {
     /// `pick` for a request whose key material the caller may have read already (outside
     /// the lock a shared policy state sits behind: see `reads_body`).
     pub fn pick_request(&mut self, request: &Request<'_>) -> usize {
-        let index = self.policy.pick(request, &mut self.engines);
+        self.pick_keyed(request).0
+    }
+
+    /// The engine and the request's sticky key (None without sticky keys or without a key):
+    /// pass the key to `started` and `finished`.
+    pub fn pick_keyed(&mut self, request: &Request<'_>) -> (usize, Option<String>) {
+        let (index, key) = match self.sticky.as_mut() {
+            Some(sticky) => sticky.pick(request, &mut self.engines, self.policy.as_mut()),
+            None => (self.policy.pick(request, &mut self.engines), None),
+        };
         // A policy bug must not index out of bounds in the caller.
-        index.min(self.engines.len().saturating_sub(1))
+        (index.min(self.engines.len().saturating_sub(1)), key)
     }
 
     /// Whether the policy reads the engines' `GET /v1/loads` (`EngineRoutingConfig.reads_loads`):
@@ -469,12 +507,9 @@ impl PolicyState {
     /// for nearly every pick once engines report loads, so outside the lock too;
     /// power_of_two only when one of its two engines has a report (lazily, in the pick: an
     /// engine set that never reports pays nothing).
+    /// Sticky keys read the rid from the body whatever the policy.
     pub fn reads_body(&self) -> Option<bool> {
-        match self.name.as_str() {
-            "cache_aware" | "prefix_hash" | "least_load" => Some(false),
-            "cache_aware_gateway" => Some(true),
-            _ => None,
-        }
+        policy_reads_body(&self.name).or(self.sticky.is_some().then_some(false))
     }
 
     /// See `Policy::record`; an index out of range is ignored.
@@ -485,13 +520,25 @@ impl PolicyState {
         }
     }
 
-    pub fn started(&mut self, index: usize) {
+    /// The request's sticky key (what `pick_keyed` answers with the engine).
+    pub fn sticky_key(&self, request: &Request<'_>) -> Option<String> {
+        self.sticky.as_ref()?.key_of(request)
+    }
+
+    /// A request is sent to `index` (`key`: its sticky key from `pick_keyed`).
+    pub fn started(&mut self, index: usize, key: Option<&str>) {
         if let Some(n) = self.engines.in_flight.get_mut(index) {
             *n += 1;
+            if let (Some(key), Some(sticky)) = (key, self.sticky.as_mut()) {
+                sticky.started(key, index);
+            }
         }
     }
 
-    pub fn finished(&mut self, index: usize) {
+    pub fn finished(&mut self, index: usize, key: Option<&str>) {
+        if let (Some(key), Some(sticky)) = (key, self.sticky.as_mut()) {
+            sticky.finished(key, index);
+        }
         let engines = &mut self.engines;
         if let (Some(n), Some(work)) = (
             engines.in_flight.get_mut(index),
@@ -530,6 +577,19 @@ impl PolicyState {
 
     pub fn evict(&mut self, now: f64) {
         self.policy.evict(now);
+        if let Some(sticky) = self.sticky.as_mut() {
+            sticky.evict(now);
+        }
+    }
+}
+
+/// Whether policy `name` reads the body's key material, and with the text when the body has
+/// token ids: see `PolicyState::reads_body`.
+fn policy_reads_body(name: &str) -> Option<bool> {
+    match name {
+        "cache_aware" | "prefix_hash" | "least_load" => Some(false),
+        "cache_aware_gateway" => Some(true),
+        _ => None,
     }
 }
 
@@ -584,23 +644,41 @@ impl PyEnginePolicy {
         self.state.pick(&headers, body)
     }
 
+    fn pick_keyed(
+        &mut self,
+        headers: Vec<(String, String)>,
+        body: &[u8],
+    ) -> (usize, Option<String>) {
+        self.state.pick_keyed(&Request::new(&headers, body))
+    }
+
+    fn sticky_key(&self, headers: Vec<(String, String)>, body: &[u8]) -> Option<String> {
+        self.state.sticky_key(&Request::new(&headers, body))
+    }
+
     fn record(&mut self, index: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<()> {
         let index = self.check(index)?;
         self.state.record(index, &headers, body);
         Ok(())
     }
 
-    fn started(&mut self, index: i64) -> PyResult<()> {
+    #[pyo3(signature = (index, key = None))]
+    fn started(&mut self, index: i64, key: Option<&str>) -> PyResult<()> {
         let index = self.check(index)?;
-        self.state.started(index);
+        self.state.started(index, key);
         Ok(())
     }
 
-    #[pyo3(signature = (index, cached_tokens = None))]
-    fn finished(&mut self, index: i64, cached_tokens: Option<i64>) -> PyResult<()> {
+    #[pyo3(signature = (index, cached_tokens = None, key = None))]
+    fn finished(
+        &mut self,
+        index: i64,
+        cached_tokens: Option<i64>,
+        key: Option<&str>,
+    ) -> PyResult<()> {
         let _ = cached_tokens; // accepted for the callers' accounting; no policy uses it yet
         let index = self.check(index)?;
-        self.state.finished(index);
+        self.state.finished(index, key);
         Ok(())
     }
 

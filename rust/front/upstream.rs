@@ -405,16 +405,18 @@ impl Pool {
             // The scan of a large body must not hold the other front threads up.
             view.material(text_with_ids);
         }
-        let index = lock(&self.state).pick_request(&view);
-        self.in_flight(index)
+        let (index, key) = lock(&self.state).pick_keyed(&view);
+        self.in_flight(index, key)
     }
 
-    fn in_flight(self: &Arc<Self>, index: usize) -> InFlight {
-        lock(&self.state).started(index);
+    /// `key`: the request's sticky key, counted on the engine with it.
+    fn in_flight(self: &Arc<Self>, index: usize, key: Option<String>) -> InFlight {
+        lock(&self.state).started(index, key.as_deref());
         self.upstreams[index].sent.fetch_add(1, Relaxed);
         InFlight {
             pool: Arc::clone(self),
             index,
+            key,
         }
     }
 
@@ -494,6 +496,7 @@ impl Pool {
                 Err(Failure::Connect(_)) => true,
             };
             self.upstreams[index].retries.fetch_add(1, Relaxed);
+            let key = guard.key.clone();
             drop(guard);
             let delay = self.reliability.backoff_ms(attempt, jitter_sample());
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -502,7 +505,7 @@ impl Pool {
             // wherever the policy picks now.
             let elsewhere = connect_failed.then(|| self.retry_target(index)).flatten();
             guard = match elsewhere {
-                Some(retry) => self.in_flight(retry),
+                Some(retry) => self.in_flight(retry, key),
                 None => self.pick(&headers, &body),
             };
         }
@@ -568,11 +571,12 @@ impl Pool {
 pub struct InFlight {
     pool: Arc<Pool>,
     index: usize,
+    key: Option<String>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        lock(&self.pool.state).finished(self.index);
+        lock(&self.pool.state).finished(self.index, self.key.as_deref());
     }
 }
 

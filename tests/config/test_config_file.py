@@ -84,9 +84,15 @@ def test_print_config_shows_the_files_values_and_the_flags_win(tmp_path: Path) -
     assert effective["records"]["dir"] == str(tmp_path / "records")
     assert effective["workers"]["count"] == 1
     # Options the file left out keep their defaults; the routing table is the chosen
-    # policy's variant (round_robin reads no tunable).
+    # policy's variant (round_robin reads no tunable of its own, only the sticky keys').
     assert effective["engines"]["reliability"]["cb_failure_threshold"] == 10
-    assert set(effective["engines"]["routing"]) == {"policy"}
+    assert set(effective["engines"]["routing"]) == {
+        "policy",
+        "sticky_sessions",
+        "routing_key_headers",
+        "max_idle_secs",
+        "eviction_interval_secs",
+    }
     # Reading the printed file back gives the same configuration.
     again = tmp_path / "again.toml"
     again.write_text(shown.stdout)

@@ -57,7 +57,6 @@ def test_the_table_agrees_with_serves_parser() -> None:
         (["--max-payload-size", "1024"], "equivalent is --max-body-bytes BYTES"),
         # Was an ambiguous prefix of --chat-template-kwargs and --chat-template-path.
         (["--chat-template", "t.jinja"], "equivalent is --chat-template-path FILE"),
-        (["--sticky-key-idle-secs", "60"], "equivalent is --max-idle-secs SECONDS"),
         # smg serve's --router- spellings.
         (["--router-policy", "round_robin"], "--router-policy is smg serve's; sessiongate's "
          "equivalent is --policy"),
@@ -76,9 +75,6 @@ def test_renamed_flags_name_sessiongates_option(
         (["--pd-disaggregation"], "--pd-disaggregation is smg's and not served by sessiongate: "
          "prefill-decode disaggregation"),
         (["--prefill", "http://p:1", "9000"], "prefill-decode disaggregation"),
-        (["--sticky-sessions"], "--sticky-sessions is smg's and not served by sessiongate: "
-         "sticky sessions"),
-        (["--routing-key-headers", "x-a", "x-b"], "not served by sessiongate: sticky sessions"),
         (["--disable-load-monitoring"], "not served by sessiongate: smg's load monitor"),
         (["--worker-overload-shed"], "worker overload protection"),
         (["--redis-url", "redis://r:6379"], "(Redis)"),
@@ -107,7 +103,9 @@ def test_served_smg_flags_still_parse() -> None:
             "--eviction-interval", "30", "--max-tree-size", "1000",
             "--retry-max-retries", "3", "--cb-failure-threshold", "4",
             "--health-check-timeout-secs", "2", "--enable-rl", "--rl-fanout-concurrency", "8",
-            "--log-level", "info", "--api-key", "k",
+            "--log-level", "info", "--api-key", "k", "--sticky-sessions",
+            "--routing-key-headers", "X-Session", "x-b", "--routing-key-headers", "x-c",
+            "--sticky-key-idle-secs", "600",
         ]
     )  # fmt: skip
     config = config_from_args(args, "serve")
@@ -117,6 +115,9 @@ def test_served_smg_flags_still_parse() -> None:
     assert config.engines.reliability.retry_max_retries == 3
     assert config.engines.urls == ("http://e:1",)
     assert config.rl.enable_rl and config.rl.fanout_concurrency == 8
+    # smg's sticky sessions: the first use of the list replaces the default, later ones add.
+    assert routing.sticky_sessions and routing.max_idle_secs == 600
+    assert routing.routing_key_headers == ("X-Session", "x-b", "x-c")
 
 
 def test_a_flag_smg_never_had_keeps_argparses_error(capsys: pytest.CaptureFixture[str]) -> None:

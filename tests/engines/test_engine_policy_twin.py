@@ -24,6 +24,10 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 URLS = ["http://e0:1", "http://e1:2", "http://e2:3", "http://e3:4", "http://e4:5"]
 
 texts = st.text(alphabet="ab\u00e9\U0001f600", max_size=12)
+RIDS = [
+    "conv", "conv_t1", "conv_t2_r1", "conv_r3", "conv_r1_t2", "conv_t", "_t1", "_t1_r2",
+    "k1_t2", "d\u00e9j\u00e0_t1", "c\ud800_t1", "", "x" * 128 + "_t1", "x" * 129, 7, ["conv"],
+]  # fmt: skip
 id_lists = st.lists(st.integers(0, 4), max_size=14)
 adapters = st.none() | st.sampled_from(["lora-a", "lora-b"])
 
@@ -91,6 +95,10 @@ def bodies(draw: st.DrawFn) -> bytes:
     extra = draw(st.none() | st.sampled_from(["k1", "k2"]))
     if extra is not None:
         doc["extra_key"] = extra
+    # Request ids with smg's lineage suffixes (sticky keys), odd ones and non-strings.
+    rid = draw(st.none() | st.sampled_from(RIDS))
+    if rid is not None:
+        doc["rid"] = rid
     return _dumps(doc, draw(st.booleans()))
 
 
@@ -101,12 +109,15 @@ headers = st.lists(
                 "X-SMG-Routing-Key",
                 "x-smg-routing-key",
                 "X-SMG-Target-Worker",
+                "X-Session",
                 "Authorization",
                 "Cookie",
                 "X-Other",
             ]
         ),
-        st.sampled_from(["", "k1", "k2", "k3", "0", "1", "3", "9", "x"]),
+        st.sampled_from(
+            ["", "k1", "k2", "k3", "0", "1", "3", "9", "x", "k1_t2", "k2_r1", "x" * 129]
+        ),
     ),
     max_size=3,
 )
@@ -155,6 +166,10 @@ def options(draw: st.DrawFn) -> dict[str, object]:
         "prefix_token_count": draw(st.integers(1, 6)),
         "prefix_hash_load_factor": draw(st.floats(1.0, 3.0)),
         "prefix_hash_balance_abs_threshold": draw(st.integers(0, 3)),
+        "sticky_sessions": draw(st.booleans()),
+        "routing_key_headers": draw(
+            st.sampled_from([["x-smg-routing-key"], ["X-Session", "x-smg-routing-key"]])
+        ),
     }
 
 
@@ -167,20 +182,26 @@ def test_rust_and_python_pick_alike(
     urls = URLS[:engines]
     rust, py = RUST(name, urls, opts), PY(name, urls, opts)
     clock = 0.0
+    running: list[tuple[int, str | None]] = []  # requests started, with their sticky keys
     for op in script:
         if op[0] == "pick":
             _, hdrs, body, start = op
-            picked = rust.pick(hdrs, body)
-            assert picked == py.pick(hdrs, body), (hdrs, body)
+            assert rust.sticky_key(hdrs, body) == py.sticky_key(hdrs, body), (hdrs, body)
+            picked, key = rust.pick_keyed(hdrs, body)
+            assert (picked, key) == py.pick_keyed(hdrs, body), (hdrs, body)
             assert 0 <= picked < engines
             if start:
-                rust.started(picked)
-                py.started(picked)
+                rust.started(picked, key)
+                py.started(picked, key)
+                running.append((picked, key))
         elif op[1] >= engines:
             continue
         elif op[0] == "finished":
-            rust.finished(op[1])
-            py.finished(op[1])
+            ended = next((r for r in running if r[0] == op[1]), (op[1], None))
+            if ended in running:
+                running.remove(ended)
+            rust.finished(op[1], None, ended[1])
+            py.finished(op[1], None, ended[1])
         elif op[0] == "record":
             rust.record(op[1], op[2], op[3])
             py.record(op[1], op[2], op[3])

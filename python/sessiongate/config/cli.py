@@ -78,6 +78,15 @@ class _Append(_Noted):
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
 
 
+class _Extend(_Noted):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        given = self.dest in getattr(namespace, _GIVEN, ())
+        self.note(namespace)
+        # The first use replaces the default; later ones add to it.
+        before = getattr(namespace, self.dest, None) if given else None
+        setattr(namespace, self.dest, [*(before or []), *values])
+
+
 class _Const(_Noted):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
         kwargs["nargs"] = 0
@@ -164,7 +173,9 @@ def _argument(leaf: Leaf, command: str) -> dict[str, Any]:
     elif meta.kind == "negated":
         kwargs["action"], kwargs["const"] = _Const, False
     else:
-        kwargs["action"] = _Append if meta.kind == "append" else _Store
+        kwargs["action"] = {"append": _Append, "list": _Extend}.get(meta.kind, _Store)
+        if meta.kind == "list":
+            kwargs["nargs"] = "+"
         kwargs["type"] = meta.parse
         # As argparse names a value after its flag (the dest is the configuration key).
         kwargs["metavar"] = meta.metavar or meta.flag.lstrip("-").upper().replace("-", "_")

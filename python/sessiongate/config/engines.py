@@ -11,6 +11,7 @@ docs/reliability.md, "Engine-facing retries and the circuit breaker".
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -51,7 +52,7 @@ _EXPECTED_WAIT_TUNABLES = (
     "least_load_mean_prefill_tokens",
     "load_monitor_interval",
 )
-POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
+_OWN_TUNABLES: dict[str, tuple[str, ...]] = {
     "round_robin": (),
     "random": ("seed",),
     "power_of_two": ("seed", "power_of_two_load_metric", *_EXPECTED_WAIT_TUNABLES),
@@ -67,7 +68,23 @@ POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
         "prefix_hash_balance_abs_threshold",
     ),
 }
-# The policies that keep state a periodic `evict` trims.
+# --sticky-sessions over every policy but the two that route on a key of their own.
+_STICKY_TUNABLES = (
+    "sticky_sessions",
+    "routing_key_headers",
+    "max_idle_secs",
+    "eviction_interval_secs",
+)
+OWN_KEY_POLICIES = frozenset({"manual", "consistent_hashing"})
+POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
+    name: tuple(dict.fromkeys(own + (() if name in OWN_KEY_POLICIES else _STICKY_TUNABLES)))
+    for name, own in _OWN_TUNABLES.items()
+}
+# The header smg's manual policy and sticky sessions read a routing key from.
+ROUTING_KEY_HEADER = "x-smg-routing-key"
+# What an HTTP header name is made of (RFC 9110's token).
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+# The policies that keep state a periodic `evict` trims (and any with --sticky-sessions).
 EVICTING_POLICIES = frozenset({"cache_aware", "cache_aware_gateway", "manual"})
 # The policies that read the engines' `GET /v1/loads` (polled every load_monitor_interval).
 LOAD_READING_POLICIES = frozenset({"least_load", "power_of_two"})
@@ -150,10 +167,31 @@ class EngineRoutingConfig:
     )
     max_idle_secs: int = option(
         "--max-idle-secs",
+        "--sticky-key-idle-secs",
         default=14_400,
         parse=int,
         metavar="SECONDS",
-        help="manual: forget routing keys unused this long (14400; 0 = never)",
+        help="manual, --sticky-sessions: forget routing keys unused this long (14400; "
+        "0 = never)",
+    )
+    # smg 1.13's routing-key override, with its names (router_args.py); sticky.py.
+    sticky_sessions: bool = option(
+        "--sticky-sessions",
+        "--routing-key-override",
+        default=False,
+        kind="switch",
+        help="every policy but manual and consistent_hashing: pin each routing key (the "
+        "body's rid without its _r<n> and _t<n> suffixes, else --routing-key-headers) to "
+        "the engine its first request went to; a key with 2 requests in flight there "
+        "spills to the policy's pick",
+    )
+    routing_key_headers: tuple[str, ...] = option(
+        "--routing-key-headers",
+        default=(ROUTING_KEY_HEADER,),
+        kind="list",
+        metavar="NAME",
+        help="--sticky-sessions: headers read, in order, for a request without a rid; the "
+        f"first holding 1 to 128 bytes of UTF-8 wins ({ROUTING_KEY_HEADER})",
     )
     tie_break: str = option(
         "--tie-break",
@@ -269,6 +307,12 @@ class EngineRoutingConfig:
             )
         if self.max_idle_secs < 0:
             return f"max_idle_secs must be >= 0, got {self.max_idle_secs}"
+        if not self.routing_key_headers:
+            return "routing_key_headers needs at least one header name"
+        for name in self.routing_key_headers:
+            if not (name and name.isascii() and all(c in _TOKEN_CHARS for c in name)):
+                quoted = json.dumps(name, ensure_ascii=False)
+                return f"routing_key_headers: {quoted} is not an HTTP header name"
         if self.tie_break not in TIE_BREAKS:
             return f"unknown tie_break {self.tie_break!r}; expected one of {', '.join(TIE_BREAKS)}"
         if not (
@@ -324,7 +368,8 @@ class EngineRoutingConfig:
     @property
     def evicts(self) -> bool:
         """Whether a periodic `evict` has anything to do."""
-        return self.policy in EVICTING_POLICIES and self.eviction_interval_secs > 0
+        keeps = self.policy in EVICTING_POLICIES or self.sticky_sessions
+        return keeps and self.eviction_interval_secs > 0
 
 
 @section(

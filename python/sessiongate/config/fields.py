@@ -22,8 +22,9 @@ ONLY_SERVE = frozenset({SERVE})
 ONLY_WORKER = frozenset({WORKER})
 
 # value: `--flag VALUE`; switch: `--flag` sets True; negated: `--flag` sets False;
-# append: `--flag VALUE` repeatable, a list.
-Kind = Literal["value", "switch", "negated", "append"]
+# append: `--flag VALUE` repeatable, a list; list: `--flag VALUE...` (one or more values,
+# repeatable), a list that replaces the default.
+Kind = Literal["value", "switch", "negated", "append", "list"]
 
 
 class ConfigError(ValueError):
@@ -36,7 +37,7 @@ class Option:
     help: str
     commands: frozenset[str]
     kind: Kind = "value"
-    # How a command-line string becomes the value (`value` and `append` kinds).
+    # How a command-line string becomes the value (`value`, `append` and `list` kinds).
     parse: Callable[[str], Any] = str
     metavar: str | None = None
     choices: tuple[str, ...] | None = None

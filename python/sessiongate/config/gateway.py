@@ -122,7 +122,7 @@ def coerce(key: str, field_: dataclasses.Field[Any], value: Any, where: str) -> 
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: {key}{flag} must be true or false, got {value!r}")
         return value
-    if meta.kind == "append":
+    if meta.kind in ("append", "list"):
         if isinstance(value, str) or not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: {key}{flag} must be a list of strings, got {value!r}")
         if not all(isinstance(item, str) for item in value):

@@ -44,6 +44,10 @@ SMG_SERVED: frozenset[str] = frozenset(
         "eviction-interval-secs",
         "max-tree-size",
         "max-idle-secs",
+        "sticky-key-idle-secs",
+        "sticky-sessions",
+        "routing-key-override",
+        "routing-key-headers",
         "assignment-mode",
         "enable-rl",
         "rl-control-timeout-secs",
@@ -90,8 +94,6 @@ SMG_RENAMED: dict[str, str] = {
     "--model": "--tokenizer DIR (a local Hugging Face tokenizer directory)",
     "--tokenizer-path": "--tokenizer DIR (a local Hugging Face tokenizer directory)",
     "--chat-template": "--chat-template-path FILE",
-    "--sticky-key-idle-secs": "--max-idle-secs SECONDS (idle routing keys of --policy manual; "
-    "smg's sticky sessions are not served)",
     "--control-plane-api-keys": "--admin-key KEY (one key for the management routes; key "
     "ids and roles are not served)",
 }
@@ -114,10 +116,6 @@ _AUTH = "JWT/OIDC authentication"
 _MESH = "the HA mesh"
 _TRACING = "tracing (OpenTelemetry)"
 _TLS = "TLS (terminate it in front of the gateway)"
-_STICKY = (
-    "sticky sessions (sessions pin their family to one engine; --policy manual sticks by "
-    "X-SMG-Routing-Key)"
-)
 _DP = "data-parallel-aware scheduling"
 
 # smg flag -> why sessiongate does not serve it.
@@ -159,9 +157,6 @@ SMG_NOT_SERVED: dict[str, str] = {
     "--pd-admission-wait-secs": _PD,
     "--sse-keepalive-secs": "SSE keep-alive frames",
     "--dp-aware": _DP,
-    "--routing-key-override": _STICKY,
-    "--sticky-sessions": _STICKY,
-    "--routing-key-headers": _STICKY,
     "--dp-minimum-tokens-scheduler": _DP,
     "--enable-igw": "multi-model (IGW) mode",
     "--pd-disaggregation": _PD,
@@ -303,7 +298,8 @@ _ASSIGNMENT = flag_of(EngineRoutingConfig, "assignment_mode")
 _BACKEND = flag_of(EnginesConfig, "urls")
 SMG_VALUES: dict[tuple[str, str], str] = {
     (_POLICY, "passthrough"): "give one --backend URL",
-    (_ASSIGNMENT, "delegate"): "use random, min_load or min_group",
+    (_ASSIGNMENT, "delegate"): "use random, min_load or min_group (--sticky-sessions always "
+    "places a new key where the policy picks, as delegate does)",
     **{(_BACKEND, runtime): _RUNTIME for runtime in ("sglang", "vllm", "openai", "anthropic")},
     (_BACKEND, "tokenspeed"): _RUNTIME,
 }

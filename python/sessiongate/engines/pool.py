@@ -118,10 +118,18 @@ class NoEngine:
     def record(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
         pass
 
-    def started(self, index: int) -> None:
+    def pick_keyed(self, headers: list[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
+        raise Unavailable(NO_ENGINE)
+
+    def sticky_key(self, headers: list[tuple[str, str]], body: bytes) -> str | None:
+        return None
+
+    def started(self, index: int, key: str | None = None) -> None:
         pass
 
-    def finished(self, index: int, cached_tokens: int | None = None) -> None:
+    def finished(
+        self, index: int, cached_tokens: int | None = None, key: str | None = None
+    ) -> None:
         pass
 
     def set_healthy(self, index: int, healthy: bool) -> None:
@@ -631,17 +639,18 @@ class EnginePool:
         headers: Iterable[tuple[str, str]] = (),
     ) -> EngineReply:
         header_list = list(headers)
+        key = self.engine_policy.sticky_key(header_list, body)
 
         async def send(index: int) -> EngineReply:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
-            policy.started(index)
+            policy.started(index, key)
             self.sent[self.urls[index]] += 1
             written = self.hold.sending(self.urls[index])
             try:
                 return await self._post_json(index, path, body, header_list, written)
             finally:
                 written()
-                policy.finished(index)
+                policy.finished(index, None, key)
 
         async def discard(reply: EngineReply) -> None:
             pass
@@ -684,13 +693,14 @@ class EnginePool:
         body: bytes = b"",
     ) -> EngineStream:
         header_list = list(headers)
+        key = self.engine_policy.sticky_key(header_list, body)
 
         async def attempt(index: int) -> EngineStream:
             client = self.clients[index]
             # In flight from the request until its stream is closed; on the policy of this
             # moment (a change of the engine set builds a new one).
             policy = self.engine_policy
-            policy.started(index)
+            policy.started(index, key)
             self.sent[client.base_url] += 1
             written = self.hold.sending(client.base_url)
             try:
@@ -699,11 +709,11 @@ class EnginePool:
                 )
             except BaseException as exc:
                 written()
-                policy.finished(index)
+                policy.finished(index, None, key)
                 if isinstance(exc, EngineTransportError):
                     self._transport_failed(client, exc)
                 raise
-            stream.exchange.callback(policy.finished, index)
+            stream.exchange.callback(policy.finished, index, None, key)
             self._answered_by(client, stream.status)
             return stream
 

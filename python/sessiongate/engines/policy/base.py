@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import NamedTuple, Protocol
 
-ROUTING_KEY_HEADER = "x-smg-routing-key"
+# Declared with the option that names it; the policies read it from here.
+from sessiongate.config.engines import ROUTING_KEY_HEADER as ROUTING_KEY_HEADER
+
 TARGET_WORKER_HEADER = "x-smg-target-worker"
 # The headers consistent_hashing reads a key from when the request names none (the Gateway's).
 IMPLICIT_KEY_HEADERS = ("authorization", "x-forwarded-for", "cookie")
@@ -40,12 +42,14 @@ class KeyMaterial:
     `text`, else `prompt` (a string, or strings joined by a space), else the message contents
     (strings and the `text` of content parts, joined by a space), else "". `adapter`: the LoRA
     adapter (`lora_path`, or a `model` of the form `base:adapter`). `extra_key`: SGLang's
-    cache-isolation key."""
+    cache-isolation key. `rid`: the request id SGLang takes (`rid`, a string), which
+    sticky sessions read a routing key from."""
 
     ids: list[int] | None = None
     text: str = ""
     adapter: str | None = None
     extra_key: str | None = None
+    rid: str | None = None
 
 
 EMPTY = KeyMaterial()
@@ -104,11 +108,13 @@ def key_material(body: bytes) -> KeyMaterial:
     else:
         adapter = None
     extra_key = doc.get("extra_key")
+    rid = doc.get("rid")
     return KeyMaterial(
         ids=ids,
         text=_text(doc),
         adapter=adapter,
         extra_key=extra_key if isinstance(extra_key, str) else None,
+        rid=rid if isinstance(rid, str) else None,
     )
 
 

@@ -6,6 +6,10 @@ policy cannot see: a request sent (`started`) and done (`finished`), an engine's
 reported load (`set_load`: a `/get_load` figure; `set_loads`: what `GET /v1/loads` said, a
 `LoadReport` of the figures summed over the engine's DP ranks, or None once it is unknown or
 too old), and the time for `evict`.
+
+With `sticky_sessions`, picks go through the sticky keys first (`sticky.py`); `pick_keyed`
+answers the key too, and the caller passes it to `started` and `finished` so that the key's
+requests in flight are counted.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from sessiongate.engines.policy.cache_aware import CacheAware
 from sessiongate.engines.policy.factory import make_policy
 from sessiongate.engines.policy.least_load import LeastLoad
 from sessiongate.engines.policy.power_of_two import PowerOfTwo
+from sessiongate.engines.policy.sticky import OWN_KEY_POLICIES, StickyKeys, sticky_key
 
 
 class EnginePolicy:
@@ -36,6 +41,11 @@ class EnginePolicy:
         self.config = config
         self.engines = EngineStates(engines)
         self.policy = make_policy(config, len(engines))
+        self.sticky = (
+            StickyKeys(config.routing_key_headers, config.max_idle_secs)
+            if config.sticky_sessions and config.policy not in OWN_KEY_POLICIES
+            else None
+        )
 
     @property
     def name(self) -> str:
@@ -51,7 +61,24 @@ class EnginePolicy:
 
     def pick(self, headers: Sequence[tuple[str, str]], body: bytes) -> int:
         """The engine for a request with these headers and body."""
-        return self.policy.pick(RoutingRequest(headers, body), self.engines)
+        return self.pick_keyed(headers, body)[0]
+
+    def pick_keyed(
+        self, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> tuple[int, str | None]:
+        """The engine for a request and its sticky key (None without sticky sessions or
+        without a key): pass the key to `started` and `finished`."""
+        request = RoutingRequest(headers, body)
+        if self.sticky is None:
+            return self.policy.pick(request, self.engines), None
+        return self.sticky.pick(request, self.engines, self.policy)
+
+    def sticky_key(self, headers: Sequence[tuple[str, str]], body: bytes) -> str | None:
+        """The request's sticky key (what `pick_keyed` answers with the engine), None without
+        sticky sessions or without a key."""
+        if self.sticky is None:
+            return None
+        return sticky_key(RoutingRequest(headers, body), self.sticky.header_names)
 
     def record(self, index: int, headers: Sequence[tuple[str, str]], body: bytes) -> None:
         """A request with these headers and body went to engine `index` without a pick (a
@@ -62,14 +89,22 @@ class EnginePolicy:
         if isinstance(self.policy, CacheAware | LeastLoad | PowerOfTwo):
             self.policy.record(index, RoutingRequest(headers, body), self.engines)
 
-    def started(self, index: int) -> None:
+    def started(self, index: int, key: str | None = None) -> None:
+        """A request is sent to `index` (`key`: its sticky key from `pick_keyed`)."""
         self._check(index)
         self.engines.in_flight[index] += 1
+        if key is not None and self.sticky is not None:
+            self.sticky.started(key, index)
 
-    def finished(self, index: int, cached_tokens: int | None = None) -> None:
+    def finished(
+        self, index: int, cached_tokens: int | None = None, key: str | None = None
+    ) -> None:
         """A request on `index` is done (`cached_tokens`, when the reply said, is accepted
-        for the callers' accounting; no policy decides on it yet)."""
+        for the callers' accounting; no policy decides on it yet; `key`: the sticky key it
+        started with)."""
         self._check(index)
+        if key is not None and self.sticky is not None:
+            self.sticky.finished(key, index)
         engines = self.engines
         running = engines.in_flight[index]
         # Which request ended is not known: take off the engine's mean work per request,
@@ -122,3 +157,5 @@ class EnginePolicy:
     def evict(self, now: float) -> None:
         """Trim the policy's state (`now`: seconds on a monotonic clock)."""
         self.policy.evict(now)
+        if self.sticky is not None:
+            self.sticky.evict(now)
