@@ -83,7 +83,9 @@ POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
 # The header smg's manual policy and sticky sessions read a routing key from.
 ROUTING_KEY_HEADER = "x-smg-routing-key"
 # What an HTTP header name is made of (RFC 9110's token).
-_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
 # The policies that keep state a periodic `evict` trims (and any with --sticky-sessions).
 EVICTING_POLICIES = frozenset({"cache_aware", "cache_aware_gateway", "manual"})
 # The policies that read the engines' `GET /v1/loads` (polled every load_monitor_interval).
