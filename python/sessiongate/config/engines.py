@@ -173,8 +173,7 @@ class EngineRoutingConfig:
         default=14_400,
         parse=int,
         metavar="SECONDS",
-        help="manual, --sticky-sessions: forget routing keys unused this long (14400; "
-        "0 = never)",
+        help="manual, --sticky-sessions: forget routing keys unused this long (14400; 0 = never)",
     )
     # smg 1.13's routing-key override, with its names (router_args.py); sticky.py.
     sticky_sessions: bool = option(

@@ -63,9 +63,7 @@ class EnginePolicy:
         """The engine for a request with these headers and body."""
         return self.pick_keyed(headers, body)[0]
 
-    def pick_keyed(
-        self, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> tuple[int, str | None]:
+    def pick_keyed(self, headers: Sequence[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
         """The engine for a request and its sticky key (None without sticky sessions or
         without a key): pass the key to `started` and `finished`."""
         request = RoutingRequest(headers, body)
