@@ -1,0 +1,151 @@
+"""--sticky-sessions end to end: smg's key rules through the compiled front (its Rust policy)
+and the Python front (the in-process pool, or a worker's), over round robin so that every
+placement without a pin is known in advance.
+
+The engines are stubs that count posts and hold a request whose prompt says "hold" until the
+test releases it, so the requests a key has in flight are known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from support.http_stub import serving
+from support.procs import ServerProcess, free_port
+
+# Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
+pytestmark = pytest.mark.procs
+
+REPLY = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "stub",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
+LAYOUTS = [("compiled", "0"), ("python", "0"), ("python", "1")]
+
+
+class StubEngine(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.rids: list[str | None] = []
+        self.release = threading.Event()
+        self.held = threading.Semaphore(0)
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: StubEngine
+
+    def _send(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._send(b"{}")
+
+    def do_POST(self) -> None:
+        doc = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        with self.server.lock:
+            self.server.rids.append(doc.get("rid"))
+        if "hold" in json.dumps(doc.get("messages")):
+            self.server.held.release()
+            self.server.release.wait(30)
+        self._send(REPLY)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def gateway(front: str, layout: str, *extra: str) -> Any:
+    with serving(StubEngine("a")) as a, serving(StubEngine("b")) as b:
+        try:
+            port = free_port()
+            argv = ["serve", "--port", str(port), "--workers", layout, "--front", front]
+            argv += ["--backend", a.url, "--backend", b.url, "--policy", "round_robin"]
+            argv += ["--sticky-sessions", *extra]
+            with ServerProcess(argv, port, timeout=60) as gw:
+                yield gw, {a.name: a, b.name: b}
+        finally:
+            a.release.set()
+            b.release.set()
+
+
+def ask(gw: ServerProcess, rid: str | None, text: str = "q", **headers: str) -> None:
+    body: dict[str, object] = {"messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    if rid is not None:
+        body["rid"] = rid
+    reply = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert reply.status_code == 200, reply.text
+
+
+def where(engines: dict[str, StubEngine], rid: str) -> list[str]:
+    return [name for name, e in engines.items() for r in e.rids if r == rid]
+
+
+@pytest.mark.parametrize(("front", "layout"), LAYOUTS)
+def test_a_conversation_stays_and_spills_past_two_in_flight(front: str, layout: str) -> None:
+    with gateway(front, layout) as (gw, engines):
+        # Round robin would alternate; every turn and retry of `conv` stays where it began.
+        for rid in ("conv_t1", "conv_t2", "conv_t2_r1", "conv_t3", "conv"):
+            ask(gw, rid)
+        home = where(engines, "conv_t1")[0]
+        for rid in ("conv_t2", "conv_t2_r1", "conv_t3", "conv"):
+            assert where(engines, rid) == [home], rid
+        other = next(name for name in engines if name != home)
+        # Two of the key's requests held on its engine: the third goes where round robin
+        # picks (the other engine, as only new keys and spills advance it), and the pin
+        # follows it there.
+        with ThreadPoolExecutor(2) as pool:
+            held = [pool.submit(ask, gw, f"conv_t{4 + i}", "hold") for i in range(2)]
+            for _ in held:
+                assert engines[home].held.acquire(timeout=20)
+            ask(gw, "conv_t6")
+            engines[home].release.set()
+            for future in held:
+                future.result(timeout=30)
+        assert where(engines, "conv_t6") == [other]
+        ask(gw, "conv_t7")
+        assert where(engines, "conv_t7") == [other]
+
+
+@pytest.mark.parametrize(("front", "layout"), LAYOUTS)
+def test_a_header_key_without_a_rid_and_idle_keys_forgotten(front: str, layout: str) -> None:
+    extra = ["--routing-key-headers", "X-Session", "--sticky-key-idle-secs", "1"]
+    with gateway(front, layout, *extra, "--eviction-interval-secs", "1") as (gw, engines):
+        for turn in range(4):
+            ask(gw, None, f"t{turn}", **{"X-Session": f"agent7_t{turn}"})
+        counts = {name: len(e.rids) for name, e in engines.items()}
+        assert sorted(counts.values()) == [0, 4], counts  # one engine took all four
+        home = max(counts, key=lambda name: counts[name])
+        # Unused past --sticky-key-idle-secs: forgotten at a trim; round robin (advanced
+        # once, by the key's first request) places it on the other engine now.
+        time.sleep(3.0)
+        ask(gw, None, "again", **{"X-Session": "agent7"})
+        assert len(engines[home].rids) == 4
