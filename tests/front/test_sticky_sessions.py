@@ -37,7 +37,7 @@ REPLY = json.dumps(
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     }
 ).encode()
-LAYOUTS = [("compiled", "0"), ("python", "0"), ("python", "1")]
+LAYOUTS = [("compiled", "0"), ("python", "0"), ("python", "1"), ("python", "2")]
 
 
 class StubEngine(ThreadingHTTPServer):

@@ -367,9 +367,14 @@ class EngineRoutingConfig:
         return self.policy in LOAD_READING_POLICIES
 
     @property
+    def sticks(self) -> bool:
+        """Whether sticky keys apply: --sticky-sessions over a policy without its own key."""
+        return self.sticky_sessions and self.policy not in OWN_KEY_POLICIES
+
+    @property
     def evicts(self) -> bool:
         """Whether a periodic `evict` has anything to do."""
-        keeps = self.policy in EVICTING_POLICIES or self.sticky_sessions
+        keeps = self.policy in EVICTING_POLICIES or self.sticks
         return keeps and self.eviction_interval_secs > 0
 
 

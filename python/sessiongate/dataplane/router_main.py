@@ -69,13 +69,15 @@ def run(args: argparse.Namespace) -> int:
         who="router",
         registered=registered,
     )
+    routing = config.engines.routing
     router = ShardRouter(
-        len(fds) or len(endpoints), remotes=_remote_connector(remote_settings, endpoints)
+        len(fds) or len(endpoints),
+        remotes=_remote_connector(remote_settings, endpoints),
+        sticky_headers=routing.routing_key_headers if routing.sticks else None,
     )
     # The static engines are the workers' (the same configuration); with remote workers the
     # router knows none, and sends a set only once one registers.
     reliability = config.engines.reliability
-    routing = config.engines.routing
     registry = EngineRegistry(
         backends,
         placeholder=launch.engines_placeholder,

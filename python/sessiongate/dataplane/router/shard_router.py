@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import HEARTBEAT_INTERVAL, STALL_AFTER
+from sessiongate.engines.policy.base import RoutingRequest
+from sessiongate.engines.policy.sticky import sticky_key
 from sessiongate.errors import (
     BadRequest,
     GatewayError,
@@ -107,9 +109,17 @@ class ShardRouter:
     """The sessions are in workers: a `SessionBackend` (gateway/shell.py) over one channel
     per worker slot."""
 
-    def __init__(self, worker_count: int, *, remotes: RemoteConnector | None = None) -> None:
+    def __init__(
+        self,
+        worker_count: int,
+        *,
+        remotes: RemoteConnector | None = None,
+        sticky_headers: Sequence[str] | None = None,
+    ) -> None:
         """`remotes`: the workers are remote (TCP), each slot kept connected by the
-        connector it builds; None: local workers, whose channels the supervisor hands over."""
+        connector it builds; None: local workers, whose channels the supervisor hands over.
+        `sticky_headers`: with --sticky-sessions, the routing-key headers; a stateless call
+        then goes to the worker its sticky key (engines/policy/sticky.py) hashes to."""
         if worker_count < 1:
             raise ValueError("the router needs at least one worker")
         self.channels: list[WorkerChannel | None] = [None] * worker_count
@@ -119,6 +129,7 @@ class ShardRouter:
         )
         self.worker_restarts = 0
         self._round_robin = itertools.count()
+        self.sticky_headers = None if sticky_headers is None else list(sticky_headers)
         # The supervisor's per-run token, echoed on /health so its readiness check knows the
         # answer came from this router and not from another process on the port.
         self.instance = os.environ.get(INSTANCE_ENV) or None
@@ -198,7 +209,7 @@ class ShardRouter:
             return self.health(request.query)
         if request.op is Op.CREATE:
             request.session_id = self._mint_session_id(request.body)
-        index = self._owner(request.session_id, request.headers)
+        index = self._owner(request.session_id, request.headers, request.body)
         channel = self.channels[index]
         if channel is None or not channel.up:
             raise Unavailable(
@@ -230,9 +241,16 @@ class ShardRouter:
         except FrameTooLarge as exc:
             raise PayloadTooLarge(f"request too large for the worker channel: {exc}") from exc
 
-    def _owner(self, session_id: str | None, headers: Sequence[tuple[str, str]] = ()) -> int:
+    def _owner(
+        self, session_id: str | None, headers: Sequence[tuple[str, str]] = (), body: bytes = b""
+    ) -> int:
         if session_id is None:
-            key = _routing_key(headers)
+            if self.sticky_headers is None:
+                key = _routing_key(headers)
+            else:
+                # A sticky key's pin and its requests in flight are a worker's pool's: every
+                # request of the key must reach the same worker (the body is read for its rid).
+                key = sticky_key(RoutingRequest(headers, body), self.sticky_headers)
             if key is not None:
                 # One routing key, one worker: a policy's memory of a key (manual's engine,
                 # cache_aware's prompts) is per worker process (docs/routing.md, "Routing keys").

@@ -22,7 +22,7 @@ from sessiongate.engines.policy.cache_aware import CacheAware
 from sessiongate.engines.policy.factory import make_policy
 from sessiongate.engines.policy.least_load import LeastLoad
 from sessiongate.engines.policy.power_of_two import PowerOfTwo
-from sessiongate.engines.policy.sticky import OWN_KEY_POLICIES, StickyKeys, sticky_key
+from sessiongate.engines.policy.sticky import StickyKeys, sticky_key
 
 
 class EnginePolicy:
@@ -42,9 +42,7 @@ class EnginePolicy:
         self.engines = EngineStates(engines)
         self.policy = make_policy(config, len(engines))
         self.sticky = (
-            StickyKeys(config.routing_key_headers, config.max_idle_secs)
-            if config.sticky_sessions and config.policy not in OWN_KEY_POLICIES
-            else None
+            StickyKeys(config.routing_key_headers, config.max_idle_secs) if config.sticks else None
         )
 
     @property
