@@ -153,6 +153,8 @@ pub struct EngineStates {
     pub loads: Vec<Option<LoadReport>>,
     pub since_tokens: Vec<u64>,
     pub since_reqs: Vec<u64>,
+    /// Overload protection's thresholds (queued requests, KV token usage), None when off.
+    pub overload: Option<(u64, f64)>,
 }
 
 impl EngineStates {
@@ -167,6 +169,7 @@ impl EngineStates {
             loads: vec![None; n],
             since_tokens: vec![0; n],
             since_reqs: vec![0; n],
+            overload: None,
         }
     }
 
@@ -178,13 +181,34 @@ impl EngineStates {
         self.urls.is_empty()
     }
 
-    /// The healthy engines, or every engine when none is.
+    /// The healthy engines, or every engine when none is; with overload protection, those
+    /// of them not overloaded, or when all are, the ones with the fewest queued requests.
     pub fn candidates(&self) -> Vec<usize> {
-        let live: Vec<usize> = (0..self.len()).filter(|&i| self.healthy[i]).collect();
+        let mut live: Vec<usize> = (0..self.len()).filter(|&i| self.healthy[i]).collect();
         if live.is_empty() {
-            (0..self.len()).collect()
-        } else {
-            live
+            live = (0..self.len()).collect();
+        }
+        if self.overload.is_none() {
+            return live;
+        }
+        let under: Vec<usize> = live
+            .iter()
+            .copied()
+            .filter(|&i| !self.overloaded(i))
+            .collect();
+        if !under.is_empty() {
+            return under;
+        }
+        least(&live, |i| self.loads[i].map_or(0, |r| r.waiting_reqs))
+    }
+
+    /// Whether the engine's last `/v1/loads` report is at or over a threshold.
+    pub fn overloaded(&self, index: usize) -> bool {
+        match (self.loads[index], self.overload) {
+            (Some(report), Some((waiting, usage))) => {
+                report.waiting_reqs >= waiting || report.token_usage >= usage
+            }
+            _ => false,
         }
     }
 
@@ -266,6 +290,9 @@ pub struct Options {
     pub prefix_hash_balance_abs_threshold: u64,
     pub sticky_sessions: bool,
     pub routing_key_headers: Vec<String>,
+    pub worker_overload_protection: bool,
+    pub worker_overload_waiting_requests: u64,
+    pub worker_overload_token_usage: f64,
 }
 
 impl Default for Options {
@@ -291,6 +318,9 @@ impl Default for Options {
             prefix_hash_balance_abs_threshold: 10,
             sticky_sessions: false,
             routing_key_headers: vec![ROUTING_KEY_HEADER.to_string()],
+            worker_overload_protection: false,
+            worker_overload_waiting_requests: 8,
+            worker_overload_token_usage: 0.8,
         }
     }
 }
@@ -367,6 +397,18 @@ impl Options {
                 return Err(format!("{name} must be >= 1, got {value}"));
             }
         }
+        if self.worker_overload_waiting_requests < 1 {
+            return Err(format!(
+                "worker_overload_waiting_requests must be >= 1, got {}",
+                self.worker_overload_waiting_requests
+            ));
+        }
+        let usage = self.worker_overload_token_usage;
+        if !(usage.is_finite() && usage > 0.0 && usage <= 1.0) {
+            return Err(format!(
+                "worker_overload_token_usage must be in (0, 1], got {usage}"
+            ));
+        }
         if !LOAD_METRICS.contains(&self.power_of_two_load_metric.as_str()) {
             return Err(format!(
                 "unknown power_of_two_load_metric {:?}; expected one of {}",
@@ -442,11 +484,16 @@ impl PolicyState {
                     policy_reads_body(name) == Some(true),
                 )
             });
+        let mut engines = EngineStates::new(urls);
+        engines.overload = options.worker_overload_protection.then_some((
+            options.worker_overload_waiting_requests,
+            options.worker_overload_token_usage,
+        ));
         Ok(Self {
             name: name.to_string(),
             policy,
             sticky,
-            engines: EngineStates::new(urls),
+            engines,
             options,
         })
     }
@@ -498,7 +545,7 @@ impl PolicyState {
             "least_load" => true,
             "power_of_two" => self.options.power_of_two_load_metric != "least_requests",
             _ => false,
-        };
+        } || self.options.worker_overload_protection;
         reads.then_some(self.options.load_monitor_interval)
     }
 

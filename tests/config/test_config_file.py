@@ -84,10 +84,15 @@ def test_print_config_shows_the_files_values_and_the_flags_win(tmp_path: Path) -
     assert effective["records"]["dir"] == str(tmp_path / "records")
     assert effective["workers"]["count"] == 1
     # Options the file left out keep their defaults; the routing table is the chosen
-    # policy's variant (round_robin reads no tunable of its own, only the sticky keys').
+    # policy's variant (round_robin reads no tunable of its own, only those of every policy:
+    # overload protection's, the sticky keys').
     assert effective["engines"]["reliability"]["cb_failure_threshold"] == 10
     assert set(effective["engines"]["routing"]) == {
         "policy",
+        "worker_overload_protection",
+        "worker_overload_waiting_requests",
+        "worker_overload_token_usage",
+        "load_monitor_interval",
         "sticky_sessions",
         "routing_key_headers",
         "max_idle_secs",

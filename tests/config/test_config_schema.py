@@ -22,7 +22,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_every_option_has_one_flag_and_the_parsers_take_exactly_the_schemas() -> None:
-    flags = [flag for leaf in SCHEMA_LEAVES for flag in leaf.option.flags]
+    flags = [flag for leaf in SCHEMA_LEAVES for flag in leaf.option.every_flag]
     assert len(flags) == len(set(flags))
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     for command in ("serve", "worker"):
@@ -32,7 +32,7 @@ def test_every_option_has_one_flag_and_the_parsers_take_exactly_the_schemas() ->
             "--config",
             "--print-config",
         }
-        want = {flag for leaf in command_leaves(command) for flag in leaf.option.flags}
+        want = {flag for leaf in command_leaves(command) for flag in leaf.option.every_flag}
         assert declared == want, command
 
 

@@ -76,7 +76,7 @@ def test_renamed_flags_name_sessiongates_option(
          "prefill-decode disaggregation"),
         (["--prefill", "http://p:1", "9000"], "prefill-decode disaggregation"),
         (["--disable-load-monitoring"], "not served by sessiongate: smg's load monitor"),
-        (["--worker-overload-shed"], "worker overload protection"),
+        (["--worker-overload-shed"], "shedding when every engine is overloaded"),
         (["--redis-url", "redis://r:6379"], "(Redis)"),
         (["--enable-mesh"], "the HA mesh"),
         (["--router-enable-trace"], "--router-enable-trace is smg serve's and not served by "
@@ -118,6 +118,19 @@ def test_served_smg_flags_still_parse() -> None:
     # smg's sticky sessions: the first use of the list replaces the default, later ones add.
     assert routing.sticky_sessions and routing.max_idle_secs == 600
     assert routing.routing_key_headers == ("X-Session", "x-b", "x-c")
+
+
+def test_smgs_overload_flags_and_the_disable_spelling() -> None:
+    on = "--worker-overload-protection", "--worker-overload-waiting-requests", "4"
+    args = build_parser().parse_args(["serve", *on, "--worker-overload-token-usage", "0.9"])
+    routing = config_from_args(args, "serve").engines.routing
+    assert routing.worker_overload_protection and routing.reads_loads
+    assert (routing.worker_overload_waiting_requests, routing.worker_overload_token_usage) == (
+        4,
+        0.9,
+    )
+    off = build_parser().parse_args(["serve", *on, "--disable-worker-overload-protection"])
+    assert not config_from_args(off, "serve").engines.routing.worker_overload_protection
 
 
 def test_a_flag_smg_never_had_keeps_argparses_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -167,6 +167,9 @@ def options(draw: st.DrawFn) -> dict[str, object]:
         "prefix_hash_load_factor": draw(st.floats(1.0, 3.0)),
         "prefix_hash_balance_abs_threshold": draw(st.integers(0, 3)),
         "sticky_sessions": draw(st.booleans()),
+        "worker_overload_protection": draw(st.booleans()),
+        "worker_overload_waiting_requests": draw(st.integers(1, 3)),
+        "worker_overload_token_usage": draw(st.sampled_from([0.25, 0.5, 1.0])),
         "routing_key_headers": draw(
             st.sampled_from([["x-smg-routing-key"], ["X-Session", "x-smg-routing-key"]])
         ),

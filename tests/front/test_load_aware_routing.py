@@ -39,13 +39,13 @@ REPLY = json.dumps(
 ).encode()
 
 
-def loads(waiting_tokens: int) -> bytes:
+def loads(waiting_tokens: int, waiting_reqs: int = 0, token_usage: float = 0.1) -> bytes:
     rank = {
         "dp_rank": 0,
         "num_running_reqs": 0,
-        "num_waiting_reqs": 0,
+        "num_waiting_reqs": waiting_reqs,
         "num_waiting_uncached_tokens": waiting_tokens,
-        "token_usage": 0.1,
+        "token_usage": token_usage,
         "gen_throughput": 1000.0,
     }
     return json.dumps({"timestamp": "t", "version": "0.5.23", "loads": [rank]}).encode()
@@ -117,3 +117,23 @@ def test_least_load_follows_the_polled_loads(front: str, layout: str) -> None:
             a.loads, b.loads = loads(0), loads(100_000)
             time.sleep(2.5)  # the next poll has been
             assert send(gw, [a, b], 6) == [6, 0]
+
+
+@pytest.mark.parametrize(("front", "layout"), [("compiled", "0"), ("python", "1")])
+def test_overload_protection_leaves_an_overloaded_engine_out(front: str, layout: str) -> None:
+    with stub_engine() as a, stub_engine() as b:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", layout, "--front", front]
+        argv += ["--backend", a.url, "--backend", b.url, "--policy", "round_robin"]
+        argv += ["--worker-overload-protection", "--load-monitor-interval", "1"]
+        a.loads = loads(0, waiting_reqs=8)  # smg's default threshold: 8 queued requests
+        with ServerProcess(argv, port, timeout=60) as gw:
+            time.sleep(1.5)  # a poll has been
+            assert send(gw, [a, b], 6) == [0, 6]
+            # KV usage at the threshold is overload too; both over: the fewer queued wins.
+            a.loads, b.loads = loads(0, waiting_reqs=9), loads(0, token_usage=0.8)
+            time.sleep(2.5)
+            assert send(gw, [a, b], 6) == [0, 6]
+            a.loads, b.loads = loads(0), loads(0)  # both under: round robin again
+            time.sleep(2.5)
+            assert send(gw, [a, b], 6) == [3, 3]

@@ -122,6 +122,15 @@ def add_options(parser: argparse.ArgumentParser, command: str) -> None:
                 exclusive[meta.exclusive] = target.add_mutually_exclusive_group(required=required)
             target = exclusive[meta.exclusive]
         target.add_argument(*meta.flags, **_argument(leaf, command))
+        if meta.off_flags:
+            target.add_argument(
+                *meta.off_flags,
+                dest=leaf.dest,
+                action=_Const,
+                const=False,
+                default=argparse.SUPPRESS,
+                help=f"switch {meta.flag} off",
+            )
     files = parser.add_argument_group("configuration file (docs/deployment.md)")
     files.add_argument(
         "--config",

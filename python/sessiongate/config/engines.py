@@ -68,6 +68,13 @@ _OWN_TUNABLES: dict[str, tuple[str, ...]] = {
         "prefix_hash_balance_abs_threshold",
     ),
 }
+# Read whatever the policy: overload protection narrows every policy's candidates.
+_EVERY_POLICY_TUNABLES = (
+    "worker_overload_protection",
+    "worker_overload_waiting_requests",
+    "worker_overload_token_usage",
+    "load_monitor_interval",
+)
 # --sticky-sessions over every policy but the two that route on a key of their own.
 _STICKY_TUNABLES = (
     "sticky_sessions",
@@ -77,7 +84,11 @@ _STICKY_TUNABLES = (
 )
 OWN_KEY_POLICIES = frozenset({"manual", "consistent_hashing"})
 POLICY_TUNABLES: dict[str, tuple[str, ...]] = {
-    name: tuple(dict.fromkeys(own + (() if name in OWN_KEY_POLICIES else _STICKY_TUNABLES)))
+    name: tuple(
+        dict.fromkeys(
+            own + _EVERY_POLICY_TUNABLES + (() if name in OWN_KEY_POLICIES else _STICKY_TUNABLES)
+        )
+    )
     for name, own in _OWN_TUNABLES.items()
 }
 # The header smg's manual policy and sticky sessions read a routing key from.
@@ -255,7 +266,35 @@ class EngineRoutingConfig:
         default=10,
         parse=int,
         metavar="SECONDS",
-        help="least_load, power_of_two: seconds between polls of every engine's GET /v1/loads (10)",
+        help="least_load, power_of_two, --worker-overload-protection: seconds between polls of "
+        "every engine's GET /v1/loads (10)",
+    )
+    # smg 1.13's overload protection, its flags and thresholds; off by default here
+    # (docs/routing.md, "Overload protection").
+    worker_overload_protection: bool = option(
+        "--worker-overload-protection",
+        off_flags=("--disable-worker-overload-protection",),
+        default=False,
+        kind="switch",
+        help="every policy: leave out of routing an engine whose GET /v1/loads reports "
+        "--worker-overload-waiting-requests queued requests or --worker-overload-token-usage "
+        "of its KV cache, while another is under both (off: smg has it on)",
+    )
+    worker_overload_waiting_requests: int = option(
+        "--worker-overload-waiting-requests",
+        default=8,
+        parse=int,
+        metavar="N",
+        help="--worker-overload-protection: queued requests (summed over DP ranks) at or above "
+        "which an engine is overloaded (8)",
+    )
+    worker_overload_token_usage: float = option(
+        "--worker-overload-token-usage",
+        default=0.8,
+        parse=float,
+        metavar="RATIO",
+        help="--worker-overload-protection: KV token usage (mean over DP ranks) at or above "
+        "which an engine is overloaded (0.8)",
     )
     prefix_token_count: int = option(
         "--prefix-token-count",
@@ -343,6 +382,14 @@ class EngineRoutingConfig:
                 f"unknown power_of_two_load_metric {self.power_of_two_load_metric!r}; expected "
                 f"one of {', '.join(LOAD_METRICS)}"
             )
+        if self.worker_overload_waiting_requests < 1:
+            return (
+                "worker_overload_waiting_requests must be >= 1, got "
+                f"{self.worker_overload_waiting_requests}"
+            )
+        usage = self.worker_overload_token_usage
+        if not (math.isfinite(usage) and 0 < usage <= 1):
+            return f"worker_overload_token_usage must be in (0, 1], got {usage}"
         if self.prefix_token_count < 1:
             return f"prefix_token_count must be >= 1, got {self.prefix_token_count}"
         if not (math.isfinite(self.prefix_hash_load_factor) and self.prefix_hash_load_factor >= 1):
@@ -362,6 +409,8 @@ class EngineRoutingConfig:
     @property
     def reads_loads(self) -> bool:
         """Whether the policy reads the engines' `GET /v1/loads` (a poll has a reader)."""
+        if self.worker_overload_protection:
+            return True
         if self.policy == "power_of_two":
             return self.power_of_two_load_metric != "least_requests"
         return self.policy in LOAD_READING_POLICIES

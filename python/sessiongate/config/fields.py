@@ -51,11 +51,17 @@ class Option:
     exclusive: str | None = None
     # Secrets: --print-config shows whether they are set, never their value.
     secret: bool = False
+    # `switch` kind: flags that set it False again (smg's --disable-X beside its --X).
+    off_flags: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
         """The flag messages name."""
         return self.flags[0]
+
+    @property
+    def every_flag(self) -> tuple[str, ...]:
+        return self.flags + self.off_flags
 
 
 def option(
@@ -72,6 +78,7 @@ def option(
     hidden: bool = False,
     exclusive: str | None = None,
     secret: bool = False,
+    off_flags: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with its command-line option."""
     meta = Option(
@@ -87,6 +94,7 @@ def option(
         hidden=hidden,
         exclusive=exclusive,
         secret=secret,
+        off_flags=off_flags,
     )
     if isinstance(default, (list, dict, set)):
         frozen = tuple(default)

@@ -56,7 +56,7 @@ SCHEMA_LEAVES: tuple[Leaf, ...] = tuple(leaves(GatewayConfig))
 def _check_unique_dests() -> None:
     flags: dict[str, str] = {}
     for leaf in SCHEMA_LEAVES:
-        for flag in leaf.option.flags:
+        for flag in leaf.option.every_flag:
             if flag in flags:
                 raise AssertionError(f"{flag} declared by {flags[flag]} and {leaf.key}")
             flags[flag] = leaf.key

@@ -48,6 +48,10 @@ SMG_SERVED: frozenset[str] = frozenset(
         "sticky-sessions",
         "routing-key-override",
         "routing-key-headers",
+        "worker-overload-protection",
+        "disable-worker-overload-protection",
+        "worker-overload-waiting-requests",
+        "worker-overload-token-usage",
         "assignment-mode",
         "enable-rl",
         "rl-control-timeout-secs",
@@ -101,7 +105,8 @@ SMG_RENAMED: dict[str, str] = {
 _PD = "prefill-decode disaggregation"
 _EPD = "encode-prefill-decode disaggregation"
 _DISCOVERY = "service discovery (engines register with POST /workers)"
-_OVERLOAD = "worker overload protection"
+_SHED = "shedding when every engine is overloaded (the least queued one takes the request)"
+_LIVENESS = "smg's liveness vetoes (engines are probed by health checks and circuit breakers)"
 _KV_EVENTS = "event-driven cache-aware routing (KV events)"
 _CACHE_AWARE = "a tunable of smg's cache_aware that sessiongate's cache_aware does not read"
 _STARTUP = "smg's worker startup wait (engines are probed by health checks)"
@@ -129,15 +134,11 @@ SMG_NOT_SERVED: dict[str, str] = {
     "--decode-policy": _PD,
     "--balance-token-usage-threshold": _CACHE_AWARE,
     "--overload-token-usage-threshold": _CACHE_AWARE,
-    "--worker-overload-waiting-requests": _OVERLOAD,
-    "--worker-overload-token-usage": _OVERLOAD,
-    "--worker-overload-protection": _OVERLOAD,
-    "--disable-worker-overload-protection": _OVERLOAD + " (sessiongate has none to disable)",
-    "--worker-overload-shed": _OVERLOAD,
+    "--worker-overload-shed": _SHED,
     "--kv-index": _KV_EVENTS,
-    "--worker-stall-secs": _OVERLOAD,
-    "--worker-wedge-secs": _OVERLOAD,
-    "--worker-stale-secs": _OVERLOAD,
+    "--worker-stall-secs": _LIVENESS,
+    "--worker-wedge-secs": _LIVENESS,
+    "--worker-stale-secs": _LIVENESS,
     "--worker-warmup-secs": _CACHE_AWARE,
     "--worker-warmup-share": _CACHE_AWARE,
     "--worker-warmup-blocks": _CACHE_AWARE,

@@ -188,14 +188,31 @@ class EngineStates:
         self.loads: list[LoadReport | None] = [None] * len(urls)
         self.since_tokens = [0] * len(urls)
         self.since_reqs = [0] * len(urls)
+        # Overload protection's thresholds (queued requests, KV token usage), None when off.
+        self.overload: tuple[int, float] | None = None
 
     def __len__(self) -> int:
         return len(self.urls)
 
     def candidates(self) -> list[int]:
-        """The healthy engines, or every engine when none is."""
-        live = [i for i, ok in enumerate(self.healthy) if ok]
-        return live or list(range(len(self.urls)))
+        """The healthy engines, or every engine when none is; with overload protection, those
+        of them not overloaded, or when all are, the ones with the fewest queued requests."""
+        live = [i for i, ok in enumerate(self.healthy) if ok] or list(range(len(self.urls)))
+        if self.overload is None:
+            return live
+        under = [i for i in live if not self.overloaded(i)]
+        if under:
+            return under
+        # Every live engine is overloaded, so each has a report.
+        return least(live, [r.waiting_reqs if r else 0 for r in self.loads])
+
+    def overloaded(self, index: int) -> bool:
+        """Whether the engine's last `/v1/loads` report is at or over a threshold."""
+        report = self.loads[index]
+        if report is None or self.overload is None:
+            return False
+        waiting, usage = self.overload
+        return report.waiting_reqs >= waiting or report.token_usage >= usage
 
     def reported_load(self, index: int) -> int:
         """The engine's reported load when known, else its requests in flight."""

@@ -40,6 +40,11 @@ class EnginePolicy:
             raise ValueError(f"bad engine routing options: {exc}") from None
         self.config = config
         self.engines = EngineStates(engines)
+        if config.worker_overload_protection:
+            self.engines.overload = (
+                config.worker_overload_waiting_requests,
+                config.worker_overload_token_usage,
+            )
         self.policy = make_policy(config, len(engines))
         self.sticky = (
             StickyKeys(config.routing_key_headers, config.max_idle_secs) if config.sticks else None
