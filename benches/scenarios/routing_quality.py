@@ -103,6 +103,12 @@ SMG13_ARMS = {
     "sticky": ["--policy", "least_load", "--sticky-sessions"],
     "manual": ["--policy", "manual", "--assignment-mode", "min_load"],
 }
+# sessiongate arms beyond `sg:<policy>`: name -> `serve` flags (the rid lineage is the key).
+SG_ARMS = {
+    "sticky": ["--policy", "least_load", "--sticky-sessions"],
+    "cache_aware_sticky": ["--policy", "cache_aware", "--sticky-sessions"],
+    "cache_aware_overload": ["--policy", "cache_aware", "--worker-overload-protection"],
+}
 # The smg 1.13 arms whose requests carry the group's (agent's) key in smg's routing-key
 # header: `--sticky-sessions` does not hold a key's concurrent first requests together (a
 # GRPO group's samples are spread; measured), `--policy manual` with the header does.
@@ -589,7 +595,9 @@ def arm_target(arm: str, urls: list[str]) -> Iterator[Target | None]:
     if kind == "sg":
         argv = ["serve", "--port", str(port), "--workers", "0"]
         argv += [arg for url in urls for arg in ("--backend", url)]
-        if policy != "default":
+        if policy in SG_ARMS:
+            argv += SG_ARMS[policy]
+        elif policy != "default":
             argv += ["--policy", policy]
         with ServerProcess(argv, port, timeout=60) as proc:
             yield Target(arm, urls, proc.url)
@@ -649,6 +657,7 @@ def default_arms() -> list[str]:
     policies = sessiongate_policies() or ["default"]
     return [
         *(f"sg:{p}" for p in policies),
+        *(f"sg:{name}" for name in SG_ARMS),
         *(f"smg:{p}" for p in SMG_POLICIES),
         *(f"smg13:{name}" for name in SMG13_ARMS),
         "client:rr",
