@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use tokio::sync::mpsc;
 
@@ -214,8 +215,14 @@ impl DispatchedRequest {
     }
 
     /// The whole reply: the front adds `content-length`. False when the client is gone.
-    fn reply(&self, status: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<bool> {
-        self.head(status, headers, Some(Bytes::copy_from_slice(body)))
+    /// A `bytes` body is sent from the Python object itself, never copied here.
+    fn reply(
+        &self,
+        status: i64,
+        headers: Vec<(String, String)>,
+        body: PyBackedBytes,
+    ) -> PyResult<bool> {
+        self.head(status, headers, Some(Bytes::from_owner(body)))
     }
 
     /// The head of a streamed reply (chunked unless `headers` declare a content-length).
@@ -225,24 +232,26 @@ impl DispatchedRequest {
 
     /// Queue a body part: 0 sent, 1 sent but the queue is full (wait for this id to come
     /// back from `take_writable` before the next), -1 the client is gone (nothing sent).
-    fn send(&self, data: &[u8]) -> PyResult<i64> {
+    fn send(&self, data: PyBackedBytes) -> PyResult<i64> {
         self.check_started()?;
         if data.is_empty() {
             return Ok(SENT);
         }
+        let size = data.len();
         let mut flow = lock_flow(&self.flow);
         if flow.gone {
             return Ok(GONE);
         }
+        // The part holds the Python object (a reference, not a copy of a large chunk).
         if self
             .replies
-            .send(Part::Body(Bytes::copy_from_slice(data)))
+            .send(Part::Body(Bytes::from_owner(data)))
             .is_err()
         {
             flow.gone = true;
             return Ok(GONE);
         }
-        flow.queued += data.len();
+        flow.queued += size;
         if flow.queued > HIGH_WATER {
             flow.waiting = true;
             return Ok(FULL);

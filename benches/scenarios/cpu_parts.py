@@ -1,0 +1,241 @@
+"""Where the gateway's CPU goes, part by part, against the copy floor measured in the same run.
+
+    python benches/scenarios/cpu_parts.py            # 4 sessions x 5 R3 turns, 5 rounds
+    python benches/scenarios/cpu_parts.py --quick    # 1 round (a smoke run)
+
+One `serve --workers 1 --r3` gateway per configuration (the Rust core, and the pure-Python
+twins with SESSIONGATE_IMPL=python), each with its embedded mock engine (R3 64 layers x
+top-32, 64 new tokens: ~22-25 MiB of base64 R3 per turn, 2,000-word first prompts). Each
+round runs, on every gateway in alternating order: 4 concurrent sessions x 5 turns, then one
+GET of each session's records, then the deletes. Per part, CPU (utime + stime from /proc):
+
+- `front`: the compiled front's threads (`sg-front`) in the router process;
+- `router`: the rest of the router process (its Python event loop and whatever it relays);
+- `worker`: the worker process (the turn, the record, the GET's render).
+
+Figures: CPU ms per R3 turn per part (the turn phase), CPU ms per MiB of records GET per part
+(the GET phase), medians over the counted rounds (a first round warms each gateway).
+
+The copy floor, on the same machine in the same run: `memcpy` (copying a warm buffer of one
+GET's size in user space) and `socket hop` (the bytes sent over a loopback TCP connection and
+received into a reused buffer, both ends counted: what the kernel charges at least for a
+process that receives bytes and sends them on). The per-turn floor is the turn's bytes (the
+records GET's bytes over the turns: each turn's reply is received once) at the socket hop's
+cost. docs/performance.md, "Records at copy speed", has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_dataplane import process_roles, session_turns  # noqa: E402
+from support.procs import ServerProcess, free_port  # noqa: E402
+
+MOCK = "--r3-layers 64 --r3-topk 32 --completion-tokens 64 --completion-tokens-jitter 0"
+SESSIONS, TURNS = 4, 5
+FRONT_THREAD = "sg-front"
+MIB = 1 << 20
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _task_cpu(stat: str) -> float:
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def process_cpu(pid: int) -> float:
+    return _task_cpu(Path(f"/proc/{pid}/stat").read_text())
+
+
+def thread_cpu(pid: int, name: str) -> float:
+    """CPU seconds of the process's live threads called `name`."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() == name:
+                total += _task_cpu((task / "stat").read_text())
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return total
+
+
+def parts(roles: dict[str, list[int]]) -> dict[str, float]:
+    router, worker = roles["router"][0], roles["workers"][0]
+    front = thread_cpu(router, FRONT_THREAD)
+    return {"front": front, "router": process_cpu(router) - front, "worker": process_cpu(worker)}
+
+
+def minus(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {part: after[part] - before[part] for part in after}
+
+
+async def one_round(url: str, prompt: str) -> dict[str, Any]:
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        sids = await asyncio.gather(
+            *(session_turns(client, TURNS, prompt, latencies, delete=False) for _ in range(SESSIONS))
+        )
+    return {"sids": sids, "turns": len(latencies)}
+
+
+def get_all(url: str, sids: list[str]) -> tuple[int, float]:
+    """Each session's records, one GET after the other; the bytes and the seconds."""
+    size = 0
+    started = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for sid in sids:
+            with client.stream("GET", f"/sessions/{sid}") as reply:
+                reply.raise_for_status()
+                for chunk in reply.iter_raw(MIB):
+                    size += len(chunk)
+    return size, time.perf_counter() - started
+
+
+def delete_all(url: str, sids: list[str]) -> None:
+    with httpx.Client(base_url=url, timeout=600) as client:
+        for sid in sids:
+            client.delete(f"/sessions/{sid}")
+
+
+def memcpy_ms_per_mib(size: int) -> float:
+    source = bytearray(os.urandom(MIB)) * max(1, size // MIB)
+    target = bytearray(len(source))
+    target[:] = source  # warm both
+    started = time.process_time()
+    for _ in range(5):
+        target[:] = source
+    return (time.process_time() - started) * 1000 / (5 * len(source) / MIB)
+
+
+def socket_hop_ms_per_mib(size: int) -> float:
+    """CPU of sending `size` bytes over loopback TCP and receiving them, both ends."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    listener.close()
+    payload = memoryview(bytearray(os.urandom(MIB)))
+    chunks = max(1, size // MIB)
+
+    def receive() -> None:
+        buffer = bytearray(MIB)
+        view = memoryview(buffer)
+        left = chunks * MIB
+        while left:
+            left -= receiver.recv_into(view, min(MIB, left))
+
+    with sender, receiver:
+        for _ in range(2):  # the first pass warms the socket buffers
+            reader = threading.Thread(target=receive)
+            started = time.process_time()
+            reader.start()
+            for _ in range(chunks):
+                sender.sendall(payload)
+            reader.join()
+            elapsed = time.process_time() - started
+    return elapsed * 1000 / chunks
+
+
+def run(rounds: int) -> dict[str, Any]:
+    configs = {"rust": {}, "python": {"SESSIONGATE_IMPL": "python"}}
+    prompt = " ".join(["word"] * 2000)
+    per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    get_sizes: list[int] = []
+    with ExitStack() as stack:
+        gateways: dict[str, ServerProcess] = {}
+        for name, env in configs.items():
+            port = free_port()
+            argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--mock-args", MOCK]
+            gateways[name] = stack.enter_context(ServerProcess(argv, port, timeout=60, env=env))
+        roles = {name: process_roles(gw) for name, gw in gateways.items()}
+        order = list(configs)
+        for index in range(rounds + 1):  # round 0 warms every gateway and is not counted
+            for name in order if index % 2 == 0 else order[::-1]:
+                url = gateways[name].url
+                before = parts(roles[name])
+                load = asyncio.run(one_round(url, prompt))
+                turned = parts(roles[name])
+                size, get_s = get_all(url, load["sids"])
+                fetched = parts(roles[name])
+                delete_all(url, load["sids"])
+                if index == 0:
+                    continue
+                get_sizes.append(size)
+                turn_cpu = minus(turned, before)
+                get_cpu = minus(fetched, turned)
+                per_round[name].append(
+                    {
+                        "turn_ms": {p: v * 1000 / load["turns"] for p, v in turn_cpu.items()},
+                        "get_ms_per_mib": {p: v * 1000 / (size / MIB) for p, v in get_cpu.items()},
+                        "get_mib": size / MIB,
+                        "get_s": get_s,
+                        "turns": load["turns"],
+                        "front_threads": thread_cpu(roles[name]["router"][0], FRONT_THREAD) > 0,
+                    }
+                )
+    size = int(statistics.median(get_sizes))
+    floor = {"memcpy_ms_per_mib": memcpy_ms_per_mib(size), "socket_hop_ms_per_mib": 0.0}
+    floor["socket_hop_ms_per_mib"] = socket_hop_ms_per_mib(size)
+    results: dict[str, Any] = {"floor": {k: round(v, 3) for k, v in floor.items()}}
+    turn_mib = size / MIB / (SESSIONS * TURNS)
+    results["turn_mib"] = round(turn_mib, 1)
+    results["turn_floor_ms"] = round(turn_mib * floor["socket_hop_ms_per_mib"], 2)
+    for name, runs in per_round.items():
+        turn = {p: statistics.median(r["turn_ms"][p] for r in runs) for p in runs[0]["turn_ms"]}
+        get = {
+            p: statistics.median(r["get_ms_per_mib"][p] for r in runs)
+            for p in runs[0]["get_ms_per_mib"]
+        }
+        results[name] = {
+            "turn_cpu_ms": {p: round(v, 2) for p, v in turn.items()},
+            "turn_cpu_ms_total": round(sum(turn.values()), 2),
+            "get_cpu_ms_per_mib": {p: round(v, 3) for p, v in get.items()},
+            "get_mib_per_round": round(statistics.median(r["get_mib"] for r in runs), 1),
+            "get_mib_per_s": round(
+                statistics.median(r["get_mib"] / r["get_s"] for r in runs), 1
+            ),
+            "compiled_front": all(r["front_threads"] for r in runs),
+        }
+    rust, python = results["rust"], results["python"]
+    results["python_over_rust_turn_cpu"] = round(
+        python["turn_cpu_ms_total"] / rust["turn_cpu_ms_total"], 2
+    )
+    results["rust_turn_cpu_over_floor"] = round(
+        rust["turn_cpu_ms_total"] / max(results["turn_floor_ms"], 0.01), 1
+    )
+    relay = rust["get_cpu_ms_per_mib"]["router"] + rust["get_cpu_ms_per_mib"]["front"]
+    results["rust_relay_over_socket_hop"] = round(
+        relay / max(floor["socket_hop_ms_per_mib"], 0.001), 1
+    )
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one counted round")
+    parser.add_argument("--rounds", type=int, default=5, help="counted rounds (5)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = run(1 if args.quick else args.rounds)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
