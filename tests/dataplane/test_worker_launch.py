@@ -135,6 +135,15 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "1.5",
         "--prefix-hash-balance-abs-threshold",
         "4",
+        # smg 1.13's sticky keys and overload protection.
+        "--sticky-sessions",
+        "--routing-key-headers",
+        "x-session",
+        "--worker-overload-protection",
+        "--worker-overload-waiting-requests",
+        "5",
+        "--worker-overload-token-usage",
+        "0.9",
         # The RL section: the pause limits are every pool's, the plane's flags the router's.
         "--enable-rl",
         "--rl-control-timeout-secs",
