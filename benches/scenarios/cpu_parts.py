@@ -42,8 +42,9 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_dataplane import process_roles, session_turns  # noqa: E402
-from support.procs import ServerProcess, free_port  # noqa: E402
+from e2e_dataplane import process_roles, session_turns
+
+from support.procs import ServerProcess, free_port
 
 MOCK = "--r3-layers 64 --r3-topk 32 --completion-tokens 64 --completion-tokens-jitter 0"
 SESSIONS, TURNS = 4, 5
@@ -87,7 +88,10 @@ async def one_round(url: str, prompt: str) -> dict[str, Any]:
     latencies: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         sids = await asyncio.gather(
-            *(session_turns(client, TURNS, prompt, latencies, delete=False) for _ in range(SESSIONS))
+            *(
+                session_turns(client, TURNS, prompt, latencies, delete=False)
+                for _ in range(SESSIONS)
+            )
         )
     return {"sids": sids, "turns": len(latencies)}
 
@@ -204,9 +208,7 @@ def run(rounds: int) -> dict[str, Any]:
             "turn_cpu_ms_total": round(sum(turn.values()), 2),
             "get_cpu_ms_per_mib": {p: round(v, 3) for p, v in get.items()},
             "get_mib_per_round": round(statistics.median(r["get_mib"] for r in runs), 1),
-            "get_mib_per_s": round(
-                statistics.median(r["get_mib"] / r["get_s"] for r in runs), 1
-            ),
+            "get_mib_per_s": round(statistics.median(r["get_mib"] / r["get_s"] for r in runs), 1),
             "compiled_front": all(r["front_threads"] for r in runs),
         }
     rust, python = results["rust"], results["python"]

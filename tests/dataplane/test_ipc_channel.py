@@ -171,8 +171,8 @@ def test_corrupt_frame_fails_every_pending_request_and_closes() -> None:
         waiting = [asyncio.create_task(channel.request(meta(), b"")) for _ in range(3)]
         await asyncio.sleep(0.05)
         # A length field below the 9-byte minimum: the stream cannot be trusted any more.
-        await worker.conn._writer.drain()  # type: ignore[union-attr]
-        worker.conn._writer.write((3).to_bytes(8, "big") + b"\x00" * 9)  # type: ignore[union-attr]
+        transport = worker.conn._protocol.transport  # type: ignore[union-attr]
+        transport.write((3).to_bytes(8, "big") + b"\x00" * 9)
         results = await asyncio.gather(*waiting, return_exceptions=True)
         assert all(isinstance(r, WorkerLost) for r in results)
         assert "corrupt frame" in str(results[0]) and "worker 0" in str(results[0])

@@ -1,5 +1,9 @@
 """One end of a framed IPC stream: a reader that yields frames, a writer that never interleaves
-the bytes of two frames and never copies a large payload into the event loop in one go."""
+the bytes of two frames and never copies a large payload into the event loop in one go.
+
+A UNIX-socket channel (`open`) reads through `FrameProtocol` (frame_protocol.py: one reused
+buffer, no stream copies); a channel built over streams someone else opened (`from_streams`:
+a TCP channel after its handshake) reads through them."""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
+from sessiongate.dataplane.transport.frame_protocol import READ_SIZE, FrameProtocol
 from sessiongate.dataplane.transport.frames import CHUNK_SIZE
 from sessiongate.primitives import DEFAULT_MAX_FRAME, FrameDecoder, encode_frame_header
 
-READ_SIZE = 256 * 1024
+__all__ = ["READ_SIZE", "FrameConnection"]
 
 
 class FrameConnection:
@@ -19,6 +24,7 @@ class FrameConnection:
         self.max_frame = max_frame
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._protocol: FrameProtocol | None = None
         # FIFO: frames from concurrent senders go out whole and in arrival order, so a
         # stream of bounded chunks interleaves fairly with small replies.
         self._write_lock = asyncio.Lock()
@@ -43,8 +49,9 @@ class FrameConnection:
         if self.sock is None:
             raise ConnectionError("FrameConnection has no socket to open")
         self.sock.setblocking(False)
-        self._reader, self._writer = await asyncio.open_unix_connection(
-            sock=self.sock, limit=READ_SIZE * 4
+        loop = asyncio.get_running_loop()
+        _, self._protocol = await loop.create_unix_connection(
+            lambda: FrameProtocol(self.max_frame), sock=self.sock
         )
         return self
 
@@ -53,6 +60,9 @@ class FrameConnection:
     ) -> None:
         """Send one frame; FrameTooLarge (for this frame only) when over the cap."""
         header = encode_frame_header(frame_type, request_id, len(payload), max_frame=self.max_frame)
+        if self._protocol is not None:
+            await self._send_on_protocol(self._protocol, header, payload)
+            return
         writer = self._writer
         if writer is None or self.closed:
             raise ConnectionError("IPC connection is closed")
@@ -67,8 +77,27 @@ class FrameConnection:
                     await writer.drain()
             await writer.drain()
 
+    async def _send_on_protocol(
+        self, protocol: FrameProtocol, header: bytes, payload: bytes | memoryview
+    ) -> None:
+        transport = protocol.transport
+        if transport is None or self.closed or protocol.lost:
+            raise ConnectionError("IPC connection is closed")
+        async with self._write_lock:
+            transport.write(header)
+            view = memoryview(payload)
+            # Slices, as on streams: one huge write() copies the payload in one go.
+            for start in range(0, len(view), CHUNK_SIZE):
+                transport.write(view[start : start + CHUNK_SIZE])
+                await protocol.drain()
+            await protocol.drain()
+
     async def frames(self) -> AsyncIterator[tuple[int, int, bytes]]:
         """Frames until EOF; FrameError on a corrupt stream, OSError on a read error."""
+        if self._protocol is not None:
+            async for frame in self._protocol.frames_until_end():
+                yield frame
+            return
         reader = self._reader
         if reader is None:
             raise ConnectionError("IPC connection was not opened")
@@ -86,7 +115,9 @@ class FrameConnection:
 
     def close(self) -> None:
         self.closed = True
-        if self._writer is not None:
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.transport.close()
+        elif self._writer is not None:
             self._writer.close()
         elif self.sock is not None:
             self.sock.close()
