@@ -2,6 +2,7 @@
 
     python benches/scenarios/cpu_parts.py            # 4 sessions x 5 R3 turns, 5 rounds
     python benches/scenarios/cpu_parts.py --quick    # 1 round (a smoke run)
+    python benches/scenarios/cpu_parts.py --workers 0  # the in-process layout
 
 One `serve --workers 1 --r3` gateway per configuration (the Rust core, and the pure-Python
 twins with SESSIONGATE_IMPL=python), each with its embedded mock engine (R3 64 layers x
@@ -12,6 +13,9 @@ GET of each session's records, then the deletes. Per part, CPU (utime + stime fr
 - `front`: the compiled front's threads (`sg-front`) in the router process;
 - `router`: the rest of the router process (its Python event loop and whatever it relays);
 - `worker`: the worker process (the turn, the record, the GET's render).
+
+With `--workers 0` there is one gateway process: `front` (its `sg-front` threads) and
+`gateway` (the rest: the session core and its HTTP server).
 
 Figures: CPU ms per R3 turn per part (the turn phase), CPU ms per MiB of records GET per part
 (the GET phase), medians over the counted rounds (a first round warms each gateway).
@@ -75,6 +79,10 @@ def thread_cpu(pid: int, name: str) -> float:
 
 
 def parts(roles: dict[str, list[int]]) -> dict[str, float]:
+    if "gateway" in roles:  # --workers 0
+        gateway = roles["gateway"][0]
+        front = thread_cpu(gateway, FRONT_THREAD)
+        return {"front": front, "gateway": process_cpu(gateway) - front}
     router, worker = roles["router"][0], roles["workers"][0]
     front = thread_cpu(router, FRONT_THREAD)
     return {"front": front, "router": process_cpu(router) - front, "worker": process_cpu(worker)}
@@ -153,7 +161,14 @@ def socket_hop_ms_per_mib(size: int) -> float:
     return elapsed * 1000 / chunks
 
 
-def run(rounds: int) -> dict[str, Any]:
+def roles_of(gw: ServerProcess, workers: int) -> dict[str, list[int]]:
+    if workers:
+        return process_roles(gw)
+    assert gw.proc is not None
+    return {"gateway": [gw.proc.pid]}
+
+
+def run(rounds: int, workers: int = 1) -> dict[str, Any]:
     configs = {"rust": {}, "python": {"SESSIONGATE_IMPL": "python"}}
     prompt = " ".join(["word"] * 2000)
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
@@ -162,9 +177,10 @@ def run(rounds: int) -> dict[str, Any]:
         gateways: dict[str, ServerProcess] = {}
         for name, env in configs.items():
             port = free_port()
-            argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--mock-args", MOCK]
+            argv = ["serve", "--port", str(port), "--workers", str(workers), "--r3"]
+            argv += ["--mock-args", MOCK]
             gateways[name] = stack.enter_context(ServerProcess(argv, port, timeout=60, env=env))
-        roles = {name: process_roles(gw) for name, gw in gateways.items()}
+        roles = {name: roles_of(gw, workers) for name, gw in gateways.items()}
         order = list(configs)
         for index in range(rounds + 1):  # round 0 warms every gateway and is not counted
             for name in order if index % 2 == 0 else order[::-1]:
@@ -187,7 +203,10 @@ def run(rounds: int) -> dict[str, Any]:
                         "get_mib": size / MIB,
                         "get_s": get_s,
                         "turns": load["turns"],
-                        "front_threads": thread_cpu(roles[name]["router"][0], FRONT_THREAD) > 0,
+                        "front_threads": thread_cpu(
+                            next(iter(roles[name].values()))[0], FRONT_THREAD
+                        )
+                        > 0,
                     }
                 )
     size = int(statistics.median(get_sizes))
@@ -218,7 +237,7 @@ def run(rounds: int) -> dict[str, Any]:
     results["rust_turn_cpu_over_floor"] = round(
         rust["turn_cpu_ms_total"] / max(results["turn_floor_ms"], 0.01), 1
     )
-    relay = rust["get_cpu_ms_per_mib"]["router"] + rust["get_cpu_ms_per_mib"]["front"]
+    relay = rust["get_cpu_ms_per_mib"].get("router", 0.0) + rust["get_cpu_ms_per_mib"]["front"]
     results["rust_relay_over_socket_hop"] = round(
         relay / max(floor["socket_hop_ms_per_mib"], 0.001), 1
     )
@@ -229,9 +248,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one counted round")
     parser.add_argument("--rounds", type=int, default=5, help="counted rounds (5)")
+    parser.add_argument("--workers", type=int, default=1, choices=(0, 1), help="layout (1)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    results = run(1 if args.quick else args.rounds)
+    results = run(1 if args.quick else args.rounds, args.workers)
     text = json.dumps(results, indent=2)
     print(text)
     if args.json is not None:

@@ -47,8 +47,9 @@ _M_ARENA_MAX = -8
 
 
 def keep_freed_records_warm() -> bool:
-    """Make glibc keep and reuse the memory of freed records (worker processes only; False
-    where that is not available). Without it every R3 turn's reply lands in fresh pages:
+    """Make glibc keep and reuse the memory of freed records (a worker process, or the
+    in-process gateway before its front's threads start; False where that is not
+    available). Without it every R3 turn's reply lands in fresh pages:
     a body sink allocated in a thread comes from that thread's arena, whose 64 MiB heaps are
     unmapped as soon as they are empty, and blocks above the dynamic mmap threshold get their
     own mappings; the kernel then zeroes and faults in ~24 MiB per turn, about half of an

@@ -25,6 +25,7 @@ from sessiongate.gateway.local_sessions import LocalSessions
 from sessiongate.gateway.metrics import LATENCY_BUCKETS
 from sessiongate.gateway.shell import GatewayShell
 from sessiongate.process.children import listen_problem
+from sessiongate.process.memory import keep_freed_records_warm
 from sessiongate.session.core_config import CoreConfig
 from sessiongate.session.factory import build_core
 
@@ -48,6 +49,8 @@ def run_in_process(
         # the core (tokenizer, upstream pool) is built.
         print(f"sessiongate: {problem}", file=sys.stderr, flush=True)
         return 1
+    # Before the front's threads start: they share the one arena from their first malloc.
+    keep_freed_records_warm()
     door = open_front_door(
         gateway_config,
         frontend,
