@@ -6,6 +6,9 @@ workload is a rollout's: GRPO groups of 8 identical prompts of 2,000 token ids (
 native `/generate` body) over 4 engines, or the same prompts as chat text. The load-aware
 policies are measured with `/v1/loads` reports for every engine ("+loads": the expected-wait
 path, which reads the body for the ids' count), and power_of_two without (its old rule).
+"+sticky": with `--sticky-sessions`, each body carrying its group's rid lineage
+(`g<prompt>_r<sample>`), so every pick reads the rid and the group's samples meet the pin and
+its 2-in-flight cap.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ POLICIES = [
     "prefix_hash",
     "cache_aware",
     "cache_aware_gateway",
+    "round_robin+sticky",
+    "least_load+loads+sticky",
+    "cache_aware+sticky",
 ]
 # What each engine's /v1/loads said: queues of different lengths, one engine's KV nearly
 # full, one without a throughput. Set again at each round's start, as a poll would: the
@@ -55,18 +61,28 @@ CHAT_BODIES = [
 ]
 
 
+def _with_rids(bodies: list[bytes]) -> list[bytes]:
+    return [
+        json.dumps({**json.loads(body), "rid": f"g{n // 8}_r{n % 8}"}).encode()
+        for n, body in enumerate(bodies)
+    ]
+
+
+STICKY_BODIES = {"input_ids": _with_rids(IDS_BODIES), "chat": _with_rids(CHAT_BODIES)}
+
+
 def _run(policy: object, bodies: list[bytes], loads: bool = False) -> list[int]:
     if loads:
         for index, report in enumerate(REPORTS):
             policy.set_loads(index, report)  # type: ignore[attr-defined]
     picks = []
     for body in bodies:
-        index = policy.pick([], body)  # type: ignore[attr-defined]
-        policy.started(index)  # type: ignore[attr-defined]
-        picks.append(index)
-    for index in picks:
-        policy.finished(index)  # type: ignore[attr-defined]
-    return picks
+        index, key = policy.pick_keyed([], body)  # type: ignore[attr-defined]
+        policy.started(index, key)  # type: ignore[attr-defined]
+        picks.append((index, key))
+    for index, key in picks:
+        policy.finished(index, None, key)  # type: ignore[attr-defined]
+    return [index for index, _ in picks]
 
 
 @pytest.mark.parametrize("impl", ["rust", "python"])
@@ -74,8 +90,13 @@ def _run(policy: object, bodies: list[bytes], loads: bool = False) -> list[int]:
 @pytest.mark.parametrize("shape", ["input_ids", "chat"])
 def test_pick(benchmark, impl: str, name: str, shape: str) -> None:
     benchmark.group = f"engine policy {name}, {shape}: 200 picks"
-    bodies = IDS_BODIES if shape == "input_ids" else CHAT_BODIES
-    policy_name, _, loads = name.partition("+")
-    policy = get_engine_policy(impl)(policy_name, URLS, {"seed": 1})
-    picks = benchmark(_run, policy, bodies, bool(loads))
+    policy_name, *extras = name.split("+")
+    sticky = "sticky" in extras
+    if sticky:
+        bodies = STICKY_BODIES[shape]
+    else:
+        bodies = IDS_BODIES if shape == "input_ids" else CHAT_BODIES
+    options = {"seed": 1, "sticky_sessions": sticky}
+    policy = get_engine_policy(impl)(policy_name, URLS, options)
+    picks = benchmark(_run, policy, bodies, "loads" in extras)
     assert len(picks) == len(bodies)
