@@ -146,3 +146,21 @@ def test_refusal_reads_only_flags_before_the_double_dash_and_spares_declared_one
     assert refusal(["--router-polcy"], set()) is None
     assert refusal(["--api-key", "sglang"], {"--api-key"}) is None
     assert refusal(["--backend"], {"--backend"}) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--routing-key-headers", "x session"], '"x session" is not an HTTP header name'),
+        (["--routing-key-headers", "x-a", "x:b"], '"x:b" is not an HTTP header name'),
+        (["--worker-overload-waiting-requests", "0"], "must be >= 1, got 0"),
+        (["--worker-overload-token-usage", "1.5"], "must be in (0, 1], got 1.5"),
+        (["--worker-overload-token-usage", "0"], "must be in (0, 1], got 0.0"),
+    ],
+)  # fmt: skip
+def test_bad_sticky_and_overload_values_are_refused_by_name(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        config_from_args(build_parser().parse_args(["serve", *argv]), "serve")
+    assert expected in str(exit_.value)

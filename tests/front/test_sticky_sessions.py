@@ -149,3 +149,34 @@ def test_a_header_key_without_a_rid_and_idle_keys_forgotten(front: str, layout: 
         time.sleep(3.0)
         ask(gw, None, "again", **{"X-Session": "agent7"})
         assert len(engines[home].rids) == 4
+
+
+@pytest.mark.parametrize(("front", "layout"), [("compiled", "0"), ("python", "2")])
+def test_hostile_keys_are_no_keys_and_lose_nothing(front: str, layout: str) -> None:
+    extra = ["--routing-key-headers", "X-Session"]
+    with gateway(front, layout, *extra) as (gw, engines):
+        # Not UTF-8, over 128 bytes, a rid that is no string, a body that is no JSON: each is
+        # served as the policy's (round robin), none refused.
+        for headers, body in [
+            ({"X-Session": b"\xff\xfe"}, {"messages": [{"role": "user", "content": "a"}]}),
+            ({"X-Session": "k" * 129}, {"messages": [{"role": "user", "content": "b"}]}),
+            ({}, {"rid": ["conv"], "messages": [{"role": "user", "content": "c"}]}),
+            ({}, {"rid": 7, "messages": [{"role": "user", "content": "d"}]}),
+        ]:
+            reply = httpx.post(
+                gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+            )
+            assert reply.status_code == 200, reply.text
+        assert sorted(len(e.rids) for e in engines.values()) == [2, 2]
+        # A body that is no JSON has no rid: relayed as sent (the stub engine then fails on
+        # it, a 502), and the gateway goes on serving keyed requests.
+        broken = httpx.post(
+            gw.url + "/v1/chat/completions",
+            content=b'{"rid": "conv", "messages": [',
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+        assert broken.status_code == 502, broken.text
+        ask(gw, "conv_t1")
+        ask(gw, "conv_t2")
+        assert len(set(where(engines, "conv_t1") + where(engines, "conv_t2"))) == 1
