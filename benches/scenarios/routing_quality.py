@@ -11,6 +11,7 @@ the engines what each arm did:
     python benches/scenarios/routing_quality.py                 # every variant, every arm
     python benches/scenarios/routing_quality.py --quick         # smaller, for a smoke run
     python benches/scenarios/routing_quality.py --variants grpo --arms sg:round_robin,client:rr
+    python benches/scenarios/routing_quality.py --variants grpo --repeat 3   # medians of 3 runs
 
 Variants: `grpo` (P prompts x n samples as n separate concurrent `/generate` calls: a shared
 system prefix plus a unique part, lognormal lengths; several steps with `/flush_cache`
@@ -691,6 +692,19 @@ def table(rows: list[dict[str, float | str]]) -> str:
     return "\n".join(lines)
 
 
+def median_row(runs: list[dict[str, float | str]]) -> dict[str, float | str]:
+    """One arm's runs as one row: each figure's median (the arm's name kept)."""
+    if len(runs) == 1:
+        return runs[0]
+    row: dict[str, float | str] = {}
+    for key, value in runs[0].items():
+        if isinstance(value, str):
+            row[key] = value
+        else:
+            row[key] = statistics.median(float(run[key]) for run in runs)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="grpo,multiturn,slow,lora")
@@ -701,6 +715,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="2 steps x 6 prompts x 4 samples")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of every arm, interleaved; the table shows each figure's median and the "
+        "log every run (one run's spread between arms is often the noise: the same arm "
+        "measured 0.72 and 0.79 GRPO hit rate in two runs)",
+    )
     # The engines' modelled time must outweigh the host's own CPU time (four Python engines,
     # a router and this client on a few cores), or the makespan measures the host: 100 us
     # per uncached token (10,000 prefill tokens/s) and 20 ms per decode step are of the
@@ -717,16 +739,19 @@ def main() -> int:
     for variant in [v for v in args.variants.split(",") if v]:
         print(f"== {variant}")
         workload = workload_for(variant, args)
-        rows = []
-        for arm in arms:
-            # Fresh engines per arm: their counters (time-averaged in flight) and caches
-            # start from zero, and no arm inherits another's warm state.
-            with engines(variant, cost) as urls, arm_target(arm, urls) as target:
-                if target is None:
-                    continue
-                row = asyncio.run(run_arm(target, workload, variant, args.seed))
-                print(f"  {arm}: hit {row['hit_rate']:.3f}, makespan {row['makespan_s']:.2f} s")
-                rows.append(row)
+        runs: dict[str, list[dict[str, float | str]]] = defaultdict(list)
+        for _ in range(max(1, args.repeat)):
+            for arm in arms:
+                # Fresh engines per arm: their counters (time-averaged in flight) and caches
+                # start from zero, and no arm inherits another's warm state.
+                with engines(variant, cost) as urls, arm_target(arm, urls) as target:
+                    if target is None:
+                        continue
+                    row = asyncio.run(run_arm(target, workload, variant, args.seed))
+                    hit, makespan = row["hit_rate"], row["makespan_s"]
+                    print(f"  {arm}: hit {hit:.3f}, makespan {makespan:.2f} s")
+                    runs[arm].append(row)
+        rows = [median_row(arm_runs) for arm_runs in runs.values()]
         results[variant] = rows
         print(table(rows))
         oracle = oracle_bound(variant, workload, args.seed)
