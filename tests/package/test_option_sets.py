@@ -61,7 +61,7 @@ ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--eviction-interval-secs/--eviction-interval": (60, False),
     "--max-tree-size": (67108864, False),
     "--assignment-mode": ("random", False),
-    "--max-idle-secs": (14400, False),
+    "--max-idle-secs/--sticky-key-idle-secs": (14400, False),
     "--tie-break": ("index", False),
     "--policy-seed": (None, False),
     # smg 1.13's load-aware policies (least_load, power_of_two's expected wait, prefix_hash).
@@ -74,6 +74,13 @@ ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--prefix-token-count": (256, False),
     "--prefix-hash-load-factor": (1.25, False),
     "--prefix-hash-balance-abs-threshold": (10, False),
+    # smg 1.13's sticky keys and overload protection (every policy's).
+    "--sticky-sessions/--routing-key-override": (False, False),
+    "--routing-key-headers": (["x-smg-routing-key"], False),
+    "--worker-overload-protection": (False, False),
+    "--disable-worker-overload-protection": ("==SUPPRESS==", False),
+    "--worker-overload-waiting-requests": (8, False),
+    "--worker-overload-token-usage": (0.8, False),
 }
 # Engine reliability (health thresholds, retries, circuit breaker), with the SGLang Model
 # Gateway's names and defaults: declared with engine routing, so the same processes take them.
