@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from sessiongate.dataplane.transport.frame_protocol import READ_SIZE, FrameProtocol
 from sessiongate.dataplane.transport.frames import CHUNK_SIZE
@@ -60,37 +60,31 @@ class FrameConnection:
     ) -> None:
         """Send one frame; FrameTooLarge (for this frame only) when over the cap."""
         header = encode_frame_header(frame_type, request_id, len(payload), max_frame=self.max_frame)
-        if self._protocol is not None:
-            await self._send_on_protocol(self._protocol, header, payload)
-            return
-        writer = self._writer
-        if writer is None or self.closed:
-            raise ConnectionError("IPC connection is closed")
+        write, drain = self._write_and_drain()
         async with self._write_lock:
-            writer.write(header)
+            write(header)
             view = memoryview(payload)
             # Hand large payloads to the transport in slices: one huge write() copies the
             # whole payload inside the event loop and stalls every other request.
             for start in range(0, len(view), CHUNK_SIZE):
-                writer.write(view[start : start + CHUNK_SIZE])
+                write(view[start : start + CHUNK_SIZE])
                 if len(view) > CHUNK_SIZE:
-                    await writer.drain()
-            await writer.drain()
+                    await drain()
+            await drain()
 
-    async def _send_on_protocol(
-        self, protocol: FrameProtocol, header: bytes, payload: bytes | memoryview
-    ) -> None:
-        transport = protocol.transport
-        if transport is None or self.closed or protocol.lost:
+    def _write_and_drain(
+        self,
+    ) -> tuple[Callable[[bytes | memoryview], None], Callable[[], Awaitable[None]]]:
+        """The channel's write and drain (its protocol's, or its stream writer's);
+        ConnectionError once it is closed."""
+        protocol = self._protocol
+        if protocol is not None:
+            if protocol.transport is None or self.closed or protocol.lost:
+                raise ConnectionError("IPC connection is closed")
+            return protocol.transport.write, protocol.drain
+        if self._writer is None or self.closed:
             raise ConnectionError("IPC connection is closed")
-        async with self._write_lock:
-            transport.write(header)
-            view = memoryview(payload)
-            # Slices, as on streams: one huge write() copies the payload in one go.
-            for start in range(0, len(view), CHUNK_SIZE):
-                transport.write(view[start : start + CHUNK_SIZE])
-                await protocol.drain()
-            await protocol.drain()
+        return self._writer.write, self._writer.drain
 
     async def frames(self) -> AsyncIterator[tuple[int, int, bytes]]:
         """Frames until EOF; FrameError on a corrupt stream, OSError on a read error."""
