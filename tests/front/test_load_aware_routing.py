@@ -11,32 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import httpx
 import pytest
 
-from support.http_stub import serving
+from support.http_stub import CHAT_COMPLETION, LoopbackServer, QuietJsonHandler, serving
 from support.procs import ServerProcess, free_port
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
-
-REPLY = json.dumps(
-    {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "stub",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-).encode()
 
 
 def loads(waiting_tokens: int, waiting_reqs: int = 0, token_usage: float = 0.1) -> bytes:
@@ -51,41 +35,24 @@ def loads(waiting_tokens: int, waiting_reqs: int = 0, token_usage: float = 0.1) 
     return json.dumps({"timestamp": "t", "version": "0.5.23", "loads": [rank]}).encode()
 
 
-class StubEngine(ThreadingHTTPServer):
-    daemon_threads = True
-
+class StubEngine(LoopbackServer):
     def __init__(self) -> None:
         self.loads = loads(0)
         self.posts = 0
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(_Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietJsonHandler):
     server: StubEngine
 
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
-        self._send(self.server.loads if self.path.startswith("/v1/loads") else b"{}")
+        self.send_json(self.server.loads if self.path.startswith("/v1/loads") else b"{}")
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         with self.server.lock:
             self.server.posts += 1
-        self._send(REPLY)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_json(CHAT_COMPLETION)
 
 
 def stub_engine() -> contextlib.AbstractContextManager[StubEngine]:

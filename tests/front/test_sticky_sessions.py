@@ -13,61 +13,34 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 
-from support.http_stub import serving
+from support.http_stub import CHAT_COMPLETION, LoopbackServer, QuietJsonHandler, serving
 from support.procs import ServerProcess, free_port
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
 pytestmark = pytest.mark.procs
 
-REPLY = json.dumps(
-    {
-        "id": "c",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "stub",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-    }
-).encode()
 LAYOUTS = [("compiled", "0"), ("python", "0"), ("python", "1"), ("python", "2")]
 
 
-class StubEngine(ThreadingHTTPServer):
-    daemon_threads = True
-
+class StubEngine(LoopbackServer):
     def __init__(self, name: str) -> None:
         self.name = name
         self.rids: list[str | None] = []
         self.release = threading.Event()
         self.held = threading.Semaphore(0)
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _Handler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(_Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietJsonHandler):
     server: StubEngine
 
-    def _send(self, body: bytes) -> None:
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
     def do_GET(self) -> None:
-        self._send(b"{}")
+        self.send_json(b"{}")
 
     def do_POST(self) -> None:
         doc = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)))
@@ -76,10 +49,7 @@ class _Handler(BaseHTTPRequestHandler):
         if "hold" in json.dumps(doc.get("messages")):
             self.server.held.release()
             self.server.release.wait(30)
-        self._send(REPLY)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+        self.send_json(CHAT_COMPLETION)
 
 
 @contextlib.contextmanager

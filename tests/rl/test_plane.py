@@ -11,7 +11,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -21,7 +20,7 @@ from sessiongate.config.rl import RlConfig
 from sessiongate.engines.registry import EngineRegistry
 from sessiongate.protocol import CoreRequest, Op
 from sessiongate.rl.plane import PlaneError, RlPlane, engine_path, selector_fields, worker_row
-from support.http_stub import serving
+from support.http_stub import LoopbackServer, QuietJsonHandler, serving
 from support.procs import ServerProcess, free_port
 
 
@@ -71,24 +70,18 @@ def test_rows_take_info_labels_then_the_engines_own_and_smgs_keys_win() -> None:
     assert fields["engine"] == "sglang" and fields["model"] == "qwen"  # smg's keys win
 
 
-class Stand(ThreadingHTTPServer):
+class Stand(LoopbackServer):
     """An engine's control routes: `answers[path] = (status, JSON body)`; every request
     recorded as (method, path, body)."""
-
-    daemon_threads = True
 
     def __init__(self, answers: dict[str, tuple[int, object]]) -> None:
         self.answers = answers
         self.seen: list[tuple[str, str, Any]] = []
         self.hang: set[str] = set()
-        super().__init__(("127.0.0.1", 0), _StandHandler)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        super().__init__(_StandHandler)
 
 
-class _StandHandler(BaseHTTPRequestHandler):
+class _StandHandler(QuietJsonHandler):
     server: Stand
 
     def _answer(self) -> None:
@@ -98,17 +91,9 @@ class _StandHandler(BaseHTTPRequestHandler):
         if self.path in self.server.hang:
             time.sleep(3)
         status, document = self.server.answers.get(self.path, (404, {"detail": "Not Found"}))
-        raw = json.dumps(document).encode()
-        self.send_response(status)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        self.send_json(json.dumps(document).encode(), status)
 
     do_GET = do_POST = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture

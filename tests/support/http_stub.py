@@ -5,35 +5,33 @@ info, or another service squatting on a port."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
+# A whole chat completion as an engine answers it (what stand-in engines reply to POSTs).
+CHAT_COMPLETION = json.dumps(
+    {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "stub",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+).encode()
 
-class JsonStub(ThreadingHTTPServer):
-    daemon_threads = True
 
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.gets: Counter[str] = Counter()
-        self.lock = threading.Lock()  # handlers run on threads of their own
-        super().__init__(("127.0.0.1", 0), _Handler)
+class QuietJsonHandler(BaseHTTPRequestHandler):
+    """A handler that answers JSON and logs nothing."""
 
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: JsonStub
-
-    def do_GET(self) -> None:
-        with self.server.lock:
-            self.server.gets[self.path] += 1
-        body = self.server.body
-        self.send_response(200)
+    def send_json(self, body: bytes, status: int = 200) -> None:
+        self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -41,6 +39,40 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    """A threaded server on a free loopback port; `lock` guards what handlers count."""
+
+    daemon_threads = True
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.lock = threading.Lock()  # handlers run on threads of their own
+        super().__init__(("127.0.0.1", 0), handler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+class JsonStub(LoopbackServer):
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.gets: Counter[str] = Counter()
+        super().__init__(_Handler)
+
+
+class _Handler(QuietJsonHandler):
+    server: JsonStub
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            self.server.gets[self.path] += 1
+        self.send_json(self.server.body)
 
 
 Server = TypeVar("Server", bound=ThreadingHTTPServer)
