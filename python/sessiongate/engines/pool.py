@@ -561,6 +561,13 @@ class EnginePool:
     def forget(self, root_id: str) -> None:
         self.pins.pop(root_id, None)
 
+    def _sticky_key(self, headers: list[tuple[str, str]], body: bytes) -> str | None:
+        """The request's sticky key, counted with it in flight; nothing is read (not even
+        the headers converted) without --sticky-sessions."""
+        if not self.engine_routing.sticks:
+            return None
+        return self.engine_policy.sticky_key(headers, body)
+
     async def _with_retries(
         self,
         root_id: str | None,
@@ -639,7 +646,7 @@ class EnginePool:
         headers: Iterable[tuple[str, str]] = (),
     ) -> EngineReply:
         header_list = list(headers)
-        key = self.engine_policy.sticky_key(header_list, body)
+        key = self._sticky_key(header_list, body)
 
         async def send(index: int) -> EngineReply:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
@@ -693,7 +700,7 @@ class EnginePool:
         body: bytes = b"",
     ) -> EngineStream:
         header_list = list(headers)
-        key = self.engine_policy.sticky_key(header_list, body)
+        key = self._sticky_key(header_list, body)
 
         async def attempt(index: int) -> EngineStream:
             client = self.clients[index]
