@@ -205,6 +205,26 @@ impl Filler {
         self.pos == self.len
     }
 
+    /// Takes the page faults of what is left to fill now, without writing all of it: one
+    /// zero byte per 4 KiB page. Memory the allocator hands back warm costs next to nothing
+    /// here, where zeroing it all costs a pass over it (a fifth of an R3 turn's CPU).
+    pub(crate) fn prefault_rest(&mut self) {
+        let mut at = self.pos;
+        while at < self.len {
+            // SAFETY: `at` lies in `pos..len`, inside the new bytes object this filler writes;
+            // a volatile write so the touch is not optimised away.
+            unsafe { std::ptr::write_volatile(self.ptr.add(at), 0) };
+            at += PAGE;
+        }
+    }
+
+    /// Moves the cursor to `pos` (bytes before it were written by someone else, e.g. a
+    /// socket through a buffer view). Panics past the end (an internal bug).
+    pub(crate) fn skip_to(&mut self, pos: usize) {
+        assert!(pos <= self.len, "Filler overflow");
+        self.pos = pos;
+    }
+
     /// Zeroes what is left to fill (and so takes its page faults now).
     pub(crate) fn zero_rest(&mut self) {
         // SAFETY: `pos..len` lies inside the new bytes object this filler writes.
@@ -212,6 +232,9 @@ impl Filler {
         self.pos = self.len;
     }
 }
+
+/// The page size the pre-fault steps by (the smallest on x86_64 and aarch64 Linux).
+const PAGE: usize = 4096;
 
 /// Copies at least this large bypass the caches: the target is not read back soon (it is
 /// handed to Python), and streaming stores skip reading each target line before writing it.

@@ -16,17 +16,21 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::buffer::new_bytes;
+use crate::buffer::{new_bytes, Filler};
 use crate::gil::maybe_unlocked;
 
-const SPENT: &str = "BytesSink.finish() was already called: the sink is spent";
-const OPEN_VIEWS: &str = "BytesSink.finish(): views of the sink are still open; release them first";
+const SPENT: &str = "BytesSink.finish(filled) was already called: the sink is spent";
+const OPEN_VIEWS: &str =
+    "BytesSink.finish(filled): views of the sink are still open; release them first";
 
-/// A zero-filled `bytes` of `size` bytes, writable through `view()` until `finish()`.
+/// A `bytes` of `size` bytes, writable through `view()` until `finish(filled)`, which zeroes
+/// whatever lies past the `filled` bytes the caller wrote.
 #[pyclass(module = "sessiongate._core")]
 pub struct BytesSink {
     /// None once `finish` has handed the object out.
     bytes: Option<Py<PyBytes>>,
+    /// The write cursor of `bytes` (for the pre-fault and the zeroed tail).
+    fill: Filler,
     size: usize,
     /// Buffer views currently exported (memoryviews over the sink).
     exports: usize,
@@ -39,15 +43,17 @@ impl BytesSink {
         let len = usize::try_from(size).map_err(|_| {
             PyValueError::new_err(format!("BytesSink size must be >= 0, not {size}"))
         })?;
-        // A new bytes object (huge-page backed when large: buffer::new_bytes), zero-filled
-        // like the twin's bytearray so a sink finished early holds no stale heap bytes. The
-        // zero-fill also takes the page faults of fresh memory (most of the cost) with the
-        // GIL released, so a caller can pay them in a thread rather than in the receive on
-        // its event loop.
+        // A new bytes object (huge-page backed when large: buffer::new_bytes). Its page
+        // faults (most of the cost of fresh memory) are taken now, with the GIL released, so
+        // a caller can pay them in a thread rather than in the receive on its event loop. It
+        // is not zeroed here: the socket writes every byte of a complete body, and zeroing
+        // warm memory first was a fifth of an R3 turn's CPU. `finish` zeroes what the caller
+        // did not fill, so no stale heap bytes are ever handed out.
         let (bytes, mut fill) = new_bytes(py, len)?;
-        maybe_unlocked(py, len, || fill.zero_rest());
+        maybe_unlocked(py, len, || fill.prefault_rest());
         Ok(Self {
             bytes: Some(bytes.unbind()),
+            fill,
             size: len,
             exports: 0,
         })
@@ -60,11 +66,22 @@ impl BytesSink {
         unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyMemoryView_FromObject(slf.as_ptr())) }
     }
 
-    /// The filled `bytes`; the sink is spent afterwards.
-    fn finish<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+    /// The `bytes`, its first `filled` bytes as written through views and the rest zero;
+    /// the sink is spent afterwards.
+    fn finish<'py>(&mut self, py: Python<'py>, filled: isize) -> PyResult<Bound<'py, PyBytes>> {
+        if self.bytes.is_none() {
+            return Err(PyBufferError::new_err(SPENT));
+        }
+        let filled = usize::try_from(filled)
+            .ok()
+            .filter(|&n| n <= self.size)
+            .ok_or_else(|| PyValueError::new_err(bad_filled(filled, self.size)))?;
         if self.exports > 0 {
             return Err(PyBufferError::new_err(OPEN_VIEWS));
         }
+        let fill = &mut self.fill;
+        fill.skip_to(filled);
+        maybe_unlocked(py, self.size - filled, || fill.zero_rest());
         match self.bytes.take() {
             Some(bytes) => Ok(bytes.into_bound(py)),
             None => Err(PyBufferError::new_err(SPENT)),
@@ -117,6 +134,10 @@ impl BytesSink {
         let mut this = slf.borrow_mut();
         this.exports = this.exports.saturating_sub(1);
     }
+}
+
+fn bad_filled(filled: isize, size: usize) -> String {
+    format!("BytesSink.finish(filled): filled must be between 0 and {size}, not {filled}")
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

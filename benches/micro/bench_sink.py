@@ -33,7 +33,7 @@ def _receive(sink_cls: type, body: bytes) -> bytes:
         while received < len(body):
             received += left.recv_into(view[received:])
         view.release()
-        return sink.finish()
+        return sink.finish(received)
     finally:
         sender.join()
         left.close()

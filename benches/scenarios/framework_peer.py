@@ -203,7 +203,7 @@ def summarize(samples: dict[str, list[dict[str, Any]]], peaks: dict[str, float])
     peer = results[FRAMEWORK]
     results["ratios_over_framework"] = {
         name: {
-            key: round(figures[key] / peer[key], 2) if peer[key] else None
+            key: round(figures[key] / peer[key], 3) if peer[key] else None
             for key in ("turns_per_s", "p50_ms", "p99_ms", "turn_cpu_ms", "get_ms", "peak_mib")
         }
         for name, figures in results.items()

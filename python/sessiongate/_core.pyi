@@ -177,15 +177,18 @@ def nvext_session_control(body: Buffer, session_id: str, action: str, timeout: i
 
 @final
 class BytesSink:
-    """A zero-filled ``bytes`` of ``size`` bytes, written in place through ``view()`` (e.g.
-    ``socket.recv_into``) and handed out by ``finish()`` without a copy. The object is private
-    to the sink until then, so no Python code sees a ``bytes`` change."""
+    """A ``bytes`` of ``size`` bytes, written in place through ``view()`` (e.g.
+    ``socket.recv_into``) and handed out by ``finish(filled)`` without a copy. Its pages are
+    faulted in at creation but not zeroed: ``finish`` zeroes what lies past the ``filled``
+    bytes written. The object is private to the sink until then, so no Python code sees a
+    ``bytes`` change."""
 
     def __init__(self, size: int) -> None: ...
     def view(self) -> memoryview:
         """A writable memoryview of the whole sink; release it before ``finish``."""
-    def finish(self) -> bytes:
-        """The filled ``bytes``. BufferError while views are open, or when called twice."""
+    def finish(self, filled: int) -> bytes:
+        """The ``bytes``: its first ``filled`` bytes as written, the rest zero. ValueError for
+        ``filled`` outside 0..size; BufferError while views are open, or when called twice."""
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __release_buffer__(self, buffer: memoryview, /) -> None: ...

@@ -22,32 +22,61 @@ IDS = ["rust", "python"]
 writes = st.lists(st.tuples(st.integers(0, 5000), st.binary(max_size=300)), max_size=12)
 
 
-def _fill(impl: Any, size: int, plan: list[tuple[int, bytes]]) -> bytes:
+def _expected(size: int, head: bytes, plan: list[tuple[int, bytes]]) -> tuple[bytes, int]:
+    """What a sink of `size` holds after `head` then `plan` are written, and its `filled`."""
+    data = bytearray(size)
+    filled = min(len(head), size)
+    data[:filled] = head[:filled]
+    for offset, chunk in plan:
+        start = min(offset, size)
+        part = chunk[: size - start]
+        data[start : start + len(part)] = part
+    data[filled:] = bytes(size - filled)
+    return bytes(data), filled
+
+
+def _fill(impl: Any, size: int, head: bytes, plan: list[tuple[int, bytes]]) -> bytes:
+    """A received prefix (`head`, as recv_into writes one), then overwrites anywhere, then
+    `finish` with the prefix's length: what lies past it must read as zero."""
     sink = impl.BytesSink(size)
     view = sink.view()
+    filled = min(len(head), size)
+    view[:filled] = head[:filled]
     for offset, data in plan:
         start = min(offset, size)
         chunk = data[: size - start]
         view[start : start + len(chunk)] = chunk
     view.release()
-    return sink.finish()
+    return sink.finish(filled)
 
 
 @settings(max_examples=300, deadline=None)
-@given(size=st.integers(0, 5000), plan=writes)
-def test_same_bytes_as_the_twin(size: int, plan: list[tuple[int, bytes]]) -> None:
-    expected = bytearray(size)
-    for offset, data in plan:
-        start = min(offset, size)
-        chunk = data[: size - start]
-        expected[start : start + len(chunk)] = chunk
-    results = [_fill(impl, size, plan) for impl in IMPLS]
+@given(size=st.integers(0, 5000), head=st.binary(max_size=5000), plan=writes)
+def test_same_bytes_as_the_twin(size: int, head: bytes, plan: list[tuple[int, bytes]]) -> None:
+    expected, _ = _expected(size, head, plan)
+    results = [_fill(impl, size, head, plan) for impl in IMPLS]
     assert all(type(r) is bytes for r in results)
-    assert results[0] == results[1] == bytes(expected)
+    assert results[0] == results[1] == expected
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
-def test_large_sink_is_zero_filled_and_received_in_place(impl: Any) -> None:
+def test_no_stale_heap_bytes_past_filled(impl: Any) -> None:
+    # Sinks are not zeroed at creation; memory freed by an earlier sink comes back full of
+    # its bytes, and whatever the caller did not fill must still read as zero.
+    size = 3 << 20
+    for filled in (size, 1000, 0):
+        sink = impl.BytesSink(size)
+        view = sink.view()
+        view[:filled] = b"\xab" * filled
+        view.release()
+        body = sink.finish(filled)
+        assert body[:filled] == b"\xab" * filled
+        assert body[filled:].count(0) == size - filled
+        del body
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_large_sink_is_received_in_place_and_zero_past_filled(impl: Any) -> None:
     size = 9 << 20  # large enough for the huge-page advice in the Rust sink
     payload = bytes(range(256)) * 4096  # 1 MiB
     left, right = socket.socketpair()
@@ -64,7 +93,7 @@ def test_large_sink_is_zero_filled_and_received_in_place(impl: Any) -> None:
         left.close()
         right.close()
     view.release()
-    body = sink.finish()
+    body = sink.finish(received)
     assert len(body) == size and body[: len(payload)] == payload
     assert body[len(payload) :].count(0) == size - len(payload)
 
@@ -75,7 +104,7 @@ def test_finished_bytes_cannot_change(impl: Any) -> None:
     view = sink.view()
     view[:] = b"abcd"
     view.release()
-    body = sink.finish()
+    body = sink.finish(4)
     assert hash(body) == hash(b"abcd")
     with pytest.raises(BufferError, match="spent"):
         sink.view()
@@ -93,16 +122,21 @@ def _errors(impl: Any) -> list[str]:
     view = sink.view()
     part = view[1:]
     view.release()
+    for filled in (-1, 4, "3"):
+        try:
+            sink.finish(filled)
+        except (ValueError, TypeError) as exc:
+            out.append(type(exc).__name__ + (f": {exc}" if isinstance(exc, ValueError) else ""))
     try:
-        sink.finish()  # a slice still holds the buffer
+        sink.finish(3)  # a slice still holds the buffer
     except BufferError as exc:
         out.append(str(exc))
     part.release()
     out.append(repr(sink))
-    out.append(repr(sink.finish()))
+    out.append(repr(sink.finish(0)))
     out.append(repr(sink))
     try:
-        sink.finish()
+        sink.finish(3)
     except BufferError as exc:
         out.append(str(exc))
     out.append(str(len(sink)))
@@ -113,4 +147,5 @@ def test_same_errors_and_states_as_the_twin() -> None:
     rust, python = (_errors(impl) for impl in IMPLS)
     assert rust == python
     assert "ValueError: BytesSink size must be >= 0, not -1" in rust
-    assert "views of the sink are still open" in rust[3]
+    assert "BytesSink.finish(filled): filled must be between 0 and 3, not 4" in rust[4]
+    assert "views of the sink are still open" in rust[6]

@@ -363,7 +363,7 @@ class Response:
             view.release()
         if received < size:
             raise ProtocolFailure(cut_message or _unread(size - received, size))
-        return sink.finish()
+        return sink.finish(size)
 
 
 def _unread(remaining: int, length: int) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import operator
 
-_SPENT = "BytesSink.finish() was already called: the sink is spent"
-_OPEN_VIEWS = "BytesSink.finish(): views of the sink are still open; release them first"
+_SPENT = "BytesSink.finish(filled) was already called: the sink is spent"
+_OPEN_VIEWS = "BytesSink.finish(filled): views of the sink are still open; release them first"
 
 
 class BytesSink:
-    """A zero-filled ``bytes`` of ``size`` bytes, writable through ``view()`` until ``finish()``."""
+    """A ``bytes`` of ``size`` bytes, writable through ``view()`` until ``finish(filled)``,
+    which zeroes whatever lies past the ``filled`` bytes the caller wrote."""
 
     __slots__ = ("_data", "_size")
 
@@ -30,11 +31,18 @@ class BytesSink:
             raise BufferError(_SPENT)
         return memoryview(self._data)
 
-    def finish(self) -> bytes:
-        """The filled ``bytes``; the sink is spent afterwards."""
+    def finish(self, filled: int) -> bytes:
+        """The ``bytes``, its first ``filled`` bytes as written through views and the rest
+        zero; the sink is spent afterwards."""
         if self._data is None:
             raise BufferError(_SPENT)
-        data = bytes(self._data)
+        filled = operator.index(filled)
+        if not 0 <= filled <= self._size:
+            raise ValueError(
+                f"BytesSink.finish(filled): filled must be between 0 and {self._size}, "
+                f"not {filled}"
+            )
+        data = bytes(self._data[:filled]) + bytes(self._size - filled)
         try:
             self._data.clear()  # a resize: it fails while any view is exported
         except BufferError:
