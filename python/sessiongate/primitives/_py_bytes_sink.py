@@ -39,8 +39,7 @@ class BytesSink:
         filled = operator.index(filled)
         if not 0 <= filled <= self._size:
             raise ValueError(
-                f"BytesSink.finish(filled): filled must be between 0 and {self._size}, "
-                f"not {filled}"
+                f"BytesSink.finish(filled): filled must be between 0 and {self._size}, not {filled}"
             )
         data = bytes(self._data[:filled]) + bytes(self._size - filled)
         try:
