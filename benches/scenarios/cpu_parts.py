@@ -18,7 +18,8 @@ With `--workers 0` there is one gateway process: `front` (its `sg-front` threads
 `gateway` (the rest: the session core and its HTTP server).
 
 Figures: CPU ms per R3 turn per part (the turn phase), CPU ms per MiB of records GET per part
-(the GET phase), medians over the counted rounds (a first round warms each gateway).
+(the GET phase), medians over the counted rounds (a first round warms each gateway; its CPU
+per turn, all parts together, is reported as the cold first sessions').
 
 The copy floor, on the same machine in the same run: `memcpy` (copying a warm buffer of one
 GET's size in user space) and `socket hop` (the bytes sent over a loopback TCP connection and
@@ -172,6 +173,7 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
     configs = {"rust": {}, "python": {"SESSIONGATE_IMPL": "python"}}
     prompt = " ".join(["word"] * 2000)
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    cold: dict[str, float] = {}
     get_sizes: list[int] = []
     with ExitStack() as stack:
         gateways: dict[str, ServerProcess] = {}
@@ -191,7 +193,8 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
                 size, get_s = get_all(url, load["sids"])
                 fetched = parts(roles[name])
                 delete_all(url, load["sids"])
-                if index == 0:
+                if index == 0:  # a fresh gateway's first sessions: memory not yet touched
+                    cold[name] = sum(minus(turned, before).values()) * 1000 / load["turns"]
                     continue
                 get_sizes.append(size)
                 turn_cpu = minus(turned, before)
@@ -229,6 +232,7 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
             "get_mib_per_round": round(statistics.median(r["get_mib"] for r in runs), 1),
             "get_mib_per_s": round(statistics.median(r["get_mib"] / r["get_s"] for r in runs), 1),
             "compiled_front": all(r["front_threads"] for r in runs),
+            "cold_turn_cpu_ms_total": round(cold[name], 2),
         }
     rust, python = results["rust"], results["python"]
     results["python_over_rust_turn_cpu"] = round(
