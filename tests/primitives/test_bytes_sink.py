@@ -22,30 +22,31 @@ IDS = ["rust", "python"]
 writes = st.lists(st.tuples(st.integers(0, 5000), st.binary(max_size=300)), max_size=12)
 
 
-def _expected(size: int, head: bytes, plan: list[tuple[int, bytes]]) -> tuple[bytes, int]:
-    """What a sink of `size` holds after `head` then `plan` are written, and its `filled`."""
-    data = bytearray(size)
+def _write(target: bytearray | memoryview, head: bytes, plan: list[tuple[int, bytes]]) -> int:
+    """A received prefix (`head`, as recv_into writes one), then overwrites anywhere; the
+    prefix's length, the `filled` that `finish` is given."""
+    size = len(target)
     filled = min(len(head), size)
-    data[:filled] = head[:filled]
-    for offset, chunk in plan:
-        start = min(offset, size)
-        part = chunk[: size - start]
-        data[start : start + len(part)] = part
-    data[filled:] = bytes(size - filled)
-    return bytes(data), filled
-
-
-def _fill(impl: Any, size: int, head: bytes, plan: list[tuple[int, bytes]]) -> bytes:
-    """A received prefix (`head`, as recv_into writes one), then overwrites anywhere, then
-    `finish` with the prefix's length: what lies past it must read as zero."""
-    sink = impl.BytesSink(size)
-    view = sink.view()
-    filled = min(len(head), size)
-    view[:filled] = head[:filled]
+    target[:filled] = head[:filled]
     for offset, data in plan:
         start = min(offset, size)
         chunk = data[: size - start]
-        view[start : start + len(chunk)] = chunk
+        target[start : start + len(chunk)] = chunk
+    return filled
+
+
+def _expected(size: int, head: bytes, plan: list[tuple[int, bytes]]) -> bytes:
+    """What a finished sink holds: the writes up to `filled`, zero past it."""
+    data = bytearray(size)
+    filled = _write(data, head, plan)
+    data[filled:] = bytes(size - filled)
+    return bytes(data)
+
+
+def _fill(impl: Any, size: int, head: bytes, plan: list[tuple[int, bytes]]) -> bytes:
+    sink = impl.BytesSink(size)
+    view = sink.view()
+    filled = _write(view, head, plan)
     view.release()
     return sink.finish(filled)
 
@@ -53,7 +54,7 @@ def _fill(impl: Any, size: int, head: bytes, plan: list[tuple[int, bytes]]) -> b
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(0, 5000), head=st.binary(max_size=5000), plan=writes)
 def test_same_bytes_as_the_twin(size: int, head: bytes, plan: list[tuple[int, bytes]]) -> None:
-    expected, _ = _expected(size, head, plan)
+    expected = _expected(size, head, plan)
     results = [_fill(impl, size, head, plan) for impl in IMPLS]
     assert all(type(r) is bytes for r in results)
     assert results[0] == results[1] == expected
