@@ -9,6 +9,8 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed, WorkerLost
 from sessiongate.dataplane.transport.connection import FrameConnection
@@ -215,3 +217,45 @@ def test_handler_exception_is_an_error_for_that_request_only() -> None:
         serving.cancel()
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 3 * CHUNK_SIZE), max_size=6),
+    coalesce=st.booleans(),
+)
+def test_streamed_parts_cross_the_channel_in_chunk_sized_frames(
+    sizes: list[int], coalesce: bool
+) -> None:
+    # A bulk stream's (coalesce) frames are cut at every CHUNK_SIZE of the whole body, large
+    # parts as views of themselves; a live stream's parts keep their boundaries (an empty one
+    # too), split only past CHUNK_SIZE. Either way the client gets every byte in order.
+    parts = [bytes([index % 251]) * size for index, size in enumerate(sizes)]
+
+    async def handler(request: CoreRequest) -> CoreReply:
+        async def stream() -> AsyncIterator[bytes]:
+            for part in parts:
+                yield part
+
+        return CoreReply(200, [], stream=stream(), coalesce=coalesce)
+
+    async def run() -> list[bytes]:
+        channel, _, serving, worker_sock = await pair(handler)
+        reply = await channel.request(meta(), b"")
+        assert reply.stream is not None
+        chunks = [chunk async for chunk in reply.stream]
+        await channel.aclose()
+        worker_sock.close()
+        await serving
+        return chunks
+
+    chunks = asyncio.run(run())
+    body = b"".join(parts)
+    assert b"".join(chunks) == body
+    if coalesce:
+        expected = [body[i : i + CHUNK_SIZE] for i in range(0, len(body), CHUNK_SIZE)]
+    else:
+        expected = [
+            part[i : i + CHUNK_SIZE] for part in parts for i in range(0, len(part) or 1, CHUNK_SIZE)
+        ]
+    assert chunks == expected

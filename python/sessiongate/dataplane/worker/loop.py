@@ -57,18 +57,26 @@ class _Credit:
         self.available -= 1
 
 
-async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """Join small parts into chunks up to `limit`, splitting large ones."""
+async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes | memoryview]:
+    """Join small parts into chunks up to `limit`, splitting large ones. A large part goes
+    out as views of itself (the frame writer copies it once, into the socket); only what is
+    joined is copied here."""
     buffer = bytearray()
     async for part in parts:
         view = memoryview(part)
-        while view:
+        if buffer:
             room = limit - len(buffer)
             buffer += view[:room]
             view = view[room:]
-            if len(buffer) >= limit:
-                yield bytes(buffer)
-                buffer.clear()
+            if len(buffer) < limit:
+                continue
+            yield bytes(buffer)
+            buffer.clear()
+        while len(view) >= limit:
+            yield view[:limit]
+            view = view[limit:]
+        if view:
+            buffer += view
     if buffer:
         yield bytes(buffer)
 
@@ -179,6 +187,7 @@ class WorkerLoop:
         credit = _Credit(CREDIT_WINDOW)
         self.credits[request_id] = credit
         await self._send(FRAME_REPLY_HEAD, request_id, encode_envelope(meta, b""))
+        parts: AsyncIterator[bytes | memoryview]
         if reply.stream is None:
             parts = _single(reply.body)
         elif reply.coalesce:
@@ -191,18 +200,19 @@ class WorkerLoop:
         await self._send(FRAME_END, request_id)
 
 
-async def _single(body: bytes) -> AsyncIterator[bytes]:
+async def _single(body: bytes) -> AsyncIterator[bytes | memoryview]:
     view = memoryview(body)
     for start in range(0, len(view), CHUNK_SIZE):
-        yield bytes(view[start : start + CHUNK_SIZE])
+        yield view[start : start + CHUNK_SIZE]
 
 
-async def _split(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """Pass parts through as they come (latency matters, e.g. SSE), splitting large ones."""
+async def _split(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes | memoryview]:
+    """Pass parts through as they come (latency matters, e.g. SSE), splitting large ones
+    into views of themselves."""
     async for part in parts:
         if len(part) <= limit:
             yield part
             continue
         view = memoryview(part)
         for start in range(0, len(view), limit):
-            yield bytes(view[start : start + limit])
+            yield view[start : start + limit]
