@@ -348,6 +348,11 @@ class DispatchedRequest:
     def send(self, data: bytes) -> int:
         """Queue a part: 0 sent; 1 sent, but more than 1 MiB is queued (wait until
         ``take_writable`` returns this id); -1 the client is gone (nothing sent)."""
+    def send_file(self, fd: int, length: int) -> int:
+        """Queue the first ``length`` bytes of the open file ``fd`` as a part, sent by the
+        kernel (``sendfile``) without being read here. The front owns ``fd`` from this call
+        on, whatever it answers, and closes it: 0 queued, -1 the client is gone.
+        ValueError for a negative ``fd`` or before ``start``."""
     def end(self) -> bool:
         """The end of a streamed reply; False when the client is gone."""
     def abort(self) -> None:

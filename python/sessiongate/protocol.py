@@ -6,6 +6,7 @@ Import-light on purpose: the router uses these without loading the session core.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -117,12 +118,62 @@ class CoreRequest:
         )
 
 
+class FilePart:
+    """A part of a reply body held in an open, already unlinked file of known length (a
+    records GET segment a local worker wrote to shared memory: the router never reads it).
+    A front that can send files takes the descriptor (`take_fd`); anything else iterates
+    its bytes. Its descriptor is closed by `aclose`, by the iteration's end, or when the
+    part is dropped unread."""
+
+    READ_SLICE = 256 << 10
+
+    def __init__(self, fd: int, length: int) -> None:
+        self.length = length
+        self._fd: int | None = fd
+        self._offset = 0
+
+    def take_fd(self) -> int:
+        """The file descriptor; the caller owns (and closes) it from now on."""
+        if self._fd is None:
+            raise ValueError("the reply file was already taken or closed")
+        fd, self._fd = self._fd, None
+        return fd
+
+    def __aiter__(self) -> FilePart:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._fd is None or self._offset >= self.length:
+            await self.aclose()
+            raise StopAsyncIteration
+        left = self.length - self._offset
+        chunk = os.pread(self._fd, min(self.READ_SLICE, left), self._offset)
+        if not chunk:  # shorter than announced: the reply is cut, not taken as whole
+            await self.aclose()
+            raise ConnectionError(f"reply file ended at {self._offset} of {self.length} bytes")
+        self._offset += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 @dataclass
 class CoreReply:
     status: int
     headers: list[tuple[str, str]]
     body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
+    # Parts of the body; a router's reply may carry FileParts (dataplane/transport/
+    # reply_files.py), what the session core makes is bytes only.
+    stream: AsyncIterator[bytes | FilePart] | None = None
     # True for bulk streams (a records dump) whose small parts may be joined into larger
     # chunks; False for live streams (SSE) where each part should go out at once.
     coalesce: bool = False

@@ -3,6 +3,7 @@
 //! Python at the first request whose transport or route only the Python server handles.
 
 use std::future::Future;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -10,7 +11,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Response};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -30,6 +31,11 @@ const MAX_HEADERS: usize = 128;
 const WATCH_LIMIT: usize = 1 << 20;
 /// Replies with a declared length up to this are written in one go, head and body.
 const HOLD_LIMIT: u64 = 64 << 10;
+/// Bytes per `sendfile` call of a file reply: between calls the connection's task yields
+/// (when the socket is full), so a large reply never holds a runtime thread for long.
+const SENDFILE_SLICE: u64 = 1 << 20;
+/// Chunk size of a file part in a chunked reply: the frames' chunk size.
+const FILE_CHUNK: u64 = 256 << 10;
 /// Pending relay output is written once it reaches this, even if more is ready.
 const FLUSH_AT: usize = 64 << 10;
 /// Body pieces at least this large are written from the upstream's buffer, not copied.
@@ -403,6 +409,48 @@ impl Conn<'_> {
         ok
     }
 
+    /// `n` queued body bytes were written: wake a Python sender waiting for room.
+    fn taken(&self, id: u64, flow: &SharedFlow, n: usize) {
+        let mut state = lock_flow(flow);
+        state.queued = state.queued.saturating_sub(n);
+        if state.waiting && state.queued <= LOW_WATER {
+            state.waiting = false;
+            self.shared.writable(id);
+        }
+    }
+
+    /// `length` bytes of `file` from `start` to the client, copied by the kernel from the
+    /// file's pages to the socket (`sendfile`), a slice at a time so other connections' tasks
+    /// run between them. False when the client is gone or the file is shorter.
+    async fn send_file(&mut self, file: &std::fs::File, start: u64, length: u64) -> bool {
+        let socket = self.stream.as_raw_fd();
+        let source = file.as_raw_fd();
+        let Ok(mut offset) = libc::off_t::try_from(start) else {
+            return false;
+        };
+        let mut left = length;
+        while left > 0 {
+            let count = usize::try_from(left.min(SENDFILE_SLICE)).unwrap_or(1 << 20);
+            let sent = self.stream.try_io(Interest::WRITABLE, || {
+                // SAFETY: both descriptors stay open for the call (the stream and `file` are
+                // borrowed); `offset` is a live local the kernel advances.
+                let n = unsafe { libc::sendfile(socket, source, &mut offset, count) };
+                u64::try_from(n).map_err(|_| std::io::Error::last_os_error())
+            });
+            match sent {
+                Ok(0) => return false, // the file ended early: the reply is cut
+                Ok(n) => left = left.saturating_sub(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if self.stream.writable().await.is_err() {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
     /// Relay an upstream reply; the status the client got, and whether the connection can
     /// carry another request.
     async fn relay(&mut self, reply: Response<Incoming>, close: bool) -> (u16, bool) {
@@ -628,17 +676,45 @@ impl Conn<'_> {
                         }
                         Framing::Empty => {}
                     }
-                    {
-                        let mut state = lock_flow(flow);
-                        state.queued = state.queued.saturating_sub(data.len());
-                        if state.waiting && state.queued <= LOW_WATER {
-                            state.waiting = false;
-                            self.shared.writable(id);
-                        }
-                    }
+                    self.taken(id, flow, data.len());
                     if self.out.len() >= FLUSH_AT && !self.flush().await {
                         return false;
                     }
+                }
+                Some(Part::File(file, length)) => {
+                    let n = match framing {
+                        Framing::Length(_) => remaining.min(length),
+                        Framing::Chunked => length,
+                        Framing::Empty => 0,
+                    };
+                    // Chunked: pieces of FILE_CHUNK, as frames' parts would be (clients
+                    // that decode chunks in Python take far longer over 4 MiB chunks).
+                    let piece = if framing == Framing::Chunked {
+                        FILE_CHUNK
+                    } else {
+                        n
+                    };
+                    let mut offset = 0;
+                    while offset < n {
+                        let size = piece.min(n - offset);
+                        if framing == Framing::Chunked {
+                            if offset > 0 {
+                                self.out.extend_from_slice(b"\r\n");
+                            }
+                            reply::chunk_size(&mut self.out, usize::try_from(size).unwrap_or(0));
+                        }
+                        if !self.flush().await || !self.send_file(&file, offset, size).await {
+                            return false;
+                        }
+                        offset += size;
+                    }
+                    if framing == Framing::Chunked && n > 0 {
+                        self.out.extend_from_slice(b"\r\n");
+                    }
+                    if let Framing::Length(_) = framing {
+                        remaining -= n;
+                    }
+                    self.taken(id, flow, usize::try_from(length).unwrap_or(usize::MAX));
                 }
                 Some(Part::End) => {
                     if framing == Framing::Chunked {

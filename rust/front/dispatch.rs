@@ -4,6 +4,7 @@
 //! request whose transport is plain (see `route.rs`, `head.rs`), so a session turn costs
 //! Python its session work and not an HTTP server's.
 
+use std::os::fd::FromRawFd;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -32,6 +33,8 @@ pub enum Part {
         body: Option<Bytes>,
     },
     Body(Bytes),
+    /// Body bytes in an open file: its first `u64` bytes, sent by the kernel (`sendfile`).
+    File(std::fs::File, u64),
     End,
     /// The reply cannot be completed: cut it (close the connection).
     Abort,
@@ -252,6 +255,38 @@ impl DispatchedRequest {
             return Ok(GONE);
         }
         flow.queued += size;
+        if flow.queued > HIGH_WATER {
+            flow.waiting = true;
+            return Ok(FULL);
+        }
+        Ok(SENT)
+    }
+
+    /// Queue a body part held in an open file: its first `length` bytes, which the front
+    /// hands to the kernel (`sendfile`) without reading them. The front owns `fd` from this
+    /// call on, whatever it answers, and closes it. Answers as `send`: the file's length
+    /// counts in the queue until it is sent.
+    fn send_file(&self, fd: i32, length: u64) -> PyResult<i64> {
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!(
+                "invalid file descriptor {fd}"
+            )));
+        }
+        // SAFETY: the caller gives up an open descriptor it no longer uses (the contract of
+        // this method); from here the File owns and closes it.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        self.check_started()?;
+        let mut flow = lock_flow(&self.flow);
+        if flow.gone {
+            return Ok(GONE);
+        }
+        if self.replies.send(Part::File(file, length)).is_err() {
+            flow.gone = true;
+            return Ok(GONE);
+        }
+        flow.queued = flow
+            .queued
+            .saturating_add(usize::try_from(length).unwrap_or(usize::MAX));
         if flow.queued > HIGH_WATER {
             flow.waiting = true;
             return Ok(FULL);

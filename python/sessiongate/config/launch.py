@@ -28,6 +28,9 @@ class WorkerLaunch:
     fd: int | None
     index: int
     generation: int = 0
+    # Where bulk replies go as files for the router (dataplane/transport/reply_files.py);
+    # None: frames only.
+    reply_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class RouterLaunch:
     secret_env: str | None = None
     # The start-up engine is the embedded mock, which the first registration replaces.
     engines_placeholder: bool = False
+    # The directory of its workers' file replies (see WorkerLaunch); None: none accepted.
+    reply_dir: str | None = None
 
 
 def launch_env(launch: WorkerLaunch | RouterLaunch) -> dict[str, str]:

@@ -117,9 +117,12 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         gateway.start()
         for index, fd in enumerate(fds):
-            router.attach(await open_channel(index, socket.socket(fileno=fd)))
+            channel = await open_channel(index, socket.socket(fileno=fd), 0, launch.reply_dir)
+            router.attach(channel)
         router.start()
-        watch_control_socket(control, router, on_supervisor_gone=server.request_exit)
+        watch_control_socket(
+            control, router, on_supervisor_gone=server.request_exit, reply_dir=launch.reply_dir
+        )
         try:
             return await serve_with_front(
                 server, door, default_port=launch.port, on_started=on_started

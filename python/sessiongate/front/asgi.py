@@ -33,7 +33,14 @@ from sessiongate.errors import (
     Unauthorized,
 )
 from sessiongate.front.routes import DOCS_PATHS, classify, session_header_names
-from sessiongate.protocol import CoreReply, CoreRequest, Op, close_stream, error_reply
+from sessiongate.protocol import (
+    CoreReply,
+    CoreRequest,
+    FilePart,
+    Op,
+    close_stream,
+    error_reply,
+)
 
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 Scope = dict[str, Any]
@@ -121,9 +128,12 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
         # Inside the try: a stream must be closed even when the client is gone before the
         # status line goes out (its cleanup ends an upstream exchange or a session turn).
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        async for chunk in reply.stream:
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        async for part in reply.stream:
+            if isinstance(part, FilePart):  # a shared-memory segment of a records GET
+                async for chunk in part:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            elif part:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
     finally:
         await close_stream(reply.stream)
     await send({"type": "http.response.body", "body": b""})

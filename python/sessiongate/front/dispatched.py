@@ -15,7 +15,7 @@ from typing import Any
 
 from sessiongate.errors import GatewayError
 from sessiongate.front.asgi import GatewayApp
-from sessiongate.protocol import CoreReply, close_stream, error_reply
+from sessiongate.protocol import CoreReply, FilePart, close_stream, error_reply
 
 logger = logging.getLogger(__name__)
 
@@ -80,18 +80,29 @@ class DispatchedRequests:
         await self._stream(request, reply, reply.stream, gone=not started)
 
     async def _stream(
-        self, request: Any, reply: CoreReply, stream: AsyncIterator[bytes], *, gone: bool
+        self,
+        request: Any,
+        reply: CoreReply,
+        stream: AsyncIterator[bytes | FilePart],
+        *,
+        gone: bool,
     ) -> None:
         complete = False
         try:
             async for chunk in stream:
                 if gone:
+                    if isinstance(chunk, FilePart):
+                        chunk.close()
                     if reply.coalesce:
                         break  # a bulk dump nobody reads: stop making it
                     # A live stream (a session turn's SSE) runs to its end, as under the ASGI
                     # server: the turn is still recorded when its client left early.
                     continue
-                state = request.send(_as_bytes(chunk))
+                if isinstance(chunk, FilePart):
+                    # A shared-memory segment (a records GET): the front sends the file.
+                    state = request.send_file(chunk.take_fd(), chunk.length)
+                else:
+                    state = request.send(_as_bytes(chunk))
                 if state == FULL:
                     gone = await self._until_writable(request)
                 elif state == GONE:

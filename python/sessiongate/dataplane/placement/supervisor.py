@@ -30,6 +30,7 @@ import httpx
 
 from sessiongate.config.gateway import GatewayConfig
 from sessiongate.config.launch import RouterLaunch, WorkerLaunch, launch_env
+from sessiongate.dataplane.transport.reply_files import make_reply_dir, remove_reply_dir
 from sessiongate.process.children import PARENT_PID_ENV, listen_problem
 from sessiongate.protocol import INSTANCE_ENV, INSTANCE_HEADER
 
@@ -111,6 +112,9 @@ class Supervisor:
         # not by whatever else answers on the port (another gateway, a stale process).
         self.instance = secrets.token_hex(16)
         self._foreign_answer = False
+        # Shared memory for the workers' bulk replies to the router (made at start, removed
+        # at stop; transport/reply_files.py). None: frames only.
+        self.reply_dir: str | None = None
 
     # -- children ---------------------------------------------------------------------
 
@@ -120,7 +124,9 @@ class Supervisor:
         """A worker on a fresh socketpair; returns it and the router's end of the pair."""
         router_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         assert self.config.worker_config is not None
-        launch = WorkerLaunch(self.config.worker_config, worker_end.fileno(), index, generation)
+        launch = WorkerLaunch(
+            self.config.worker_config, worker_end.fileno(), index, generation, self.reply_dir
+        )
         try:
             proc = _spawn(["_worker"], [worker_end.fileno()], launch_env(launch))
         finally:
@@ -128,6 +134,8 @@ class Supervisor:
         return proc, router_end
 
     def start(self) -> None:
+        if self.config.workers:
+            self.reply_dir = make_reply_dir()
         router_ends: list[socket.socket] = []
         for index in range(self.config.workers):
             proc, router_end = self._spawn_worker(index, 0)
@@ -140,6 +148,7 @@ class Supervisor:
             self.config.router,
             control_fd=control_router.fileno(),
             worker_fds=tuple(fds),
+            reply_dir=self.reply_dir,
         )
         env = {**self.config.router_env, INSTANCE_ENV: self.instance, **launch_env(launch)}
         self.router = _spawn(["_router"], [*fds, control_router.fileno()], env)
@@ -225,6 +234,7 @@ class Supervisor:
                 proc.wait()
         if self._control is not None:
             self._control.close()
+        remove_reply_dir(self.reply_dir)
 
     # -- main loop --------------------------------------------------------------------
 

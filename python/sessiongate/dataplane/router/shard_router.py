@@ -541,12 +541,20 @@ def _state(channel: WorkerChannel) -> str:
     return "down" if channel.down_reason else "starting"
 
 
-async def open_channel(index: int, sock: socket.socket, generation: int = 0) -> WorkerChannel:
-    return WorkerChannel(index, await FrameConnection(sock).open(), generation=generation)
+async def open_channel(
+    index: int, sock: socket.socket, generation: int = 0, reply_dir: str | None = None
+) -> WorkerChannel:
+    """The channel to a worker this router's supervisor started (which may answer bulk
+    replies with files in `reply_dir`)."""
+    conn = await FrameConnection(sock).open()
+    return WorkerChannel(index, conn, generation=generation, reply_dir=reply_dir)
 
 
 def watch_control_socket(
-    control: socket.socket, router: ShardRouter, on_supervisor_gone: Callable[[], None]
+    control: socket.socket,
+    router: ShardRouter,
+    on_supervisor_gone: Callable[[], None],
+    reply_dir: str | None = None,
 ) -> None:
     """Receive notices from the supervisor, one JSON object per line: a replacement worker
     channel (`{"worker", "generation"}` with its socket passed along, SCM_RIGHTS) or a
@@ -572,7 +580,7 @@ def watch_control_socket(
         sock = socket.socket(fileno=received_fds.pop(0))
 
         async def attach() -> None:
-            router.attach(await open_channel(index, sock, generation))
+            router.attach(await open_channel(index, sock, generation, reply_dir))
 
         task = loop.create_task(attach())
         pending_attaches.add(task)

@@ -22,6 +22,7 @@ from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import (
     CREDIT_WINDOW,
     FRAME_BODY,
+    FRAME_BODY_FILE,
     FRAME_CANCEL,
     FRAME_CREDIT,
     FRAME_END,
@@ -33,8 +34,9 @@ from sessiongate.dataplane.transport.frames import (
     FRAME_REQUEST,
     encode_credit,
 )
+from sessiongate.dataplane.transport.reply_files import discard_segment, open_segment
 from sessiongate.primitives import FrameError, decode_envelope, encode_envelope
-from sessiongate.protocol import CoreReply
+from sessiongate.protocol import CoreReply, FilePart
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +66,12 @@ class WorkerChannel:
         *,
         generation: int = 0,
         endpoint: str | None = None,
+        reply_dir: str | None = None,
     ) -> None:
         self.index = index
+        # The directory of this router's file replies (transport/reply_files.py): only a
+        # worker it started may answer with a file; None refuses them.
+        self.reply_dir = reply_dir
         self.generation = generation
         # HOST:PORT of a remote (TCP) worker, named in every error about it.
         self.endpoint = endpoint
@@ -115,7 +121,11 @@ class WorkerChannel:
             return
         pending = self.pending.get(request_id)
         if pending is None:
-            return  # a late frame for a cancelled request: dropped, never misdelivered
+            # A late frame for a cancelled request: dropped, never misdelivered (a file
+            # segment removed with it).
+            if frame_type == FRAME_BODY_FILE:
+                discard_segment(self.reply_dir, payload)
+            return
         if frame_type in (FRAME_REPLY, FRAME_REPLY_HEAD, FRAME_ERROR) and not pending.head.done():
             if frame_type == FRAME_ERROR:
                 self.pending.pop(request_id, None)
@@ -128,6 +138,15 @@ class WorkerChannel:
         elif frame_type == FRAME_BODY:
             self.bytes_relayed += len(payload)
             pending.chunks.put_nowait(payload)
+        elif frame_type == FRAME_BODY_FILE:
+            try:
+                part = open_segment(self.reply_dir, payload)
+            except ValueError as exc:
+                self._abandon(request_id)
+                pending.chunks.put_nowait(WorkerFailed(f"{self.name}: {exc}"))
+                return
+            self.bytes_relayed += part.length
+            pending.chunks.put_nowait(part)
         elif frame_type == FRAME_END:
             self.pending.pop(request_id, None)
             pending.chunks.put_nowait(_END)
@@ -213,7 +232,7 @@ class WorkerChannel:
             return CoreReply(status, headers, bytes(reply_body))
         return CoreReply(status, headers, stream=self._stream(request_id, pending))
 
-    async def _stream(self, request_id: int, pending: _Pending) -> AsyncIterator[bytes]:
+    async def _stream(self, request_id: int, pending: _Pending) -> AsyncIterator[bytes | FilePart]:
         consumed = 0
         finished = False
         try:
@@ -225,7 +244,7 @@ class WorkerChannel:
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                assert isinstance(item, bytes)
+                assert isinstance(item, (bytes, FilePart))
                 yield item
                 consumed += 1
                 # Return credit in batches: half a window keeps the worker busy without
@@ -236,6 +255,10 @@ class WorkerChannel:
         finally:
             if not finished:
                 self._abandon(request_id)
+            while not pending.chunks.empty():  # segments nobody will read: their files close
+                item = pending.chunks.get_nowait()
+                if isinstance(item, FilePart):
+                    item.close()
 
     async def aclose(self) -> None:
         if self._reader is not None:

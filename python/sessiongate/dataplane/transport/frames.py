@@ -14,6 +14,9 @@ FRAME_END = 6  # end of a streamed body (empty payload)
 FRAME_CANCEL = 7  # router -> worker: the requester is gone; stop, send nothing more
 FRAME_CREDIT = 8  # router -> worker: u32 BE count of further BODY frames allowed
 FRAME_HEARTBEAT = 9  # worker -> router, request id 0: compact JSON status
+# worker -> router, local workers only: one segment of a streamed body in a shared-memory
+# file, JSON {"file": name, "length": n} (transport/reply_files.py); costs a credit as BODY.
+FRAME_BODY_FILE = 10
 
 FRAME_NAMES = {
     FRAME_REQUEST: "REQUEST",
@@ -25,6 +28,7 @@ FRAME_NAMES = {
     FRAME_CANCEL: "CANCEL",
     FRAME_CREDIT: "CREDIT",
     FRAME_HEARTBEAT: "HEARTBEAT",
+    FRAME_BODY_FILE: "BODY_FILE",
 }
 
 # Bodies larger than this go as streamed chunks so they never hold the channel for long.

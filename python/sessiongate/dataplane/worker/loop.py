@@ -2,7 +2,9 @@
 
 A bad request never kills the worker: an unexpected exception becomes an ERROR frame for that
 request only. Large reply bodies go out as BODY frames of at most CHUNK_SIZE, paced by the
-router's credit, so small replies on the same channel never wait behind them.
+router's credit, so small replies on the same channel never wait behind them. A bulk reply
+(a records GET) of a worker the router started goes as shared-memory files instead, one
+BODY_FILE frame per segment, with the same credit (transport/reply_files.py).
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.frames import (
     CHUNK_SIZE,
     CREDIT_WINDOW,
     FRAME_BODY,
+    FRAME_BODY_FILE,
     FRAME_CANCEL,
     FRAME_CREDIT,
     FRAME_END,
@@ -30,6 +33,12 @@ from sessiongate.dataplane.transport.frames import (
     FRAME_REQUEST,
     HEARTBEAT_INTERVAL,
     decode_credit,
+)
+from sessiongate.dataplane.transport.reply_files import (
+    SEGMENT,
+    discard_segment,
+    segment_frame,
+    write_segment,
 )
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
 from sessiongate.protocol import CoreReply, CoreRequest, close_stream
@@ -94,8 +103,12 @@ class WorkerLoop:
         index: int,
         generation: int,
         status: Callable[[], dict[str, Any]] | None = None,
+        reply_dir: str | None = None,
     ) -> None:
         self.conn = conn
+        # Where bulk replies go as files for the router (transport/reply_files.py); None
+        # for a worker that is not the router's child (TCP), or without shared memory.
+        self.reply_dir = reply_dir
         self.handler = handler
         self.index = index
         self.generation = generation
@@ -176,6 +189,33 @@ class WorkerLoop:
         except (ConnectionError, OSError) as exc:
             raise RouterGone(str(exc)) from exc
 
+    async def _send_segments(
+        self, request_id: int, stream: AsyncIterator[bytes], credit: _Credit, directory: str
+    ) -> None:
+        """A bulk body as shared-memory files of SEGMENT bytes (BODY_FILE frames); once the
+        directory is full, the rest as BODY frames."""
+        files = True
+        async for segment in _coalesce(stream, SEGMENT):
+            view = memoryview(segment)
+            name = await write_segment(directory, view, str(request_id)) if files else None
+            if name is not None:
+                await credit.take()
+                try:
+                    await self._send(FRAME_BODY_FILE, request_id, segment_frame(name, len(view)))
+                except BaseException:
+                    discard_segment(directory, segment_frame(name, len(view)))
+                    raise
+                continue
+            if files:
+                logger.warning(
+                    "worker %d: %s is full: frames for reply %d", self.index, directory, request_id
+                )
+                files = False
+            for start in range(0, len(view), CHUNK_SIZE):
+                await credit.take()
+                await self._send(FRAME_BODY, request_id, view[start : start + CHUNK_SIZE])
+        await self._send(FRAME_END, request_id)
+
     async def _send_reply(self, request_id: int, reply: CoreReply) -> None:
         meta = {"status": reply.status, "headers": [list(h) for h in reply.headers]}
         if reply.stream is None and len(reply.body) <= CHUNK_SIZE:
@@ -188,12 +228,17 @@ class WorkerLoop:
         self.credits[request_id] = credit
         await self._send(FRAME_REPLY_HEAD, request_id, encode_envelope(meta, b""))
         parts: AsyncIterator[bytes | memoryview]
-        if reply.stream is None:
+        # Replies made here hold bytes only (FileParts exist on the router's side).
+        stream = cast("AsyncIterator[bytes] | None", reply.stream)
+        if stream is None:
             parts = _single(reply.body)
+        elif reply.coalesce and self.reply_dir is not None:
+            await self._send_segments(request_id, stream, credit, self.reply_dir)
+            return
         elif reply.coalesce:
-            parts = _coalesce(reply.stream, CHUNK_SIZE)
+            parts = _coalesce(stream, CHUNK_SIZE)
         else:
-            parts = _split(reply.stream, CHUNK_SIZE)
+            parts = _split(stream, CHUNK_SIZE)
         async for chunk in parts:
             await credit.take()
             await self._send(FRAME_BODY, request_id, chunk)

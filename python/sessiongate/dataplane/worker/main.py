@@ -76,6 +76,7 @@ async def _main(launch: WorkerLaunch, sock: socket.socket) -> str:
         index=launch.index,
         generation=launch.generation,
         status=lambda: core_status(core),
+        reply_dir=launch.reply_dir,
     )
     serving = asyncio.create_task(loop.run())
     stop = asyncio.Event()

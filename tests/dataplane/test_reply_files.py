@@ -1,0 +1,334 @@
+"""Bulk reply bodies handed from a local worker to the router as shared-memory file
+segments (dataplane/transport/reply_files.py): the same bytes as frames, nothing left behind
+on any path (done, cancelled, refused, directory full), and names that cannot leave the
+directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sessiongate.config.launch import LAUNCH_ENV
+from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed
+from sessiongate.dataplane.transport import reply_files
+from sessiongate.dataplane.transport.connection import FrameConnection
+from sessiongate.dataplane.transport.reply_files import open_segment
+from sessiongate.dataplane.worker.loop import WorkerLoop
+from sessiongate.protocol import CoreReply, CoreRequest, FilePart
+from support.procs import ServerProcess, free_port, mock_engine
+
+# The end-to-end tests below start gateways.
+pytestmark = pytest.mark.procs
+
+PARTS = [bytes([n]) * size for n, size in enumerate((9 << 20, 5, 700_000, 1 << 20))]
+BODY = b"".join(PARTS)
+
+
+def _bulk(parts: list[bytes], pause: float = 0.0) -> CoreReply:
+    async def stream() -> AsyncIterator[bytes]:
+        for part in parts:
+            if pause:
+                await asyncio.sleep(pause)
+            yield part
+
+    return CoreReply(200, [("content-type", "application/json")], stream=stream(), coalesce=True)
+
+
+async def _pair(
+    reply: CoreReply, worker_dir: str | None, router_dir: str | None
+) -> tuple[WorkerChannel, asyncio.Task[str], socket.socket]:
+    router_sock, worker_sock = socket.socketpair()
+
+    async def handler(request: CoreRequest) -> CoreReply:
+        return reply
+
+    channel = WorkerChannel(0, await FrameConnection(router_sock).open(), reply_dir=router_dir)
+    worker = WorkerLoop(
+        await FrameConnection(worker_sock).open(),
+        handler,
+        index=0,
+        generation=0,
+        reply_dir=worker_dir,
+    )
+    serving = asyncio.create_task(worker.run())
+    channel.start()
+    while not channel.up:
+        await asyncio.sleep(0.01)
+    return channel, serving, worker_sock
+
+
+async def _close(channel: WorkerChannel, serving: asyncio.Task[str], sock: socket.socket) -> None:
+    await channel.aclose()
+    sock.close()
+    await serving
+
+
+def _get_meta() -> dict[str, Any]:
+    return {
+        "op": "get",
+        "session_id": None,
+        "method": "GET",
+        "path": "/",
+        "query": "",
+        "headers": [],
+    }
+
+
+async def _read(stream: AsyncIterator[bytes | FilePart], kinds: list[str]) -> bytes:
+    out = bytearray()
+    async for part in stream:
+        if isinstance(part, FilePart):
+            kinds.append("file")
+            out += b"".join([chunk async for chunk in part])
+        else:
+            kinds.append("bytes")
+            out += part
+    return bytes(out)
+
+
+async def _fetch(
+    reply: CoreReply, worker_dir: str | None, router_dir: str | None, kinds: list[str]
+) -> bytes:
+    channel, serving, sock = await _pair(reply, worker_dir, router_dir)
+    try:
+        got = await channel.request(_get_meta(), b"")
+        assert got.status == 200 and got.stream is not None
+        return await _read(got.stream, kinds)
+    finally:
+        await _close(channel, serving, sock)
+
+
+def test_a_bulk_reply_crosses_as_file_segments_and_leaves_nothing(tmp_path: Path) -> None:
+    kinds: list[str] = []
+    body = asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), str(tmp_path), kinds))
+    assert body == BODY
+    # 4 MiB segments: three of them for ~10.7 MiB, the last one short.
+    assert kinds == ["file"] * -(-len(BODY) // reply_files.SEGMENT)
+    assert not list(tmp_path.iterdir())  # each unlinked as soon as the router opened it
+
+
+def test_without_a_directory_the_reply_goes_as_frames(tmp_path: Path) -> None:
+    kinds: list[str] = []
+    assert asyncio.run(_fetch(_bulk(PARTS), None, str(tmp_path), kinds)) == BODY
+    assert set(kinds) == {"bytes"}
+
+
+def test_a_router_without_the_directory_refuses_file_segments(tmp_path: Path) -> None:
+    # A worker that is not the router's child (a remote one) must not make it open files.
+    with pytest.raises(WorkerFailed, match="not this router's child"):
+        asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), None, []))
+
+
+def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    written = 0
+
+    def write(fd: int, data: Any) -> int:
+        nonlocal written
+        if written >= reply_files.SEGMENT:  # the second segment finds the directory full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        n = real_write(fd, data)
+        written += n
+        return n
+
+    monkeypatch.setattr(reply_files.os, "write", write)
+    kinds: list[str] = []
+    assert asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), str(tmp_path), kinds)) == BODY
+    assert kinds[0] == "file" and set(kinds[1:]) == {"bytes"}
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
+    async def run() -> None:
+        reply = _bulk(PARTS, pause=0.05)
+        channel, serving, sock = await _pair(reply, str(tmp_path), str(tmp_path))
+        try:
+            got = await channel.request(_get_meta(), b"")
+            assert got.stream is not None
+            stream = aiter(got.stream)
+            first = await anext(stream)  # then the consumer leaves
+            assert isinstance(first, FilePart)
+            await stream.aclose()  # type: ignore[attr-defined]
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not list(tmp_path.iterdir()):
+                    break
+        finally:
+            await _close(channel, serving, sock)
+
+    asyncio.run(run())
+    assert not list(tmp_path.iterdir())
+
+
+def _frame(name: object, length: object) -> bytes:
+    return json.dumps({"file": name, "length": length}).encode()
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (_frame("../escape", 3), "bad reply file name"),
+        (_frame("a/b", 3), "bad reply file name"),
+        (_frame("..", 3), "bad reply file name"),
+        (_frame(7, 3), "bad reply file name"),
+        (_frame("missing", 3), "cannot be opened"),
+        (_frame("present", True), "bad reply file length"),
+        (_frame("present", -1), "bad reply file length"),
+        (_frame("present", 4), "holds 3 bytes, not the 4 announced"),
+        (b"not json", "bad BODY_FILE frame"),
+        (b'{"file": "present"}', "bad BODY_FILE frame"),
+    ],
+)
+def test_segment_frames_are_checked(tmp_path: Path, payload: bytes, message: str) -> None:
+    (tmp_path / "present").write_bytes(b"abc")
+    outside = tmp_path.parent / "escape"
+    outside.write_bytes(b"abc")
+    try:
+        with pytest.raises(ValueError, match=message):
+            open_segment(str(tmp_path), payload)
+    finally:
+        outside.unlink()
+
+
+def test_a_file_part_is_taken_once_and_cut_when_short(tmp_path: Path) -> None:
+    path = tmp_path / "short"
+    path.write_bytes(b"abc")
+    part = open_segment(str(tmp_path), _frame("short", 3))
+    os.close(part.take_fd())
+    with pytest.raises(ValueError, match="already taken"):
+        part.take_fd()
+    path.write_bytes(b"abc")
+    part = FilePart(os.open(path, os.O_RDONLY), 10)
+
+    async def read() -> bytes:
+        return b"".join([c async for c in part])
+
+    with pytest.raises(ConnectionError, match="ended at 3 of 10 bytes"):
+        asyncio.run(read())
+
+
+# -- end to end: serve --workers 1 over the mock engine, both fronts ----------------------
+
+
+def _scrub(value: Any) -> Any:
+    """A GET document without what differs between gateways (ids, clocks) or between runs
+    on one engine (its prefix cache warms)."""
+    volatile = {"id", "created", "timestamp", "request_timestamp", "e2e_latency", "session_id"}
+    volatile |= {"response_sent_to_client_ts", "parent_session_id"}
+    volatile |= {"cached_tokens", "cached_tokens_details"}
+    if isinstance(value, dict):
+        return {k: _scrub(v) for k, v in value.items() if k not in volatile}
+    if isinstance(value, list):
+        return [_scrub(v) for v in value]
+    return value
+
+
+def _reply_dir(gateway: ServerProcess) -> Path | None:
+    assert gateway.proc is not None
+    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+    for pid in children.split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(LAUNCH_ENV.encode() + b"="):
+                launch = json.loads(entry.split(b"=", 1)[1])
+                if launch.get("reply_dir"):
+                    return Path(launch["reply_dir"])
+    return None
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[ServerProcess]:
+    # 16 layers x top-8 of R3 over ~600-token turns: a session's records pass 1 MiB (~2 MB),
+    # so its GET is a bulk stream.
+    with mock_engine("--r3-layers", "16", "--r3-topk", "8", "--completion-tokens", "16") as proc:
+        yield proc
+
+
+def _session_get(url: str) -> bytes:
+    prompt = " ".join(["word"] * 600)
+    with httpx.Client(base_url=url, timeout=60) as client:
+        sid = client.post("/sessions").json()["session_id"]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+        for turn in range(4):
+            reply = client.post(f"/sessions/{sid}/v1/chat/completions", json={"messages": messages})
+            reply.raise_for_status()
+            messages += [
+                reply.json()["choices"][0]["message"],
+                {"role": "tool", "content": str(turn)},
+            ]
+        got = client.get(f"/sessions/{sid}")
+        got.raise_for_status()
+        return got.content
+
+
+def test_records_get_is_the_same_through_files_on_both_fronts(engine: ServerProcess) -> None:
+    documents = {}
+    for name, args in (
+        ("in-process", ["--workers", "0"]),
+        ("compiled", ["--workers", "1"]),
+        ("python", ["--workers", "1", "--front", "python"]),
+    ):
+        port = free_port()
+        argv = [
+            "serve",
+            "--port",
+            str(port),
+            *args,
+            "--r3",
+            "--r3-topk",
+            "8",
+            "--backend",
+            engine.url,
+        ]
+        with ServerProcess(argv, port, timeout=60) as gateway:
+            directory = _reply_dir(gateway) if name != "in-process" else None
+            body = _session_get(gateway.url)
+            assert len(body) > 1 << 20
+            documents[name] = _scrub(json.loads(body))
+            if directory is not None:
+                assert directory.is_dir() and not list(directory.iterdir())
+        if directory is not None:
+            assert not directory.exists()  # removed at stop
+    assert documents["compiled"] == documents["in-process"] == documents["python"]
+
+
+def test_a_client_gone_mid_get_leaks_no_descriptor(engine: ServerProcess) -> None:
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "8"]
+    with ServerProcess([*argv, "--backend", engine.url], port, timeout=60) as gateway:
+        directory = _reply_dir(gateway)
+        assert directory is not None
+        body = _session_get(gateway.url)
+        sid = json.loads(body)["session_id"]
+        assert gateway.proc is not None
+        children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+        router = next(
+            pid
+            for pid in children.split()
+            if b"_router" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        )
+        before = len(os.listdir(f"/proc/{router}/fd"))
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                raw.sendall(f"GET /sessions/{sid} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+                raw.recv(1024)  # the head and a little: then gone
+        with httpx.Client(base_url=gateway.url, timeout=30) as client:
+            for _ in range(50):
+                if len(os.listdir(f"/proc/{router}/fd")) <= before:
+                    break
+                client.get("/health")
+        assert len(os.listdir(f"/proc/{router}/fd")) <= before
+        assert not list(directory.iterdir())
+        assert httpx.get(f"{gateway.url}/sessions/{sid}", timeout=30).content == body
