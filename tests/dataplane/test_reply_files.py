@@ -150,6 +150,13 @@ def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
     assert not list(tmp_path.iterdir())
 
 
+def test_a_directory_that_is_gone_means_frames(tmp_path: Path) -> None:
+    gone = tmp_path / "removed"
+    kinds: list[str] = []
+    assert asyncio.run(_fetch(_bulk(PARTS), str(gone), str(tmp_path), kinds)) == BODY
+    assert set(kinds) == {"bytes"}
+
+
 def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
     async def run() -> None:
         reply = _bulk(PARTS, pause=0.05)

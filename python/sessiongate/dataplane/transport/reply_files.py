@@ -41,7 +41,7 @@ MIN_FREE = 64 << 20
 # Bytes per segment file: per-file costs (create, frame, open, unlink) stay under 0.03 ms
 # per MiB, and the front sends one segment while the worker writes the next.
 SEGMENT = 4 << 20
-# Errors that mean "the directory is full": the reply goes on as frames.
+# Write errors that mean "the directory is full": the reply goes on as frames.
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 # The segment writer's niceness (see _WRITER).
 WRITER_NICE = 10
@@ -64,12 +64,16 @@ def remove_reply_dir(directory: str | None) -> None:
 
 
 async def write_segment(directory: str, data: memoryview, tag: str) -> str | None:
-    """`data` as a new file of `directory`; its name, or None when the directory is full.
+    """`data` as a new file of `directory`; its name, or None when no file can be made or
+    the directory is full.
     The copy (and tmpfs's page faults) run in the writer thread, so the worker's event loop
     keeps serving small requests meanwhile. The file is removed on any failure or cancellation."""
     name = f"{os.getpid()}-{tag}-{secrets.token_hex(6)}"
     path = os.path.join(directory, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:  # no inode left, the directory gone, no descriptor left: frames then
+        return None
     done = False
     writing = asyncio.get_running_loop().run_in_executor(_WRITER, _write_all, fd, data)
     try:

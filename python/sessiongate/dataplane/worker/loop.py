@@ -193,7 +193,7 @@ class WorkerLoop:
         self, request_id: int, stream: AsyncIterator[bytes], credit: _Credit, directory: str
     ) -> None:
         """A bulk body as shared-memory files of SEGMENT bytes (BODY_FILE frames); once the
-        directory is full, the rest as BODY frames."""
+        directory cannot take one (full, gone), the rest as BODY frames."""
         files = True
         async for segment in _coalesce(stream, SEGMENT):
             view = memoryview(segment)
@@ -208,7 +208,10 @@ class WorkerLoop:
                 continue
             if files:
                 logger.warning(
-                    "worker %d: %s is full: frames for reply %d", self.index, directory, request_id
+                    "worker %d: no room for segments in %s: frames for reply %d",
+                    self.index,
+                    directory,
+                    request_id,
                 )
                 files = False
             for start in range(0, len(view), CHUNK_SIZE):
