@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
-from sessiongate.config.launch import LAUNCH_ENV
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed
 from sessiongate.dataplane.transport import reply_files
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.reply_files import open_segment
 from sessiongate.dataplane.worker.loop import WorkerLoop
 from sessiongate.protocol import CoreReply, CoreRequest, FilePart
+from support.dataplane import reply_dir_of
 from support.procs import ServerProcess, free_port, mock_engine
 
 # The end-to-end tests below start gateways.
@@ -242,19 +242,6 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def _reply_dir(gateway: ServerProcess) -> Path | None:
-    assert gateway.proc is not None
-    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
-    for pid in children.split():
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        for entry in environ:
-            if entry.startswith(LAUNCH_ENV.encode() + b"="):
-                launch = json.loads(entry.split(b"=", 1)[1])
-                if launch.get("reply_dir"):
-                    return Path(launch["reply_dir"])
-    return None
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[ServerProcess]:
     # 16 layers x top-8 of R3 over ~600-token turns: a session's records pass 1 MiB (~2 MB),
@@ -300,7 +287,7 @@ def test_records_get_is_the_same_through_files_on_both_fronts(engine: ServerProc
             engine.url,
         ]
         with ServerProcess(argv, port, timeout=60) as gateway:
-            directory = _reply_dir(gateway) if name != "in-process" else None
+            directory = reply_dir_of(gateway) if name != "in-process" else None
             body = _session_get(gateway.url)
             assert len(body) > 1 << 20
             documents[name] = _scrub(json.loads(body))
@@ -315,7 +302,7 @@ def test_a_client_gone_mid_get_leaks_no_descriptor(engine: ServerProcess) -> Non
     port = free_port()
     argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "8"]
     with ServerProcess([*argv, "--backend", engine.url], port, timeout=60) as gateway:
-        directory = _reply_dir(gateway)
+        directory = reply_dir_of(gateway)
         assert directory is not None
         body = _session_get(gateway.url)
         sid = json.loads(body)["session_id"]

@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from support.dataplane import reply_dir_of
 from support.procs import ServerProcess, free_port
 
 # Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
@@ -57,10 +58,13 @@ def test_sigkilled_serve_leaves_no_process() -> None:
     port = free_port()
     with ServerProcess(["serve", "--port", str(port), "--workers", "2"], port) as gateway:
         engine_url, worker_pids = _children(gateway)
+        reply_dir = reply_dir_of(gateway)
         assert gateway.proc is not None
         os.kill(gateway.proc.pid, signal.SIGKILL)
         survivors = _wait_gone(worker_pids, [engine_url, gateway.url])
         assert survivors == [], f"outlived their SIGKILLed supervisor: {survivors}"
+        # Nor its shared-memory directory: the router removes it on its way out.
+        assert reply_dir is None or not reply_dir.exists()
 
 
 def test_sigterm_stops_serve_and_its_children() -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from sessiongate.config.launch import LAUNCH_ENV
 from sessiongate.primitives import shard_index, shard_key
+from support.procs import ServerProcess
 
 
 def start_messages(tag: str = "") -> list[dict[str, Any]]:
@@ -94,3 +98,18 @@ def _equivalence_script(url: str, cover: int = 0) -> tuple[list[tuple[Any, ...]]
             owners.add(shard_index(shard_key(sid), workers))
             assert client.delete(f"/sessions/{sid}").status_code == 204
     return steps, owners
+
+
+def reply_dir_of(gateway: ServerProcess) -> Path | None:
+    """The shared-memory directory of a gateway's file segments (dataplane/transport/
+    reply_files.py), read from its children's launch documents; None without one."""
+    assert gateway.proc is not None
+    children = Path(f"/proc/{gateway.proc.pid}/task/{gateway.proc.pid}/children").read_text()
+    for pid in children.split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(LAUNCH_ENV.encode() + b"="):
+                launch = json.loads(entry.split(b"=", 1)[1])
+                if launch.get("reply_dir"):
+                    return Path(launch["reply_dir"])
+    return None

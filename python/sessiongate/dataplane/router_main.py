@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         open_channel,
         watch_control_socket,
     )
+    from sessiongate.dataplane.transport.reply_files import remove_reply_dir
     from sessiongate.engines.registry import EngineRegistry
     from sessiongate.front.asgi import GatewayApp, frontend_settings
     from sessiongate.front.compiled import open_front_door, serve_with_front
@@ -130,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             await gateway.aclose()
             write_modules_report()
+            # The supervisor removes it at stop too; this covers a supervisor killed with
+            # SIGKILL, whose router notices and exits (its workers follow).
+            remove_reply_dir(launch.reply_dir)
 
     return asyncio.run(main())
 
