@@ -3,7 +3,7 @@
 //! Python at the first request whose transport or route only the Python server handles.
 
 use std::future::Future;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{timeout, timeout_at, Instant};
 
+use super::bulk::BulkPart;
 use super::dispatch::{lock_flow, AskedRequest, DispatchedRequest, Part, SharedFlow, LOW_WATER};
 use super::head;
 use super::reply::{self, Framing};
@@ -31,8 +32,8 @@ const MAX_HEADERS: usize = 128;
 const WATCH_LIMIT: usize = 1 << 20;
 /// Replies with a declared length up to this are written in one go, head and body.
 const HOLD_LIMIT: u64 = 64 << 10;
-/// Bytes per `sendfile` call of a file reply: between calls the connection's task yields
-/// (when the socket is full), so a large reply never holds a runtime thread for long.
+/// Bytes per `sendfile` call of a file reply: between calls the connection's task yields,
+/// so a large reply never holds a runtime thread for long.
 const SENDFILE_SLICE: u64 = 1 << 20;
 /// Chunk size of a file part in a chunked reply: the frames' chunk size.
 const FILE_CHUNK: u64 = 256 << 10;
@@ -420,14 +421,74 @@ impl Conn<'_> {
     }
 
     /// `length` bytes of `file` from `start` to the client, copied by the kernel from the
-    /// file's pages to the socket (`sendfile`), a slice at a time so other connections' tasks
-    /// run between them. False when the client is gone or the file is shorter.
+    /// file's pages to the socket (`sendfile`) on the bulk thread (bulk.rs), a slice at a
+    /// time. False when the client is gone or the file is shorter.
     async fn send_file(&mut self, file: &std::fs::File, start: u64, length: u64) -> bool {
-        let socket = self.stream.as_raw_fd();
-        let source = file.as_raw_fd();
         let Ok(mut offset) = libc::off_t::try_from(start) else {
             return false;
         };
+        let Some(bulk) = BulkPart::new(self.stream.as_fd(), file.as_fd()) else {
+            return self.send_file_here(file, offset, length).await;
+        };
+        let mut left = length;
+        while left > 0 {
+            let count = usize::try_from(left.min(SENDFILE_SLICE)).unwrap_or(1 << 20);
+            match bulk.send(offset, count).await {
+                Ok((0, _)) => return false, // the file ended early: the reply is cut
+                Ok((n, next)) => {
+                    left = left.saturating_sub(n as u64);
+                    offset = next;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if !self.await_writable().await {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// After a write made outside tokio found the socket full: until it has room. Tokio's
+    /// readiness is cleared only when the socket, polled, is full indeed: clearing it on a
+    /// socket with room would leave tokio's next write waiting for an edge that never comes.
+    async fn await_writable(&mut self) -> bool {
+        let socket = self.stream.as_raw_fd();
+        loop {
+            if self.stream.writable().await.is_err() {
+                return false;
+            }
+            let room = self.stream.try_io(Interest::WRITABLE, || {
+                let mut poll = libc::pollfd {
+                    fd: socket,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd for a descriptor the stream keeps open; no wait.
+                match unsafe { libc::poll(&mut poll, 1, 0) } {
+                    0 => Err(std::io::Error::from(std::io::ErrorKind::WouldBlock)),
+                    // Room, or an error (of the socket, or EINTR) the next send tells.
+                    _ => Ok(()),
+                }
+            });
+            match room {
+                Ok(()) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// `send_file` on the runtime's thread, when the bulk thread cannot be used.
+    async fn send_file_here(
+        &mut self,
+        file: &std::fs::File,
+        mut offset: libc::off_t,
+        length: u64,
+    ) -> bool {
+        let socket = self.stream.as_raw_fd();
+        let source = file.as_raw_fd();
         let mut left = length;
         while left > 0 {
             let count = usize::try_from(left.min(SENDFILE_SLICE)).unwrap_or(1 << 20);
@@ -438,8 +499,11 @@ impl Conn<'_> {
                 u64::try_from(n).map_err(|_| std::io::Error::last_os_error())
             });
             match sent {
-                Ok(0) => return false, // the file ended early: the reply is cut
-                Ok(n) => left = left.saturating_sub(n),
+                Ok(0) => return false,
+                Ok(n) => {
+                    left = left.saturating_sub(n);
+                    tokio::task::yield_now().await; // a fast client never fills the socket
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     if self.stream.writable().await.is_err() {
                         return false;
