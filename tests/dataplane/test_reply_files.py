@@ -11,18 +11,21 @@ import errno
 import json
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed
 from sessiongate.dataplane.transport import reply_files
 from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.reply_files import open_segment
-from sessiongate.dataplane.worker.loop import WorkerLoop
+from sessiongate.dataplane.worker.loop import WorkerLoop, _gather
 from sessiongate.protocol import CoreReply, CoreRequest, FilePart
 from support.dataplane import reply_dir_of
 from support.procs import ServerProcess, free_port, mock_engine
@@ -132,18 +135,18 @@ def test_a_router_without_the_directory_refuses_file_segments(tmp_path: Path) ->
 def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_write = os.write
+    real_writev = os.writev
     written = 0
 
-    def write(fd: int, data: Any) -> int:
+    def writev(fd: int, data: Any) -> int:
         nonlocal written
         if written >= reply_files.SEGMENT:  # the second segment finds the directory full
             raise OSError(errno.ENOSPC, "No space left on device")
-        n = real_write(fd, data)
+        n = real_writev(fd, data)
         written += n
         return n
 
-    monkeypatch.setattr(reply_files.os, "write", write)
+    monkeypatch.setattr(reply_files.os, "writev", writev)
     kinds: list[str] = []
     assert asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), str(tmp_path), kinds)) == BODY
     assert kinds[0] == "file" and set(kinds[1:]) == {"bytes"}
@@ -267,12 +270,13 @@ def _session_get(url: str) -> bytes:
         return got.content
 
 
-def test_records_get_is_the_same_through_files_on_both_fronts(engine: ServerProcess) -> None:
+def test_records_get_is_the_same_through_files_frames_and_fronts(engine: ServerProcess) -> None:
     documents = {}
     for name, args in (
         ("in-process", ["--workers", "0"]),
         ("compiled", ["--workers", "1"]),
         ("python", ["--workers", "1", "--front", "python"]),
+        ("frames", ["--workers", "1", "--no-shared-memory-replies"]),
     ):
         port = free_port()
         argv = [
@@ -287,7 +291,9 @@ def test_records_get_is_the_same_through_files_on_both_fronts(engine: ServerProc
             engine.url,
         ]
         with ServerProcess(argv, port, timeout=60) as gateway:
-            directory = reply_dir_of(gateway) if name != "in-process" else None
+            directory = reply_dir_of(gateway) if name in ("compiled", "python") else None
+            if name == "frames":
+                assert reply_dir_of(gateway) is None  # the option turns the files off
             body = _session_get(gateway.url)
             assert len(body) > 1 << 20
             documents[name] = _scrub(json.loads(body))
@@ -296,6 +302,7 @@ def test_records_get_is_the_same_through_files_on_both_fronts(engine: ServerProc
         if directory is not None:
             assert not directory.exists()  # removed at stop
     assert documents["compiled"] == documents["in-process"] == documents["python"]
+    assert documents["frames"] == documents["compiled"]
 
 
 def test_a_client_gone_mid_get_leaks_no_descriptor(engine: ServerProcess) -> None:
@@ -326,3 +333,87 @@ def test_a_client_gone_mid_get_leaks_no_descriptor(engine: ServerProcess) -> Non
         assert len(os.listdir(f"/proc/{router}/fd")) <= before
         assert not list(directory.iterdir())
         assert httpx.get(f"{gateway.url}/sessions/{sid}", timeout=30).content == body
+
+
+def _dechunk(data: bytes) -> bytes:
+    body, rest = bytearray(), data
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            return bytes(body)
+        body += rest[:size]
+        rest = rest[size + 2 :]
+
+
+def test_a_slow_reader_gets_every_byte(engine: ServerProcess) -> None:
+    # A client that reads slower than the front sends fills its socket: the front's bulk
+    # thread then finds it full and the connection waits for room (the path where a lost
+    # wake-up would hang the GET for ever; the socket timeout turns that into a failure).
+    port = free_port()
+    argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "8"]
+    with ServerProcess([*argv, "--backend", engine.url], port, timeout=60) as gateway:
+        body = _session_get(gateway.url)
+        sid = json.loads(body)["session_id"]
+        for _ in range(2):
+            with socket.socket() as raw:
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                raw.settimeout(30)
+                raw.connect(("127.0.0.1", port))
+                request = f"GET /sessions/{sid} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+                raw.sendall(request.encode())
+                received = bytearray()
+                while chunk := raw.recv(16 << 10):
+                    received += chunk
+                    time.sleep(0.001)
+            head, _, payload = bytes(received).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200")
+            chunked = b"transfer-encoding: chunked" in head.lower()
+            assert (_dechunk(payload) if chunked else payload) == body
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=300), max_size=12),
+    st.integers(min_value=1, max_value=64),
+    st.integers(min_value=1, max_value=40),
+)
+def test_segments_gather_views_without_copying_large_parts(
+    sizes: list[int], limit: int, small: int
+) -> None:
+    parts = [bytes([n % 251]) * size for n, size in enumerate(sizes)]
+
+    async def stream() -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    async def run() -> list[list[memoryview]]:
+        return [segment async for segment in _gather(stream(), limit, small)]
+
+    segments = asyncio.run(run())
+    assert b"".join(bytes(v) for segment in segments for v in segment) == b"".join(parts)
+    lengths = [sum(len(v) for v in segment) for segment in segments]
+    assert all(n == limit for n in lengths[:-1]) and all(0 < n <= limit for n in lengths)
+    views = [view for segment in segments for view in segment]
+    offset = 0
+    for part in parts:
+        whole = offset // limit == (offset + len(part) - 1) // limit  # within one segment
+        if len(part) >= small and whole:  # sent as the part's own memory, not a copy
+            assert sum(1 for view in views if view.obj is part and len(view) == len(part)) == 1
+        offset += len(part)
+    for view in views:  # a piece of a part is never under `small`; joined copies may be
+        if any(view.obj is part for part in parts):
+            assert len(view) >= small
+
+
+def test_a_segment_survives_short_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_writev = os.writev
+
+    def writev(fd: int, data: Any) -> int:  # at most 5 bytes a call, as a busy disk might
+        return real_writev(fd, [bytes(b"".join(bytes(v) for v in data)[:5])])
+
+    monkeypatch.setattr(reply_files.os, "writev", writev)
+    views = [memoryview(b"abc"), memoryview(b""), memoryview(b"defghijkl"), memoryview(b"m")]
+    name = asyncio.run(reply_files.write_segment(str(tmp_path), views, "t"))
+    assert name is not None
+    assert (tmp_path / name).read_bytes() == b"abcdefghijklm"

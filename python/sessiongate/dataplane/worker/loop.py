@@ -45,6 +45,10 @@ from sessiongate.protocol import CoreReply, CoreRequest, close_stream
 
 logger = logging.getLogger(__name__)
 
+# Parts shorter than this are joined into a segment (one small copy); longer ones go as
+# views of themselves (writev takes them as they are).
+SMALL_PART = 64 << 10
+
 Handler = Callable[[CoreRequest], Awaitable[CoreReply]]
 
 
@@ -88,6 +92,42 @@ async def _coalesce(parts: AsyncIterator[bytes], limit: int) -> AsyncIterator[by
             buffer += view
     if buffer:
         yield bytes(buffer)
+
+
+async def _gather(
+    parts: AsyncIterator[bytes], limit: int, small: int = SMALL_PART
+) -> AsyncIterator[list[memoryview]]:
+    """Group parts into segments of `limit` bytes (the last may be shorter), each a list of
+    views: a large part is cut into views of itself, never copied here; only runs of parts
+    under `small` bytes are joined. (Joining 4 MiB segments into one buffer cost the event
+    loop a 4-12 MiB copy per 22 MiB record, with fresh pages each, while small requests
+    waited.)"""
+    segment: list[memoryview] = []
+    size = 0
+    joined = bytearray()
+    async for part in parts:
+        view = memoryview(part)
+        while view:
+            piece = view[: limit - size]
+            view = view[len(piece) :]
+            if len(piece) < small:
+                joined += piece
+            else:
+                if joined:
+                    segment.append(memoryview(bytes(joined)))
+                    joined.clear()
+                segment.append(piece)
+            size += len(piece)
+            if size == limit:
+                if joined:
+                    segment.append(memoryview(bytes(joined)))
+                    joined.clear()
+                yield segment
+                segment, size = [], 0
+    if joined:
+        segment.append(memoryview(bytes(joined)))
+    if segment:
+        yield segment
 
 
 class RouterGone(Exception):
@@ -195,15 +235,15 @@ class WorkerLoop:
         """A bulk body as shared-memory files of SEGMENT bytes (BODY_FILE frames); once the
         directory cannot take one (full, gone), the rest as BODY frames."""
         files = True
-        async for segment in _coalesce(stream, SEGMENT):
-            view = memoryview(segment)
-            name = await write_segment(directory, view, str(request_id)) if files else None
+        async for segment in _gather(stream, SEGMENT):
+            name = await write_segment(directory, segment, str(request_id)) if files else None
             if name is not None:
+                frame = segment_frame(name, sum(len(view) for view in segment))
                 await credit.take()
                 try:
-                    await self._send(FRAME_BODY_FILE, request_id, segment_frame(name, len(view)))
+                    await self._send(FRAME_BODY_FILE, request_id, frame)
                 except BaseException:
-                    discard_segment(directory, segment_frame(name, len(view)))
+                    discard_segment(directory, frame)
                     raise
                 continue
             if files:
@@ -214,9 +254,10 @@ class WorkerLoop:
                     request_id,
                 )
                 files = False
-            for start in range(0, len(view), CHUNK_SIZE):
-                await credit.take()
-                await self._send(FRAME_BODY, request_id, view[start : start + CHUNK_SIZE])
+            for view in segment:
+                for start in range(0, len(view), CHUNK_SIZE):
+                    await credit.take()
+                    await self._send(FRAME_BODY, request_id, view[start : start + CHUNK_SIZE])
         await self._send(FRAME_END, request_id)
 
     async def _send_reply(self, request_id: int, reply: CoreReply) -> None:
