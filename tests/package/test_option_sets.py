@@ -142,6 +142,7 @@ EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
         "--tls-insecure": (False, False),
         "--tls-server-name": (None, False),
         "--worker-heartbeat-timeout": (10.0, False),
+        "--no-shared-memory-replies": (True, False),
         "--ray": (False, False),
         "--ray-address": (None, False),
         "--worker-num-cpus": (1.0, False),

@@ -81,6 +81,15 @@ class WorkersConfig:
         commands=ONLY_SERVE,
         help="reconnect to a remote worker silent for this many seconds (10)",
     )
+    shared_memory_replies: bool = option(
+        "--no-shared-memory-replies",
+        default=True,
+        kind="negated",
+        commands=ONLY_SERVE,
+        help="local workers send records GETs to the router as frames on their socket, not "
+        "as files in /dev/shm (by default files, when it has 64 MiB free: about twice the "
+        "GET throughput, the router never touches the bytes; docs/ipc.md)",
+    )
     ray: bool = option(
         "--ray",
         default=False,

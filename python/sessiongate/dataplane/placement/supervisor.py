@@ -134,7 +134,7 @@ class Supervisor:
         return proc, router_end
 
     def start(self) -> None:
-        if self.config.workers:
+        if self.config.workers and self.config.router.config.workers.shared_memory_replies:
             self.reply_dir = make_reply_dir()
         router_ends: list[socket.socket] = []
         for index in range(self.config.workers):
