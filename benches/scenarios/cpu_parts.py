@@ -10,11 +10,12 @@ top-32, 64 new tokens: ~22-25 MiB of base64 R3 per turn, 2,000-word first prompt
 round runs, on every gateway in alternating order: 4 concurrent sessions x 5 turns, then one
 GET of each session's records, then the deletes. Per part, CPU (utime + stime from /proc):
 
-- `front`: the compiled front's threads (`sg-front`) in the router process;
+- `front`: the compiled front's threads (`sg-front`, and `sg-bulk` that `sendfile`s file
+  parts) in the router process;
 - `router`: the rest of the router process (its Python event loop and whatever it relays);
 - `worker`: the worker process (the turn, the record, the GET's render).
 
-With `--workers 0` there is one gateway process: `front` (its `sg-front` threads) and
+With `--workers 0` there is one gateway process: `front` (its `sg-front` and `sg-bulk` threads) and
 `gateway` (the rest: the session core and its HTTP server).
 
 Figures: CPU ms per R3 turn per part (the turn phase), CPU ms per MiB of records GET per part
@@ -53,7 +54,8 @@ from support.procs import ServerProcess, free_port
 
 MOCK = "--r3-layers 64 --r3-topk 32 --completion-tokens 64 --completion-tokens-jitter 0"
 SESSIONS, TURNS = 4, 5
-FRONT_THREAD = "sg-front"
+# The compiled front's runtime threads and its bulk sender (file parts' sendfile).
+FRONT_THREADS = ("sg-front", "sg-bulk")
 MIB = 1 << 20
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -67,12 +69,12 @@ def process_cpu(pid: int) -> float:
     return _task_cpu(Path(f"/proc/{pid}/stat").read_text())
 
 
-def thread_cpu(pid: int, name: str) -> float:
-    """CPU seconds of the process's live threads called `name`."""
+def thread_cpu(pid: int, names: tuple[str, ...]) -> float:
+    """CPU seconds of the process's live threads with one of `names`."""
     total = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if (task / "comm").read_text().strip() == name:
+            if (task / "comm").read_text().strip() in names:
                 total += _task_cpu((task / "stat").read_text())
         except FileNotFoundError:  # the thread ended meanwhile
             continue
@@ -82,10 +84,10 @@ def thread_cpu(pid: int, name: str) -> float:
 def parts(roles: dict[str, list[int]]) -> dict[str, float]:
     if "gateway" in roles:  # --workers 0
         gateway = roles["gateway"][0]
-        front = thread_cpu(gateway, FRONT_THREAD)
+        front = thread_cpu(gateway, FRONT_THREADS)
         return {"front": front, "gateway": process_cpu(gateway) - front}
     router, worker = roles["router"][0], roles["workers"][0]
-    front = thread_cpu(router, FRONT_THREAD)
+    front = thread_cpu(router, FRONT_THREADS)
     return {"front": front, "router": process_cpu(router) - front, "worker": process_cpu(worker)}
 
 
@@ -207,7 +209,7 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
                         "get_s": get_s,
                         "turns": load["turns"],
                         "front_threads": thread_cpu(
-                            next(iter(roles[name].values()))[0], FRONT_THREAD
+                            next(iter(roles[name].values()))[0], FRONT_THREADS
                         )
                         > 0,
                     }
