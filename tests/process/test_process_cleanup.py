@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -60,8 +61,12 @@ def test_sigkilled_serve_leaves_no_process() -> None:
         engine_url, worker_pids = _children(gateway)
         reply_dir = reply_dir_of(gateway)
         assert gateway.proc is not None
-        os.kill(gateway.proc.pid, signal.SIGKILL)
-        survivors = _wait_gone(worker_pids, [engine_url, gateway.url])
+        supervisor = gateway.proc.pid
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+        os.kill(supervisor, signal.SIGKILL)
+        # Every child, the router included: it removes the directory after it stops
+        # answering, so the check below waits for its exit, not just its silence.
+        survivors = _wait_gone([*worker_pids, *map(int, children)], [engine_url, gateway.url])
         assert survivors == [], f"outlived their SIGKILLed supervisor: {survivors}"
         # Nor its shared-memory directory: the router removes it on its way out.
         assert reply_dir is None or not reply_dir.exists()
