@@ -5,6 +5,7 @@
 
 use pyo3::prelude::*;
 
+use crate::front::bulk::front_bulk_pauses;
 use crate::front::failure::{
     connect_failed_text, connect_timed_out, front_retry_target, transport_error_text, url_hostname,
 };
@@ -26,5 +27,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(connect_timed_out, m)?)?;
     m.add_function(wrap_pyfunction!(url_hostname, m)?)?;
     m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
+    m.add_function(wrap_pyfunction!(front_bulk_pauses, m)?)?;
     Ok(())
 }

@@ -390,6 +390,10 @@ def front_retry_target(order: list[int], failed: int, available: list[bool]) -> 
     """Where the relay retries after a connect failure (``engines.pool.retry_target``'s
     twin)."""
 
+def front_bulk_pauses(before: str, after: str, elapsed_us: int) -> bool:
+    """Whether the front's bulk thread pauses, given two readings of /proc/pressure/cpu
+    ``elapsed_us`` apart (``front.cpu_pressure.pauses`` over ``psi_some_total``'s twin)."""
+
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""
 

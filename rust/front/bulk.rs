@@ -11,6 +11,7 @@
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::mpsc;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -47,7 +48,11 @@ fn run(jobs: &mpsc::Receiver<Job>) {
         let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
         libc::setpriority(libc::PRIO_PROCESS, tid, BULK_NICE);
     }
+    let mut pressure = Pressure::new();
     while let Ok(job) = jobs.recv() {
+        if pressure.contended() {
+            std::thread::sleep(PAUSE);
+        }
         let mut offset = job.offset;
         // SAFETY: both descriptors are owned by the job and open until it is dropped;
         // `offset` is a live local the kernel advances.
@@ -64,6 +69,81 @@ fn run(jobs: &mpsc::Receiver<Job>) {
             .map_err(|_| std::io::Error::last_os_error());
         let _ = job.done.send(result); // the connection may be gone: nothing to tell
     }
+}
+
+/// How often the machine's CPU pressure is read.
+const WINDOW: Duration = Duration::from_millis(10);
+/// The share of a window with some task waiting for a CPU above which sends pause. (On 2
+/// cores with four clients reading GETs: 0.5 held GETs to 630-645 MiB/s, below frames'
+/// ~850; 0.8 gives 870-920 MiB/s with small chats' p99 at 9-14 ms; docs/performance.md.)
+const STALLED: f64 = 0.8;
+/// The pause before a slice while the CPU is contended.
+const PAUSE: Duration = Duration::from_millis(1);
+
+/// The kernel's CPU pressure (PSI, /proc/pressure/cpu): how long some runnable task waited
+/// for a CPU. Bulk sends pause while it is high, so the cores go to what serves small
+/// requests (and to the clients' own receive copies) rather than to more bulk bytes; with
+/// cores to spare it never pauses. The Python front's twin: transport/cpu_pressure.py.
+struct Pressure {
+    read_at: Instant,
+    total_us: Option<u64>,
+    contended: bool,
+}
+
+impl Pressure {
+    fn new() -> Self {
+        Self {
+            read_at: Instant::now(),
+            total_us: read_stall_us(),
+            contended: false,
+        }
+    }
+
+    fn contended(&mut self) -> bool {
+        let elapsed = self.read_at.elapsed();
+        if elapsed < WINDOW {
+            return self.contended;
+        }
+        let total = read_stall_us();
+        self.contended = pauses(self.total_us, total, elapsed.as_micros());
+        self.total_us = total;
+        self.read_at = Instant::now();
+        self.contended
+    }
+}
+
+fn read_stall_us() -> Option<u64> {
+    psi_some_total(&std::fs::read_to_string("/proc/pressure/cpu").ok()?)
+}
+
+/// `total=N` of the `some` line of a PSI file: microseconds some task was stalled.
+pub(crate) fn psi_some_total(text: &str) -> Option<u64> {
+    let some = text.lines().find(|line| line.starts_with("some "))?;
+    some.split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
+}
+
+/// Whether sends pause, from two readings `elapsed_us` apart. Without both readings (no PSI:
+/// an old kernel, some containers) never; a counter that went back counts as no stall.
+pub(crate) fn pauses(before: Option<u64>, after: Option<u64>, elapsed_us: u128) -> bool {
+    match (before, after) {
+        (Some(before), Some(after)) => {
+            after.saturating_sub(before) as f64 > elapsed_us as f64 * STALLED
+        }
+        _ => false,
+    }
+}
+
+/// Test hook (rust/testing.rs): `pauses` over two PSI texts.
+#[pyo3::pyfunction]
+pub fn front_bulk_pauses(before: &str, after: &str, elapsed_us: u64) -> bool {
+    pauses(
+        psi_some_total(before),
+        psi_some_total(after),
+        u128::from(elapsed_us),
+    )
 }
 
 /// Descriptors of one file part for the bulk thread.

@@ -14,7 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
-mod bulk;
+pub(crate) mod bulk;
 mod conn;
 mod dispatch;
 pub(crate) mod failure;

@@ -114,7 +114,8 @@ FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest"})
 # test_reliability_twin.py), `reserved_header_names` is compared with
 # `primitives/header_names.py`, `json_reject` is the relay scanner's verdict, and the failure
 # texts' and `front_retry_target`'s are in `engines/client.py`, `http/client.py` and
-# `engines/pool.py` (tests/engines/test_engine_client_twin.py).
+# `engines/pool.py` (tests/engines/test_engine_client_twin.py), `front_bulk_pauses`'s is
+# `front/cpu_pressure.py` (tests/front/test_cpu_pressure.py).
 TEST_HOOKS = frozenset(
     {
         "json_reject",
@@ -129,6 +130,7 @@ TEST_HOOKS = frozenset(
         "front_connect_timed_out",
         "front_url_hostname",
         "front_retry_target",
+        "front_bulk_pauses",
     }
 )
 TEST_HOOKS_HEADING = "# Test hooks (rust/testing.rs)"

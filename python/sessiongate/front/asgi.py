@@ -32,6 +32,7 @@ from sessiongate.errors import (
     RouteNotFound,
     Unauthorized,
 )
+from sessiongate.front.cpu_pressure import yield_to_busy_cpu
 from sessiongate.front.routes import DOCS_PATHS, classify, session_header_names
 from sessiongate.protocol import (
     CoreReply,
@@ -131,6 +132,7 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
         async for part in reply.stream:
             if isinstance(part, FilePart):  # a shared-memory segment of a records GET
                 async for chunk in part:
+                    await yield_to_busy_cpu()
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             elif part:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
