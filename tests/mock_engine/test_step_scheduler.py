@@ -182,3 +182,23 @@ def test_chat_through_the_scheduler_reports_what_the_cache_matched() -> None:
     assert stream.text.endswith("data: [DONE]\n\n")
     assert stats["cached_tokens"] == 6 and stats["prefilled_tokens"] == 6
     assert stats["adapter_requests"] == {"": 3}
+
+
+def test_a_prefill_only_request_finishes_with_its_prefill_and_leaves_its_prompt() -> None:
+    # managers/schedule_batch.py `Req.is_prefill_only` (`max_new_tokens == 0`): the request
+    # is scheduled and prefilled like any other and finishes with that prefill, its prompt
+    # in the radix cache; waiting for its 0 tokens must wait for that prefill (the mock
+    # answered at once, before any prefill, until the router's warm-ups relied on it).
+    async def main() -> tuple[bool, int, int]:
+        cache = PrefixCache(1 << 16)
+        sch = StepScheduler(_config(), cache, asyncio.Event())
+        warm = Job([1, 2, 3, 4, 5, 6], [], "", asyncio.Event())
+        sch.submit(warm)
+        await sch.wait(warm, 0)
+        finished = warm.finished
+        b = _job([1, 2, 3, 4, 5, 6])
+        sch.submit(b)
+        await sch.wait(b, b.total)
+        return finished, warm.cached, b.cached
+
+    assert asyncio.run(main()) == (True, 0, 5)

@@ -95,8 +95,9 @@ class StepScheduler:
 
     async def wait(self, job: Job, tokens: int) -> WaitStatus:
         """Until `job` has `tokens` output tokens (or finished), is aborted, or the engine
-        shuts down."""
-        while not (job.done >= tokens or job.finished):
+        shuts down. `tokens` 0 waits for the prefill-only request to finish: its prefill
+        (schedule_batch.py `Req.is_prefill_only`: `max_new_tokens == 0`)."""
+        while not (job.finished or (tokens > 0 and job.done >= tokens)):
             if self.closing.is_set():
                 return "closing"
             if job.abort.is_set():
