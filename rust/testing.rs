@@ -10,6 +10,7 @@ use crate::front::failure::{
     connect_failed_text, connect_timed_out, front_retry_target, transport_error_text, url_hostname,
 };
 use crate::front::reliability::{front_backoff_ms, PyBreaker, PyHealthCounter};
+use crate::front::siblings::front_sibling_warmup;
 use crate::front::{front_forwarded_headers, front_route};
 use crate::relay::json_reject;
 use crate::stamp::reserved_header_names;
@@ -28,5 +29,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(url_hostname, m)?)?;
     m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
     m.add_function(wrap_pyfunction!(front_bulk_pauses, m)?)?;
+    m.add_function(wrap_pyfunction!(front_sibling_warmup, m)?)?;
     Ok(())
 }

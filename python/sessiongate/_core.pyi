@@ -394,6 +394,10 @@ def front_bulk_pauses(before: str, after: str, elapsed_us: int) -> bool:
     """Whether the front's bulk thread pauses, given two readings of /proc/pressure/cpu
     ``elapsed_us`` apart (``front.cpu_pressure.pauses`` over ``psi_some_total``'s twin)."""
 
+def front_sibling_warmup(method: str, path: str, body: bytes) -> bytes | None:
+    """The warm-up the compiled front sends for the request's prompt, None when it has none
+    that counts (``engines.siblings.warmup_body`` over ``prompt_key``)."""
+
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""
 

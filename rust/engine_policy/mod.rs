@@ -293,6 +293,8 @@ pub struct Options {
     pub worker_overload_protection: bool,
     pub worker_overload_waiting_requests: u64,
     pub worker_overload_token_usage: f64,
+    /// Read by the compiled front's pool (`front/siblings.rs`), not by a policy.
+    pub hold_siblings: bool,
 }
 
 impl Default for Options {
@@ -321,6 +323,7 @@ impl Default for Options {
             worker_overload_protection: false,
             worker_overload_waiting_requests: 8,
             worker_overload_token_usage: 0.8,
+            hold_siblings: true,
         }
     }
 }
@@ -536,6 +539,11 @@ impl PolicyState {
         };
         // A policy bug must not index out of bounds in the caller.
         (index.min(self.engines.len().saturating_sub(1)), key)
+    }
+
+    /// Whether the pool holds siblings (`front/siblings.rs`).
+    pub fn holds_siblings(&self) -> bool {
+        self.options.hold_siblings
     }
 
     /// Whether the policy reads the engines' `GET /v1/loads` (`EngineRoutingConfig.reads_loads`):

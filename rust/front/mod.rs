@@ -24,6 +24,7 @@ pub(crate) mod reliability;
 mod reply;
 mod route;
 mod server;
+pub(crate) mod siblings;
 mod stats;
 mod upstream;
 
@@ -379,6 +380,12 @@ impl CompiledFront {
         out.set_item("handoffs", snap.handoffs)?;
         out.set_item("connections", snap.connections)?;
         out.set_item("upstreams", upstreams)?;
+        let (held, warmups, failed) = self.shared.pool().sibling_counts();
+        let siblings = PyDict::new(py);
+        siblings.set_item("siblings_held", held)?;
+        siblings.set_item("warmups", warmups)?;
+        siblings.set_item("warmups_failed", failed)?;
+        out.set_item("siblings", siblings)?;
         Ok(out)
     }
 

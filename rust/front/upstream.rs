@@ -30,6 +30,7 @@ use super::hop::{connection_named, forwarded};
 use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
+use super::siblings::{self, PromptKey, Role, Siblings};
 use crate::engine_policy::{LoadReport, PolicyState, Request as RoutingRequest};
 use crate::hash::rendezvous_weight;
 
@@ -151,6 +152,9 @@ pub struct Pool {
     reliability: Config,
     /// Whether some breaker is open: only then does a pick look for due half-opens.
     any_open: AtomicBool,
+    /// Requests with one prompt on one engine, prefilled there once (`siblings.rs`); None
+    /// under `--no-hold-siblings`.
+    siblings: Option<Siblings>,
 }
 
 enum Failure {
@@ -255,6 +259,7 @@ impl Pool {
         retry_order.sort_by(|&a, &b| weights[b].cmp(&weights[a]));
         Ok(Self {
             upstreams,
+            siblings: state.holds_siblings().then(Siblings::default),
             reads_body: state.reads_body(),
             state: Mutex::new(state),
             // The breakers' clock: a successor keeps it, as it keeps their states.
@@ -417,6 +422,76 @@ impl Pool {
             pool: Arc::clone(self),
             index,
             key,
+            sibling: None,
+        }
+    }
+
+    /// Siblings' figures: (held, warm-ups, warm-ups failed); zeros when off.
+    pub fn sibling_counts(&self) -> (u64, u64, u64) {
+        self.siblings.as_ref().map_or((0, 0, 0), |s| {
+            (
+                s.held.load(Relaxed),
+                s.warmups.load(Relaxed),
+                s.failed.load(Relaxed),
+            )
+        })
+    }
+
+    /// Wait while the request's prompt is warmed up on its engine (`siblings.rs`); the
+    /// guard leaves the prompt's entry when dropped.
+    async fn hold_sibling(
+        self: &Arc<Self>,
+        guard: &mut InFlight,
+        prompt: &Arc<PromptKey>,
+        headers: &HeaderMap,
+    ) {
+        let Some(table) = self.siblings.as_ref() else {
+            return;
+        };
+        let index = guard.index;
+        guard.sibling = Some(Arc::clone(prompt));
+        let warmed = match table.enter(index, prompt) {
+            Role::Go => return,
+            Role::Wait(warmed) => warmed,
+            Role::WarmUp(warmed) => {
+                let pool = Arc::clone(self);
+                let key = Arc::clone(prompt);
+                let auth = headers.get(hyper::header::AUTHORIZATION).cloned();
+                tokio::spawn(async move {
+                    let took = pool.warm_up(index, &key, auth).await;
+                    if let Some(table) = pool.siblings.as_ref() {
+                        table.warmed(index, &key, took);
+                    }
+                });
+                warmed
+            }
+        };
+        siblings::wait_warmed(warmed).await;
+    }
+
+    /// Send engine `index` the prompt's warm-up; whether it answered 200.
+    async fn warm_up(&self, index: usize, key: &PromptKey, auth: Option<HeaderValue>) -> bool {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            hyper::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(auth) = auth {
+            headers.insert(hyper::header::AUTHORIZATION, auth);
+        }
+        let path = PathAndQuery::from_static(siblings::GENERATE_PATH);
+        let body = Bytes::from(siblings::warmup_body(key));
+        match self
+            .attempt(index, &Method::POST, &path, headers, body)
+            .await
+        {
+            Ok(reply) => {
+                let ok = reply.status() == hyper::StatusCode::OK;
+                // Read to the end, so the connection goes back to the pool.
+                let _ = http_body_util::BodyExt::collect(reply.into_body()).await;
+                ok
+            }
+            Err(_) => false,
         }
     }
 
@@ -472,9 +547,17 @@ impl Pool {
             body,
         } = request;
         let mut guard = self.pick(&headers, &body);
+        let prompt = match self.siblings {
+            Some(_) => siblings::prompt_key(method.as_str(), path_and_query.path(), &body),
+            None => None,
+        }
+        .map(Arc::new);
         let mut attempt: u32 = 0;
         loop {
             let last = attempt + 1 >= attempts;
+            if let Some(prompt) = prompt.as_ref() {
+                self.hold_sibling(&mut guard, prompt, &headers).await;
+            }
             let index = guard.index;
             // The last attempt takes the headers; earlier ones need a copy for the next.
             let sent = if last {
@@ -572,10 +655,15 @@ pub struct InFlight {
     pool: Arc<Pool>,
     index: usize,
     key: Option<String>,
+    /// The prompt it holds an entry of in the pool's siblings, if any.
+    sibling: Option<Arc<PromptKey>>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if let (Some(prompt), Some(table)) = (self.sibling.take(), self.pool.siblings.as_ref()) {
+            table.leave(self.index, &prompt);
+        }
         lock(&self.pool.state).finished(self.index, self.key.as_deref());
     }
 }

@@ -144,6 +144,7 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "5",
         "--worker-overload-token-usage",
         "0.9",
+        "--no-hold-siblings",
         # The RL section: the pause limits are every pool's, the plane's flags the router's.
         "--enable-rl",
         "--rl-control-timeout-secs",

@@ -81,6 +81,9 @@ ENGINE_ROUTING_OPTIONS: dict[str, tuple[object, bool]] = {
     "--disable-worker-overload-protection": ("==SUPPRESS==", False),
     "--worker-overload-waiting-requests": (8, False),
     "--worker-overload-token-usage": (0.8, False),
+    # Siblings of one prompt on one engine wait for one warm-up (every policy's).
+    "--hold-siblings": (True, False),
+    "--no-hold-siblings": ("==SUPPRESS==", False),
 }
 # Engine reliability (health thresholds, retries, circuit breaker), with the SGLang Model
 # Gateway's names and defaults: declared with engine routing, so the same processes take them.

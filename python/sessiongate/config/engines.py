@@ -70,6 +70,7 @@ _OWN_TUNABLES: dict[str, tuple[str, ...]] = {
 }
 # Read whatever the policy: overload protection narrows every policy's candidates.
 _EVERY_POLICY_TUNABLES = (
+    "hold_siblings",
     "worker_overload_protection",
     "worker_overload_waiting_requests",
     "worker_overload_token_usage",
@@ -268,6 +269,15 @@ class EngineRoutingConfig:
         metavar="SECONDS",
         help="least_load, power_of_two, --worker-overload-protection: seconds between polls of "
         "every engine's GET /v1/loads (10)",
+    )
+    hold_siblings: bool = option(
+        "--hold-siblings",
+        off_flags=("--no-hold-siblings",),
+        default=True,
+        kind="switch",
+        help="every policy: a POST /generate whose prompt (64 or more token ids or characters) "
+        "is already in flight on its engine waits for one prefill-only warm-up of that prompt "
+        "there, so a GRPO group's samples prefill it once (on)",
     )
     # smg 1.13's overload protection, its flags and thresholds; off by default here
     # (docs/routing.md, "Overload protection").

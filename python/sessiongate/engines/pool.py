@@ -72,6 +72,7 @@ from sessiongate.engines.reliability import (
     backoff_ms,
     new_breaker,
 )
+from sessiongate.engines.siblings import GENERATE_PATH, Key, Siblings
 from sessiongate.errors import Unavailable
 from sessiongate.hashing import rendezvous_weight
 
@@ -193,6 +194,8 @@ class EnginePool:
         self.engine_routing = engine_routing or EngineRoutingConfig()
         # Engines that take no new request (paused, or behind on weights): engines/hold.py.
         self.hold = HoldGate(pause_queue_size, pause_wait_secs)
+        # Requests with one prompt on one engine, prefilled there once: engines/siblings.py.
+        self.siblings = Siblings(self.engine_routing.hold_siblings)
         self.engine_policy = self._policy_for(self.urls)
         # Whether a family's first call is placed by the policy (else by rendezvous).
         self.places_by_policy = self.engine_routing.policy not in RENDEZVOUS_PLACEMENT
@@ -647,16 +650,23 @@ class EnginePool:
     ) -> EngineReply:
         header_list = list(headers)
         key = self._sticky_key(header_list, body)
+        prompt = self.siblings.key("POST", path, body)
 
         async def send(index: int) -> EngineReply:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
             policy.started(index, key)
-            self.sent[self.urls[index]] += 1
-            written = self.hold.sending(self.urls[index])
+            url = self.urls[index]
             try:
-                return await self._post_json(index, path, body, header_list, written)
+                await self._enter_siblings(index, prompt, header_list)
+                self.sent[url] += 1
+                written = self.hold.sending(url)
+                try:
+                    return await self._post_json(index, path, body, header_list, written)
+                finally:
+                    written()
             finally:
-                written()
+                if prompt is not None:
+                    self.siblings.leave(url, prompt)
                 policy.finished(index, None, key)
 
         async def discard(reply: EngineReply) -> None:
@@ -682,6 +692,22 @@ class EnginePool:
         self._answered_by(client, reply.status)
         return reply
 
+    async def _enter_siblings(
+        self, index: int, prompt: Key | None, headers: Sequence[tuple[str, str]]
+    ) -> None:
+        """Wait while a sibling's prompt is being warmed up on engine `index` (engines/
+        siblings.py); the warm-up carries the request's `authorization`, nothing else."""
+        if prompt is None:
+            return
+        client = self.clients[index]
+        auth = [(k, v) for k, v in headers if k.lower() == "authorization"]
+
+        async def warm_up(body: bytes) -> bool:
+            reply = await client.post_json(GENERATE_PATH, body, auth)
+            return reply.status == 200
+
+        await self.siblings.enter(self.urls[index], prompt, warm_up)
+
     def _answered_by(self, client: EngineClient, status: int) -> None:
         # A 5xx counts against the engine's breaker, a 4xx is the client's doing.
         self._outcome(client, status < 500)
@@ -701,6 +727,7 @@ class EnginePool:
     ) -> EngineStream:
         header_list = list(headers)
         key = self._sticky_key(header_list, body)
+        prompt = self.siblings.key(method, path, body)
 
         async def attempt(index: int) -> EngineStream:
             client = self.clients[index]
@@ -708,19 +735,27 @@ class EnginePool:
             # moment (a change of the engine set builds a new one).
             policy = self.engine_policy
             policy.started(index, key)
-            self.sent[client.base_url] += 1
-            written = self.hold.sending(client.base_url)
+            url = self.urls[index]
+            written: Callable[[], None] | None = None
             try:
+                await self._enter_siblings(index, prompt, header_list)
+                self.sent[client.base_url] += 1
+                written = self.hold.sending(client.base_url)
                 stream = await client.open_stream(
                     method, path, query=query, headers=header_list, body=body, on_sent=written
                 )
             except BaseException as exc:
-                written()
+                if written is not None:
+                    written()
+                if prompt is not None:
+                    self.siblings.leave(url, prompt)
                 policy.finished(index, None, key)
                 if isinstance(exc, EngineTransportError):
                     self._transport_failed(client, exc)
                 raise
             stream.exchange.callback(policy.finished, index, None, key)
+            if prompt is not None:
+                stream.exchange.callback(self.siblings.leave, url, prompt)
             self._answered_by(client, stream.status)
             return stream
 
@@ -801,6 +836,7 @@ class EnginePool:
             "repins": self.repins,
             "pinned_trees": len(self.pins),  # families; the field keeps its earlier name
             "held": self.hold.status(),
+            "siblings": self.siblings.stats(),
         }
 
     async def aclose(self) -> None:

@@ -1,0 +1,165 @@
+"""Siblings: requests with one prompt on one engine at once, prefilled there once.
+
+SGLang's default schedule (`fcfs`) matches each request against the engine's prefix cache when
+the request is admitted to a prefill step, and the cache is filled only when that step
+completes: requests admitted in one step do not see each other's prompts. A GRPO group is n
+requests with one prompt sent together; routed to one engine (as cache_aware keeps them), most
+are admitted in the same step and each prefills the whole prompt. On the routing-quality bench
+(docs/performance.md) that was what kept every router's GRPO hit rate at 0.76-0.84 against a
+bound of 0.91.
+
+So the pool holds them: the first request with a prompt on an engine (its lead) goes at once.
+A second one arriving while the lead is in flight is a sibling: the pool sends the engine one
+warm-up, a prefill-only copy of the prompt (`max_new_tokens: 0`, SGLang's prefill-only
+request: it finishes when its prefill does, leaving the prompt in the radix cache), and every
+sibling waits for it, then goes and finds the prompt cached. The warm-up is sent once per
+prompt and engine while requests with that prompt are in flight there; once it has answered,
+later siblings go at once. If the lead was admitted before the warm-up, the warm-up itself
+finds the prompt cached and costs its last token; if they share a step, one extra prefill
+instead of n - 1.
+
+What counts: POST `/generate` with `input_ids` (a list of token ids) or `text` (a string) of at
+least SIBLING_MIN_UNITS units; one prompt is the same ids or text with the same `lora_path` and
+`extra_key` (the engine caches per adapter and per key). A warm-up that fails (any status, a
+transport error) or takes more than WARMUP_WAIT_S releases its siblings all the same: the
+hold only ever saves work, it never refuses a request. `--no-hold-siblings` turns it off.
+
+This is the specification; `rust/front/siblings.rs` is its compiled twin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+# Shorter prompts prefill faster than a sibling would wait for the warm-up's round trip.
+SIBLING_MIN_UNITS = 64
+# A sibling's wait for its warm-up, at most (then it goes: a slow warm-up is an engine's
+# queue, which the sibling would wait in anyway).
+WARMUP_WAIT_S = 30.0
+GENERATE_PATH = "/generate"
+# Token ids are non-negative integers below 2**64 (the compiled twin reads them as u64).
+MAX_ID = 1 << 64
+
+# (the prompt's kind: "ids" or "text", the ids or text, lora_path and extra_key as JSON text)
+Key = tuple[str, tuple[int, ...] | str, str | None, str | None]
+State = Literal["lead", "warming", "warm"]
+
+
+def prompt_key(method: str, path: str, body: bytes) -> Key | None:
+    """The prompt a request shares with its siblings, None when it has none that counts."""
+    if method != "POST" or path != GENERATE_PATH:
+        return None
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    ids = doc.get("input_ids")
+    units: tuple[int, ...] | str
+    if (
+        isinstance(ids, list)
+        and len(ids) >= SIBLING_MIN_UNITS
+        and all(type(x) is int and 0 <= x < MAX_ID for x in ids)
+    ):
+        kind, units = "ids", tuple(ids)
+    elif ids is None and isinstance(doc.get("text"), str) and len(doc["text"]) >= SIBLING_MIN_UNITS:
+        kind, units = "text", doc["text"]
+    else:
+        return None
+    return (kind, units, _as_text(doc, "lora_path"), _as_text(doc, "extra_key"))
+
+
+def _as_text(doc: dict[str, object], name: str) -> str | None:
+    """A field's JSON value as a hashable key part (None when absent or null)."""
+    value = doc.get(name)
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def warmup_body(key: Key) -> bytes:
+    """The warm-up for a prompt: the same prompt, adapter and extra_key, prefill only."""
+    kind, units, lora_path, extra_key = key
+    doc: dict[str, object] = {
+        "input_ids" if kind == "ids" else "text": list(units) if kind == "ids" else units,
+        "sampling_params": {"max_new_tokens": 0},
+    }
+    for name, value in (("lora_path", lora_path), ("extra_key", extra_key)):
+        if value is not None:
+            doc[name] = json.loads(value)
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+@dataclass
+class _Prompt:
+    in_flight: int = 1
+    state: State = "lead"
+    warmed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Siblings:
+    """One pool's prompts in flight per engine, and their warm-ups."""
+
+    def __init__(self, enabled: bool = True, wait_secs: float = WARMUP_WAIT_S) -> None:
+        self.enabled = enabled
+        self.wait_secs = wait_secs
+        self._prompts: dict[tuple[str, Key], _Prompt] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        # /health's figures: siblings that waited, warm-ups sent and warm-ups that failed.
+        self.held = 0
+        self.warmups = 0
+        self.failed = 0
+
+    def key(self, method: str, path: str, body: bytes) -> Key | None:
+        return prompt_key(method, path, body) if self.enabled else None
+
+    async def enter(
+        self, engine: str, key: Key, warm_up: Callable[[bytes], Awaitable[bool]]
+    ) -> None:
+        """A request with prompt `key` goes to `engine` (its URL: an engine keeps its prompts
+        across a change of the engine set): return when it may be sent.
+        `warm_up(body)` sends a warm-up there and says whether the engine took it. Pair
+        every `enter` with a `leave`, whatever happens in between."""
+        prompt = self._prompts.get((engine, key))
+        if prompt is None:
+            self._prompts[(engine, key)] = _Prompt()
+            return
+        prompt.in_flight += 1
+        if prompt.state == "lead":
+            prompt.state = "warming"
+            task = asyncio.create_task(self._warm(prompt, key, warm_up))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if prompt.state == "warming":
+            self.held += 1
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.wait_secs):
+                    await prompt.warmed.wait()
+
+    async def _warm(
+        self, prompt: _Prompt, key: Key, warm_up: Callable[[bytes], Awaitable[bool]]
+    ) -> None:
+        self.warmups += 1
+        try:
+            took = await warm_up(warmup_body(key))
+        except Exception:  # a gone engine: its siblings find out for themselves
+            took = False
+        if not took:
+            self.failed += 1
+        prompt.state = "warm"
+        prompt.warmed.set()
+
+    def leave(self, engine: str, key: Key) -> None:
+        prompt = self._prompts.get((engine, key))
+        if prompt is None:
+            return
+        prompt.in_flight -= 1
+        if prompt.in_flight <= 0:
+            del self._prompts[(engine, key)]
+
+    def stats(self) -> dict[str, int]:
+        return {"siblings_held": self.held, "warmups": self.warmups, "warmups_failed": self.failed}

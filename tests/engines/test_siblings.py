@@ -1,0 +1,179 @@
+"""Siblings (engines/siblings.py): which requests share a prompt, the warm-up they get, the
+lead / warm-up / wait / go sequence, and the compiled front's twin of the first two."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sessiongate import _core
+from sessiongate.engines.siblings import SIBLING_MIN_UNITS, Siblings, prompt_key, warmup_body
+
+
+def _body(**doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+IDS = list(range(300, 300 + SIBLING_MIN_UNITS))
+
+
+def test_only_long_generate_prompts_count() -> None:
+    assert prompt_key("POST", "/generate", _body(input_ids=IDS)) is not None
+    assert prompt_key("POST", "/generate", _body(input_ids=IDS[:-1])) is None
+    assert prompt_key("GET", "/generate", _body(input_ids=IDS)) is None
+    assert prompt_key("POST", "/v1/completions", _body(input_ids=IDS)) is None
+    assert prompt_key("POST", "/generate", b"{not json") is None
+    assert prompt_key("POST", "/generate", b"[1, 2]") is None
+    assert prompt_key("POST", "/generate", _body(input_ids=[-1] * 64)) is None
+    assert prompt_key("POST", "/generate", _body(input_ids=[True] * 64)) is None
+    assert prompt_key("POST", "/generate", _body(text="x" * 64)) is not None
+    assert prompt_key("POST", "/generate", _body(text="x" * 63)) is None
+    # Token ids that do not count do not fall back to the text.
+    assert prompt_key("POST", "/generate", _body(input_ids=[1], text="x" * 64)) is None
+
+
+def test_the_adapter_and_extra_key_part_prompts_and_ride_the_warm_up() -> None:
+    math = prompt_key("POST", "/generate", _body(input_ids=IDS, lora_path="math", extra_key="k"))
+    code = prompt_key("POST", "/generate", _body(input_ids=IDS, lora_path="code", extra_key="k"))
+    assert math is not None and math != code
+    same = prompt_key(
+        "POST",
+        "/generate",
+        _body(input_ids=IDS, lora_path="math", extra_key="k", sampling_params={"n": 1}),
+    )
+    assert same == math, "sampling parameters are no part of the prompt"
+    warm = json.loads(warmup_body(math))
+    assert warm == {
+        "input_ids": IDS,
+        "sampling_params": {"max_new_tokens": 0},
+        "lora_path": "math",
+        "extra_key": "k",
+    }
+
+
+# Bodies near the rules' edges: short and long prompts, ids and text, odd values.
+_ids = st.lists(st.integers(min_value=-2, max_value=(1 << 64) + 1), min_size=60, max_size=70)
+_value = st.one_of(
+    st.none(), st.text(max_size=5), st.integers(-3, 3), st.lists(st.integers(0, 3), max_size=2)
+)
+_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "input_ids": st.one_of(_ids, st.none(), st.text(max_size=3)),
+        "text": st.one_of(st.text(min_size=60, max_size=70), st.none(), st.integers()),
+        "lora_path": _value,
+        "extra_key": _value,
+        "rid": st.text(max_size=4),
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    doc=_docs, method=st.sampled_from(["POST", "GET"]), path=st.sampled_from(["/generate", "/x"])
+)
+def test_the_compiled_front_warms_up_what_the_specification_does(
+    doc: dict[str, object], method: str, path: str
+) -> None:
+    body = json.dumps(doc).encode()
+    key = prompt_key(method, path, body)
+    compiled = _core.front_sibling_warmup(method, path, body)
+    if key is None:
+        assert compiled is None
+    else:
+        assert compiled is not None
+        assert json.loads(compiled) == json.loads(warmup_body(key))
+
+
+def _run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_a_lead_goes_a_sibling_warms_up_once_and_the_rest_wait_for_it() -> None:
+    async def main() -> tuple[list[str], dict[str, int]]:
+        siblings = Siblings()
+        key = prompt_key("POST", "/generate", _body(input_ids=IDS))
+        assert key is not None
+        events: list[str] = []
+        gate = asyncio.Event()
+
+        async def warm_up(body: bytes) -> bool:
+            events.append("warm-up")
+            await gate.wait()
+            return True
+
+        async def request(name: str) -> None:
+            await siblings.enter("e0", key, warm_up)
+            events.append(name)
+
+        await request("lead")  # nothing in flight: goes at once
+        waiting = [asyncio.create_task(request(f"sibling{i}")) for i in range(3)]
+        await asyncio.sleep(0.01)
+        events.append("release")
+        gate.set()
+        await asyncio.gather(*waiting)
+        await request("later")  # warmed: goes at once
+        await siblings.enter("e1", key, warm_up)  # another engine: its own lead
+        events.append("other engine")
+        return events, siblings.stats()
+
+    events, stats = _run(main())  # type: ignore[misc]
+    assert events == [
+        "lead",
+        "warm-up",
+        "release",
+        "sibling0",
+        "sibling1",
+        "sibling2",
+        "later",
+        "other engine",
+    ]
+    assert stats == {"siblings_held": 3, "warmups": 1, "warmups_failed": 0}
+
+
+def test_a_failed_warm_up_releases_its_siblings_and_a_new_lead_starts_afresh() -> None:
+    async def main() -> tuple[dict[str, int], int]:
+        siblings = Siblings(wait_secs=5)
+        key = prompt_key("POST", "/generate", _body(text="y" * 80))
+        assert key is not None
+        calls = 0
+
+        async def broken(body: bytes) -> bool:
+            nonlocal calls
+            calls += 1
+            raise ConnectionError("engine gone")
+
+        await siblings.enter("e0", key, broken)
+        await siblings.enter("e0", key, broken)  # released despite the failure
+        siblings.leave("e0", key)
+        siblings.leave("e0", key)
+        await siblings.enter("e0", key, broken)  # nothing in flight: a new lead
+        return siblings.stats(), calls
+
+    stats, calls = _run(main())  # type: ignore[misc]
+    assert stats == {"siblings_held": 1, "warmups": 1, "warmups_failed": 1}
+    assert calls == 1
+
+
+def test_a_slow_warm_up_holds_a_sibling_no_longer_than_the_bound() -> None:
+    async def main() -> None:
+        siblings = Siblings(wait_secs=0.05)
+        key = prompt_key("POST", "/generate", _body(input_ids=IDS))
+        assert key is not None
+        never = asyncio.Event()
+
+        async def stuck(body: bytes) -> bool:
+            await never.wait()
+            return True
+
+        await siblings.enter("e0", key, stuck)
+        await asyncio.wait_for(siblings.enter("e0", key, stuck), timeout=5)
+
+    _run(main())
+
+
+def test_off_reads_nothing() -> None:
+    assert Siblings(enabled=False).key("POST", "/generate", _body(input_ids=IDS)) is None

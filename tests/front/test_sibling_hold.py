@@ -1,0 +1,88 @@
+"""Siblings end to end (engines/siblings.py, rust/front/siblings.rs): a GRPO-shaped burst of
+one prompt through the compiled front and the Python front (in process and in a worker), to
+the real mock engine with its step scheduler, which admits and caches as SGLang does.
+
+What is checked is what the engine saw, not timing: one prefill-only warm-up of the prompt,
+and every sibling finding the prompt cached; none of that with --no-hold-siblings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from support.procs import ServerProcess, free_port
+
+# Starts processes on loopback: `pytest -m "not procs"` skips it (docs/development.md).
+pytestmark = pytest.mark.procs
+
+LAYOUTS = [("compiled", "0"), ("python", "0"), ("python", "1")]
+PROMPT = list(range(300, 900))  # 600 token ids
+SIBLINGS = 6
+
+
+@contextlib.contextmanager
+def gateway(front: str, workers: str, *extra: str) -> Iterator[tuple[str, str]]:
+    engine_port = free_port()
+    engine = ["mock-engine", "--port", str(engine_port), "--step-scheduler"]
+    # A slow enough prefill and decode that the lead is still in flight when its
+    # siblings arrive.
+    engine += ["--prefill-us-per-token", "200", "--decode-step-ms", "20"]
+    with ServerProcess(engine, engine_port, timeout=60) as eng:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", workers, "--front", front]
+        argv += ["--backend", eng.url, *extra]
+        with ServerProcess(argv, port, timeout=60) as gw:
+            yield gw.url, eng.url
+
+
+def generate(url: str, max_new_tokens: int) -> dict[str, Any]:
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
+    reply = httpx.post(url + "/generate", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    meta: dict[str, Any] = reply.json()["meta_info"]
+    return meta
+
+
+def burst(url: str, engine: str) -> tuple[dict[str, Any], list[dict[str, Any]], list[int]]:
+    """A lead, then its siblings while it is in flight; the replies' meta and the
+    `max_new_tokens` of every request the engine received."""
+    with ThreadPoolExecutor(SIBLINGS + 1) as pool:
+        lead = pool.submit(generate, url, 64)
+        deadline = time.monotonic() + 30
+        while not httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]:
+            assert time.monotonic() < deadline, "the lead never reached the engine"
+            time.sleep(0.01)
+        siblings = [pool.submit(generate, url, 4) for _ in range(SIBLINGS)]
+        metas = [s.result() for s in siblings]
+        first = lead.result()
+    log = httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]
+    return first, metas, [r["sampling_params"]["max_new_tokens"] for r in log]
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS)
+def test_siblings_wait_for_one_warm_up_and_find_the_prompt_cached(front: str, workers: str) -> None:
+    with gateway(front, workers) as (url, engine):
+        lead, siblings, sent = burst(url, engine)
+    assert sent.count(0) == 1, f"one warm-up (max_new_tokens 0) expected, the engine saw {sent}"
+    assert len(sent) == SIBLINGS + 2
+    assert lead["cached_tokens"] == 0
+    assert [m["cached_tokens"] for m in siblings] == [len(PROMPT) - 1] * SIBLINGS
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS[:2])
+def test_no_hold_siblings_sends_no_warm_up(front: str, workers: str) -> None:
+    with gateway(front, workers, "--no-hold-siblings") as (url, engine):
+        _, siblings, sent = burst(url, engine)
+    assert 0 not in sent
+    assert len(sent) == SIBLINGS + 1
+    assert all(m["completion_tokens"] == 4 for m in siblings)
