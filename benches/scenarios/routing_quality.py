@@ -46,8 +46,10 @@ for sessiongate's default arm (`sg:cache_aware`) against the best sglang-router 
 makespan <= 0.95x the best peer's, work imbalance <= 1.15, and on multi-turn hit rate and
 makespan at least as good as `client:rr`'s.
 
-Figures per arm: prefix-cache hit rate (sum of `cached_tokens` over sum of prompt tokens,
-from the replies), re-prefilled tokens, the share of GRPO groups kept on one engine, load
+Figures per arm: prefix-cache hit rate (1 - the prompt tokens the engines prefilled over
+the prompt tokens sent, from the engines' counters, so a router's own requests such as
+sessiongate's sibling warm-ups are paid for; `reply_hit_rate` in the JSON is the replies'
+`cached_tokens` over the prompt tokens), re-prefilled tokens, the share of GRPO groups kept on one engine, load
 imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
 time-averaged in-flight from the engines' counters), mean step makespan (wall), the busy
 makespan (per step, the busiest engine's modelled step time, which leaves the host's own
@@ -106,6 +108,7 @@ SMG13_ARMS = {
 }
 # sessiongate arms beyond `sg:<policy>`: name -> `serve` flags (the rid lineage is the key).
 SG_ARMS = {
+    "cache_aware_no_hold": ["--policy", "cache_aware", "--no-hold-siblings"],
     "sticky": ["--policy", "least_load", "--sticky-sessions"],
     "cache_aware_sticky": ["--policy", "cache_aware", "--sticky-sessions"],
     "cache_aware_overload": ["--policy", "cache_aware", "--worker-overload-protection"],
@@ -286,6 +289,7 @@ async def run_arm(
         makespans = []
         busy: list[float] = []  # per step: the busiest engine's modelled time
         before = await engine_stats(client, target.engines)
+        start = before
         steps: Iterator[list[Request]]
         steps = (
             multiturn_steps(workload, outcomes, seed)
@@ -310,7 +314,10 @@ async def run_arm(
                     outcome.engine = served.get(outcome.rid, -1)
         after = await engine_stats(client, target.engines)
         added = await added_p50(client, target)
-    return summarise(target, sent, outcomes, makespans, busy, after, added)
+    prefilled = [
+        a["prefilled_tokens"] - b["prefilled_tokens"] for a, b in zip(after, start, strict=True)
+    ]
+    return summarise(target, sent, outcomes, makespans, busy, after, added, prefilled)
 
 
 def multiturn_steps(
@@ -363,13 +370,17 @@ def summarise(
     busy: list[float],
     after: list[dict[str, Any]],
     added_ms: float,
+    prefilled: list[int],
 ) -> dict[str, float | str]:
+    """`prefilled`: the prompt tokens each engine prefilled during the run, the router's own
+    requests (warm-ups) included. The hit rate and the work are counted from it, not from the
+    replies' `cached_tokens`, so a warmed-up prompt's prefill is paid for where it ran."""
     prompt = sum(o.prompt for o in outcomes)
     cached = sum(o.cached for o in outcomes)
-    work = [0.0] * len(target.engines)
+    work = [float(n) for n in prefilled]
     for o in outcomes:
         if o.engine >= 0:
-            work[o.engine] += o.prompt - o.cached + o.generated
+            work[o.engine] += o.generated
     groups: dict[str, set[int]] = defaultdict(set)
     by_rid = {f"{target.run}-{r.rid}": r for r in sent}
     for o in outcomes:
@@ -381,8 +392,9 @@ def summarise(
     return {
         "arm": target.name,
         "requests": len(outcomes),
-        "hit_rate": cached / prompt if prompt else 0.0,
-        "reprefilled": float(prompt - cached),
+        "hit_rate": 1 - sum(prefilled) / prompt if prompt else 0.0,
+        "reply_hit_rate": cached / prompt if prompt else 0.0,
+        "reprefilled": float(sum(prefilled)),
         "groups_on_one": kept,
         "work_imbalance": max(work) / statistics.mean(work) if any(work) else 0.0,
         "inflight_imbalance": max(in_flight) / statistics.mean(in_flight)
