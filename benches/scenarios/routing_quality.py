@@ -49,8 +49,8 @@ makespan at least as good as `client:rr`'s.
 Figures per arm: prefix-cache hit rate (1 - the prompt tokens the engines prefilled over
 the prompt tokens sent, from the engines' counters, so a router's own requests such as
 sessiongate's sibling warm-ups are paid for; `reply_hit_rate` in the JSON is the replies'
-`cached_tokens` over the prompt tokens), re-prefilled tokens, the share of GRPO groups kept on one engine, load
-imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
+`cached_tokens` over the prompt tokens), re-prefilled tokens, the share of GRPO groups kept
+on one engine, load imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
 time-averaged in-flight from the engines' counters), mean step makespan (wall), the busy
 makespan (per step, the busiest engine's modelled step time, which leaves the host's own
 CPU time out), and the router's added p50 on small idle requests. docs/performance.md,
