@@ -85,10 +85,11 @@ def test_print_config_shows_the_files_values_and_the_flags_win(tmp_path: Path) -
     assert effective["workers"]["count"] == 1
     # Options the file left out keep their defaults; the routing table is the chosen
     # policy's variant (round_robin reads no tunable of its own, only those of every policy:
-    # overload protection's, the sticky keys').
+    # siblings', overload protection's, the sticky keys').
     assert effective["engines"]["reliability"]["cb_failure_threshold"] == 10
     assert set(effective["engines"]["routing"]) == {
         "policy",
+        "hold_siblings",
         "worker_overload_protection",
         "worker_overload_waiting_requests",
         "worker_overload_token_usage",
