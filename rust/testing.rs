@@ -10,7 +10,7 @@ use crate::front::failure::{
     connect_failed_text, connect_timed_out, front_retry_target, transport_error_text, url_hostname,
 };
 use crate::front::reliability::{front_backoff_ms, PyBreaker, PyHealthCounter};
-use crate::front::siblings::front_sibling_warmup;
+use crate::front::siblings::{front_sibling_warmup, front_siblings_roles};
 use crate::front::{front_forwarded_headers, front_route};
 use crate::relay::json_reject;
 use crate::stamp::reserved_header_names;
@@ -30,5 +30,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(front_retry_target, m)?)?;
     m.add_function(wrap_pyfunction!(front_bulk_pauses, m)?)?;
     m.add_function(wrap_pyfunction!(front_sibling_warmup, m)?)?;
+    m.add_function(wrap_pyfunction!(front_siblings_roles, m)?)?;
     Ok(())
 }

@@ -398,6 +398,15 @@ def front_sibling_warmup(method: str, path: str, body: bytes) -> bytes | None:
     """The warm-up the compiled front sends for the request's prompt, None when it has none
     that counts (``engines.siblings.warmup_body`` over ``prompt_key``)."""
 
+def front_siblings_roles(
+    ops: list[tuple[str, int, int, bool]],
+) -> tuple[list[str], float, tuple[int, int, int, int]]:
+    """``ops`` (``("enter", engine, prompt, busy)``, ``("warmed", engine, prompt, took)``,
+    ``("leave", engine, prompt, False)``) run on a fresh siblings table of the compiled
+    front: each op's role (``"go"``, ``"warm_up"``, ``"wait"``; ``""`` for the others), the
+    ``grouped`` estimate and the counters (siblings held, leads held, warm-ups, failed)
+    (``engines.siblings.Siblings.admit`` / ``warmed`` / ``leave``'s twin)."""
+
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""
 

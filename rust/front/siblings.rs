@@ -6,7 +6,9 @@
 //! The first request with a prompt on an engine goes at once; a second one while it is in
 //! flight makes the pool send one warm-up (the prompt, prefill only: `max_new_tokens: 0`),
 //! and every sibling waits for it (at most `WARMUP_WAIT`). Once warmed, later siblings go at
-//! once; the entry goes when the prompt's last request on the engine ends.
+//! once; the entry goes when the prompt's last request on the engine ends. While prompts have
+//! been arriving in groups (`grouped` >= `LEAD_HOLD_FROM`), a lead on a busy engine sends the
+//! warm-up itself and waits for it too, so it is not admitted in one step with its warm-up.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -21,6 +23,10 @@ pub const SIBLING_MIN_UNITS: usize = 64;
 /// A sibling's wait for its warm-up, at most.
 pub const WARMUP_WAIT: Duration = Duration::from_secs(30);
 pub const GENERATE_PATH: &str = "/generate";
+/// Each prompt's weight in `grouped`, and the estimate from which a lead on a busy engine is
+/// held too (`siblings.py` says why).
+const GROUPED_WEIGHT: f64 = 0.125;
+const LEAD_HOLD_FROM: f64 = 0.5;
 
 /// One prompt: its token ids or text, and the adapter and extra key it is cached under (their
 /// JSON values as sent: the warm-up carries them back).
@@ -101,7 +107,43 @@ enum State {
 struct Entry {
     in_flight: u64,
     state: State,
+    /// Whether a second request came while this one was in flight.
+    had_sibling: bool,
     warmed: watch::Sender<bool>,
+}
+
+impl Entry {
+    fn new(state: State) -> Self {
+        let (warmed, _) = watch::channel(false);
+        Self {
+            in_flight: 1,
+            state,
+            had_sibling: false,
+            warmed,
+        }
+    }
+}
+
+/// The prompts in flight, and the share of recent ones that had siblings (a moving average,
+/// undecided at the start: `siblings.py` says why).
+struct Table {
+    prompts: HashMap<Slot, Entry>,
+    grouped: f64,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Self {
+            prompts: HashMap::new(),
+            grouped: LEAD_HOLD_FROM,
+        }
+    }
+}
+
+impl Table {
+    fn observe(&mut self, grouped: f64) {
+        self.grouped += (grouped - self.grouped) * GROUPED_WEIGHT;
+    }
 }
 
 /// What a request entering with a prompt does.
@@ -119,27 +161,35 @@ type Slot = (usize, Arc<PromptKey>);
 /// One pool's prompts in flight per engine (by index: a new engine set is a new pool).
 #[derive(Default)]
 pub struct Siblings {
-    prompts: Mutex<HashMap<Slot, Entry>>,
+    table: Mutex<Table>,
     pub held: AtomicU64,
+    pub leads_held: AtomicU64,
     pub warmups: AtomicU64,
     pub failed: AtomicU64,
 }
 
 impl Siblings {
-    pub fn enter(&self, index: usize, key: &Arc<PromptKey>) -> Role {
-        let mut prompts = lock(&self.prompts);
-        let Some(entry) = prompts.get_mut(&(index, Arc::clone(key))) else {
-            let (warmed, _) = watch::channel(false);
-            let entry = Entry {
-                in_flight: 1,
-                state: State::Lead,
-                warmed,
-            };
-            prompts.insert((index, Arc::clone(key)), entry);
+    /// `busy`: the engine has other requests of this pool in flight.
+    pub fn enter(&self, index: usize, key: &Arc<PromptKey>, busy: bool) -> Role {
+        let mut table = lock(&self.table);
+        let grouped = table.grouped;
+        let slot = (index, Arc::clone(key));
+        let Some(entry) = table.prompts.get_mut(&slot) else {
+            if busy && grouped >= LEAD_HOLD_FROM {
+                let entry = Entry::new(State::Warming);
+                let warmed = entry.warmed.subscribe();
+                table.prompts.insert(slot, entry);
+                self.leads_held.fetch_add(1, Relaxed);
+                self.warmups.fetch_add(1, Relaxed);
+                return Role::WarmUp(warmed);
+            }
+            table.prompts.insert(slot, Entry::new(State::Lead));
             return Role::Go;
         };
         entry.in_flight += 1;
-        match entry.state {
+        let first_sibling = !entry.had_sibling;
+        entry.had_sibling = true;
+        let role = match entry.state {
             State::Lead => {
                 entry.state = State::Warming;
                 self.warmups.fetch_add(1, Relaxed);
@@ -151,28 +201,36 @@ impl Siblings {
                 Role::Wait(entry.warmed.subscribe())
             }
             State::Warm => Role::Go,
+        };
+        if first_sibling {
+            table.observe(1.0);
         }
+        role
     }
 
-    /// The warm-up answered (`took`: with a 200) or failed: release the siblings.
+    /// The warm-up answered (`took`: with a 200) or failed: release the waiting.
     pub fn warmed(&self, index: usize, key: &Arc<PromptKey>, took: bool) {
         if !took {
             self.failed.fetch_add(1, Relaxed);
         }
-        if let Some(entry) = lock(&self.prompts).get_mut(&(index, Arc::clone(key))) {
+        if let Some(entry) = lock(&self.table).prompts.get_mut(&(index, Arc::clone(key))) {
             entry.state = State::Warm;
             entry.warmed.send_replace(true);
         }
     }
 
     pub fn leave(&self, index: usize, key: &Arc<PromptKey>) {
-        let mut prompts = lock(&self.prompts);
+        let mut table = lock(&self.table);
         let slot = (index, Arc::clone(key));
-        if let Some(entry) = prompts.get_mut(&slot) {
+        if let Some(entry) = table.prompts.get_mut(&slot) {
             entry.in_flight = entry.in_flight.saturating_sub(1);
             if entry.in_flight == 0 {
-                // Its sender goes with it: a sibling still waiting is released.
-                prompts.remove(&slot);
+                // Its sender goes with it: a request still waiting is released.
+                let alone = !entry.had_sibling;
+                table.prompts.remove(&slot);
+                if alone {
+                    table.observe(0.0);
+                }
             }
         }
     }
@@ -189,6 +247,55 @@ pub fn front_sibling_warmup(
 ) -> Option<pyo3::Py<pyo3::types::PyBytes>> {
     let key = prompt_key(method, path, body)?;
     Some(pyo3::types::PyBytes::new(py, &warmup_body(&key)).unbind())
+}
+
+/// What `front_siblings_roles` returns: roles, `grouped`, counters.
+type RolesRun = (Vec<&'static str>, f64, (u64, u64, u64, u64));
+
+/// Test hook (rust/testing.rs): `ops` run on a fresh table, each `(op, engine, prompt,
+/// flag)`: "enter" (flag: busy) gives the request's role ("go", "warm_up", "wait"), "warmed"
+/// (flag: took) and "leave" give "". Returns the roles, `grouped` and the counters (siblings
+/// held, leads held, warm-ups, failed): the twin of `siblings.py`'s `admit` / `warmed` /
+/// `leave`, prompt `p` being `SIBLING_MIN_UNITS` ids of value `p`.
+#[pyo3::pyfunction]
+pub fn front_siblings_roles(ops: Vec<(String, usize, u64, bool)>) -> pyo3::PyResult<RolesRun> {
+    let table = Siblings::default();
+    let mut roles = Vec::with_capacity(ops.len());
+    for (op, engine, prompt, flag) in ops {
+        let key = Arc::new(PromptKey {
+            units: Units::Ids(vec![prompt; SIBLING_MIN_UNITS]),
+            lora_path: None,
+            extra_key: None,
+        });
+        roles.push(match op.as_str() {
+            "enter" => match table.enter(engine, &key, flag) {
+                Role::Go => "go",
+                Role::WarmUp(_) => "warm_up",
+                Role::Wait(_) => "wait",
+            },
+            "warmed" => {
+                table.warmed(engine, &key, flag);
+                ""
+            }
+            "leave" => {
+                table.leave(engine, &key);
+                ""
+            }
+            other => {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "unknown op {other:?}: expected enter, warmed or leave"
+                )))
+            }
+        });
+    }
+    let grouped = lock(&table.table).grouped;
+    let counts = (
+        table.held.load(Relaxed),
+        table.leads_held.load(Relaxed),
+        table.warmups.load(Relaxed),
+        table.failed.load(Relaxed),
+    );
+    Ok((roles, grouped, counts))
 }
 
 /// Wait for a warm-up: until it answers, its prompt's entry goes, or `WARMUP_WAIT`.
@@ -251,20 +358,54 @@ mod tests {
         let key = Arc::new(
             prompt_key("POST", "/generate", &ids_body(64)).unwrap_or_else(|| panic!("a key")),
         );
-        assert!(matches!(siblings.enter(0, &key), Role::Go));
+        assert!(matches!(siblings.enter(0, &key, false), Role::Go));
         assert!(
-            matches!(siblings.enter(1, &key), Role::Go),
+            matches!(siblings.enter(1, &key, false), Role::Go),
             "another engine: its own lead"
         );
-        assert!(matches!(siblings.enter(0, &key), Role::WarmUp(_)));
-        assert!(matches!(siblings.enter(0, &key), Role::Wait(_)));
+        assert!(matches!(siblings.enter(0, &key, false), Role::WarmUp(_)));
+        assert!(matches!(siblings.enter(0, &key, false), Role::Wait(_)));
         siblings.warmed(0, &key, true);
-        assert!(matches!(siblings.enter(0, &key), Role::Go));
+        assert!(matches!(siblings.enter(0, &key, false), Role::Go));
         for _ in 0..4 {
             siblings.leave(0, &key);
         }
-        assert!(matches!(siblings.enter(0, &key), Role::Go), "a new lead");
+        assert!(
+            matches!(siblings.enter(0, &key, false), Role::Go),
+            "a new lead"
+        );
         assert_eq!(siblings.warmups.load(Relaxed), 1);
         assert_eq!(siblings.held.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn leads_on_busy_engines_are_held_once_prompts_come_in_groups() {
+        let siblings = Siblings::default();
+        let key = |p: usize| {
+            Arc::new(
+                prompt_key("POST", "/generate", &ids_body(64 + p))
+                    .unwrap_or_else(|| panic!("a key")),
+            )
+        };
+        // Undecided: the first lead on a busy engine is held; prompts that come alone are
+        // not, from the first that ends alone.
+        assert!(matches!(siblings.enter(0, &key(0), true), Role::WarmUp(_)));
+        siblings.leave(0, &key(0));
+        for p in 1..4 {
+            assert!(matches!(siblings.enter(0, &key(p), true), Role::Go));
+            siblings.leave(0, &key(p));
+        }
+        // Groups: each first sibling raises the estimate, until a lead on a busy engine
+        // sends the warm-up itself (and one on an idle engine still goes).
+        let mut p = 10;
+        while lock(&siblings.table).grouped < LEAD_HOLD_FROM {
+            assert!(matches!(siblings.enter(0, &key(p), true), Role::Go));
+            assert!(matches!(siblings.enter(0, &key(p), true), Role::WarmUp(_)));
+            p += 1;
+        }
+        assert!(matches!(siblings.enter(1, &key(p), false), Role::Go));
+        assert!(matches!(siblings.enter(0, &key(p), true), Role::WarmUp(_)));
+        assert!(matches!(siblings.enter(0, &key(p), true), Role::Wait(_)));
+        assert_eq!(siblings.leads_held.load(Relaxed), 2);
     }
 }

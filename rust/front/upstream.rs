@@ -426,11 +426,13 @@ impl Pool {
         }
     }
 
-    /// Siblings' figures: (held, warm-ups, warm-ups failed); zeros when off.
-    pub fn sibling_counts(&self) -> (u64, u64, u64) {
-        self.siblings.as_ref().map_or((0, 0, 0), |s| {
+    /// Siblings' figures: (siblings held, leads held, warm-ups, warm-ups failed); zeros when
+    /// off.
+    pub fn sibling_counts(&self) -> (u64, u64, u64, u64) {
+        self.siblings.as_ref().map_or((0, 0, 0, 0), |s| {
             (
                 s.held.load(Relaxed),
+                s.leads_held.load(Relaxed),
                 s.warmups.load(Relaxed),
                 s.failed.load(Relaxed),
             )
@@ -450,7 +452,13 @@ impl Pool {
         };
         let index = guard.index;
         guard.sibling = Some(Arc::clone(prompt));
-        let warmed = match table.enter(index, prompt) {
+        // Busy: requests other than this one (counted from its pick) in flight there.
+        let busy = lock(&self.state)
+            .engines
+            .in_flight
+            .get(index)
+            .is_some_and(|&n| n > 1);
+        let warmed = match table.enter(index, prompt, busy) {
             Role::Go => return,
             Role::Wait(warmed) => warmed,
             Role::WarmUp(warmed) => {

@@ -1,5 +1,6 @@
 """Siblings (engines/siblings.py): which requests share a prompt, the warm-up they get, the
-lead / warm-up / wait / go sequence, and the compiled front's twin of the first two."""
+lead / warm-up / wait / go sequence, leads held once prompts come in groups, and the
+compiled front's twin of each."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sessiongate import _core
-from sessiongate.engines.siblings import SIBLING_MIN_UNITS, Siblings, prompt_key, warmup_body
+from sessiongate.engines.siblings import (
+    LEAD_HOLD_FROM,
+    SIBLING_MIN_UNITS,
+    Key,
+    Siblings,
+    prompt_key,
+    warmup_body,
+)
 
 
 def _body(**doc: object) -> bytes:
@@ -131,7 +139,7 @@ def test_a_lead_goes_a_sibling_warms_up_once_and_the_rest_wait_for_it() -> None:
         "later",
         "other engine",
     ]
-    assert stats == {"siblings_held": 3, "warmups": 1, "warmups_failed": 0}
+    assert stats == {"siblings_held": 3, "leads_held": 0, "warmups": 1, "warmups_failed": 0}
 
 
 def test_a_failed_warm_up_releases_its_siblings_and_a_new_lead_starts_afresh() -> None:
@@ -154,7 +162,7 @@ def test_a_failed_warm_up_releases_its_siblings_and_a_new_lead_starts_afresh() -
         return siblings.stats(), calls
 
     stats, calls = _run(main())  # type: ignore[misc]
-    assert stats == {"siblings_held": 1, "warmups": 1, "warmups_failed": 1}
+    assert stats == {"siblings_held": 1, "leads_held": 0, "warmups": 1, "warmups_failed": 1}
     assert calls == 1
 
 
@@ -177,3 +185,101 @@ def test_a_slow_warm_up_holds_a_sibling_no_longer_than_the_bound() -> None:
 
 def test_off_reads_nothing() -> None:
     assert Siblings(enabled=False).key("POST", "/generate", _body(input_ids=IDS)) is None
+
+
+def _key(prompt: int) -> Key:
+    """Prompt `prompt` as the compiled twin's hook builds it: SIBLING_MIN_UNITS ids of it."""
+    return ("ids", (prompt,) * SIBLING_MIN_UNITS, None, None)
+
+
+def test_leads_on_busy_engines_are_held_once_prompts_come_in_groups() -> None:
+    siblings = Siblings()
+    # Undecided at the start: the first lead on a busy engine is held; prompts that come
+    # alone are not, from the first that ends alone.
+    assert siblings.admit("e0", _key(0), busy=True) == "warm_up"
+    siblings.leave("e0", _key(0))
+    for p in range(1, 4):
+        assert siblings.admit("e0", _key(p), busy=True) == "go"
+        siblings.leave("e0", _key(p))
+    assert siblings.grouped < LEAD_HOLD_FROM
+    p = 10
+    while siblings.grouped < LEAD_HOLD_FROM:  # groups: each first sibling raises it
+        assert siblings.admit("e0", _key(p), busy=True) == "go"
+        assert siblings.admit("e0", _key(p), busy=True) == "warm_up"
+        p += 1
+    assert p - 10 == 3, "three groups in a row make prompts grouped again (weight 1/8)"
+    assert siblings.admit("e1", _key(p), busy=False) == "go", "an idle engine: the lead goes"
+    assert siblings.admit("e0", _key(p), busy=True) == "warm_up", "the lead sends it"
+    assert siblings.admit("e0", _key(p), busy=True) == "wait"
+    siblings.warmed("e0", _key(p), True)
+    assert siblings.admit("e0", _key(p), busy=True) == "go"
+    assert siblings.stats()["leads_held"] == 2
+    # A held lead without siblings counts as a prompt that came alone.
+    before = siblings.grouped
+    assert siblings.admit("e0", _key(99), busy=True) == "warm_up"
+    siblings.warmed("e0", _key(99), True)
+    siblings.leave("e0", _key(99))
+    assert siblings.grouped < before
+
+
+def test_a_held_lead_waits_for_its_own_warm_up() -> None:
+    async def main() -> list[str]:
+        siblings = Siblings()
+        siblings.grouped = 1.0
+        key = _key(5)
+        events: list[str] = []
+        gate = asyncio.Event()
+
+        async def warm_up(body: bytes) -> bool:
+            events.append("warm-up")
+            await gate.wait()
+            return True
+
+        async def request(name: str) -> None:
+            await siblings.enter("e0", key, warm_up, busy=True)
+            events.append(name)
+
+        lead = asyncio.create_task(request("lead"))
+        await asyncio.sleep(0.01)
+        events.append("release")
+        gate.set()
+        await lead
+        return events
+
+    assert _run(main()) == ["warm-up", "release", "lead"]
+
+
+# Sequences of requests entering, warm-ups answering and requests leaving, over two engines
+# and three prompts, with busy / took flags.
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["enter", "enter", "enter", "warmed", "leave", "leave"]),
+        st.integers(0, 1),
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_ops)
+def test_the_compiled_front_holds_what_the_specification_does(
+    ops: list[tuple[str, int, int, bool]],
+) -> None:
+    siblings = Siblings()
+    roles: list[str] = []
+    for op, engine, prompt, flag in ops:
+        url, key = f"e{engine}", _key(prompt)
+        if op == "enter":
+            roles.append(siblings.admit(url, key, busy=flag))
+        elif op == "warmed":
+            siblings.warmed(url, key, flag)
+            roles.append("")
+        else:
+            siblings.leave(url, key)
+            roles.append("")
+    stats = siblings.stats()
+    names = ("siblings_held", "leads_held", "warmups", "warmups_failed")
+    counts = tuple(stats[name] for name in names)
+    assert _core.front_siblings_roles(ops) == (roles, siblings.grouped, counts)

@@ -115,8 +115,8 @@ FRONT_NAMES = frozenset({"CompiledFront", "DispatchedRequest"})
 # `primitives/header_names.py`, `json_reject` is the relay scanner's verdict, and the failure
 # texts' and `front_retry_target`'s are in `engines/client.py`, `http/client.py` and
 # `engines/pool.py` (tests/engines/test_engine_client_twin.py), `front_bulk_pauses`'s is
-# `front/cpu_pressure.py` (tests/front/test_cpu_pressure.py), `front_sibling_warmup`'s is
-# `engines/siblings.py` (tests/engines/test_siblings.py).
+# `front/cpu_pressure.py` (tests/front/test_cpu_pressure.py), `front_sibling_warmup`'s and
+# `front_siblings_roles`'s are `engines/siblings.py` (tests/engines/test_siblings.py).
 TEST_HOOKS = frozenset(
     {
         "json_reject",
@@ -133,6 +133,7 @@ TEST_HOOKS = frozenset(
         "front_retry_target",
         "front_bulk_pauses",
         "front_sibling_warmup",
+        "front_siblings_roles",
     }
 )
 TEST_HOOKS_HEADING = "# Test hooks (rust/testing.rs)"

@@ -695,7 +695,7 @@ class EnginePool:
     async def _enter_siblings(
         self, index: int, prompt: Key | None, headers: Sequence[tuple[str, str]]
     ) -> None:
-        """Wait while a sibling's prompt is being warmed up on engine `index` (engines/
+        """Wait while the request's prompt is being warmed up on engine `index` (engines/
         siblings.py); the warm-up carries the request's `authorization`, nothing else."""
         if prompt is None:
             return
@@ -703,10 +703,16 @@ class EnginePool:
         auth = [(k, v) for k, v in headers if k.lower() == "authorization"]
 
         async def warm_up(body: bytes) -> bool:
-            reply = await client.post_json(GENERATE_PATH, body, auth)
+            now = self._index_of(client)  # the engine set may have changed since
+            if now is None:
+                return False
+            # Counted in the engine's breaker as the compiled front's pool counts it.
+            reply = await self._post_json(now, GENERATE_PATH, body, auth)
             return reply.status == 200
 
-        await self.siblings.enter(self.urls[index], prompt, warm_up)
+        # Busy: requests other than this one (started already) in flight there.
+        busy = self.engine_policy.in_flight[index] > 1
+        await self.siblings.enter(self.urls[index], prompt, warm_up, busy)
 
     def _answered_by(self, client: EngineClient, status: int) -> None:
         # A 5xx counts against the engine's breaker, a 4xx is the client's doing.

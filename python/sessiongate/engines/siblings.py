@@ -18,6 +18,18 @@ later siblings go at once. If the lead was admitted before the warm-up, the warm
 finds the prompt cached and costs its last token; if they share a step, one extra prefill
 instead of n - 1.
 
+A lead can share a step with its warm-up: when the lead waits in a busy engine's queue and
+its siblings arrive before it is admitted, the lead and the warm-up are admitted together and
+the prompt is prefilled twice (on the routing-quality bench, most of what was left between
+the GRPO hit rate and its bound). So when prompts have been arriving in groups (more than
+half of the last eight or so prompts had a sibling: `grouped`, a moving average) and
+the lead's engine already has other requests in flight from this pool, the lead is held as
+well: it sends the warm-up itself and waits for it like a sibling. The average starts at
+LEAD_HOLD_FROM (a held lone lead loses one engine step, a group's lead not held costs a second
+prefill); prompts that come alone (multi-turn agents' turns, each one new) bring it below at
+the first that ends alone, and keep it near 0. On an idle engine the lead is admitted at
+once, before any sibling could join it, and is never held.
+
 What counts: POST `/generate` with `input_ids` (a list of token ids) or `text` (a string) of at
 least SIBLING_MIN_UNITS units; one prompt is the same ids or text with the same `lora_path` and
 `extra_key` (the engine caches per adapter and per key). A warm-up that fails (any status, a
@@ -42,12 +54,19 @@ SIBLING_MIN_UNITS = 64
 # queue, which the sibling would wait in anyway).
 WARMUP_WAIT_S = 30.0
 GENERATE_PATH = "/generate"
+# Each prompt's weight in `grouped` (1/8: the estimate follows the last eight or so), and the
+# estimate from which a lead on a busy engine is held too.
+GROUPED_WEIGHT = 0.125
+LEAD_HOLD_FROM = 0.5
 # Token ids are non-negative integers below 2**64 (the compiled twin reads them as u64).
 MAX_ID = 1 << 64
 
 # (the prompt's kind: "ids" or "text", the ids or text, lora_path and extra_key as JSON text)
 Key = tuple[str, tuple[int, ...] | str, str | None, str | None]
 State = Literal["lead", "warming", "warm"]
+# What a request entering with a prompt does: send now, send the warm-up and wait for it, or
+# wait for the warm-up under way.
+Role = Literal["go", "warm_up", "wait"]
 
 
 def prompt_key(method: str, path: str, body: bytes) -> Key | None:
@@ -98,6 +117,8 @@ def warmup_body(key: Key) -> bytes:
 class _Prompt:
     in_flight: int = 1
     state: State = "lead"
+    # Whether a second request came while this one was in flight: one observation of `grouped`.
+    had_sibling: bool = False
     warmed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -109,49 +130,89 @@ class Siblings:
         self.wait_secs = wait_secs
         self._prompts: dict[tuple[str, Key], _Prompt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        # /health's figures: siblings that waited, warm-ups sent and warm-ups that failed.
+        # The share of recent prompts that had siblings (a moving average), undecided at the
+        # start: holding a lone lead costs it one engine step, missing a group's lead costs a
+        # second prefill of its prompt, so the first leads on busy engines are held.
+        self.grouped = LEAD_HOLD_FROM
+        # /health's figures: siblings that waited, leads that waited, warm-ups sent and
+        # warm-ups that failed.
         self.held = 0
+        self.leads_held = 0
         self.warmups = 0
         self.failed = 0
 
     def key(self, method: str, path: str, body: bytes) -> Key | None:
         return prompt_key(method, path, body) if self.enabled else None
 
+    def admit(self, engine: str, key: Key, busy: bool) -> Role:
+        """The role of a request with prompt `key` going to `engine`; `busy`: the engine has
+        other requests of this pool in flight. Pair with `leave`; a "warm_up" with `warmed`."""
+        prompt = self._prompts.get((engine, key))
+        if prompt is None:
+            if busy and self.grouped >= LEAD_HOLD_FROM:
+                self._prompts[(engine, key)] = _Prompt(state="warming")
+                self.leads_held += 1
+                self.warmups += 1
+                return "warm_up"
+            self._prompts[(engine, key)] = _Prompt()
+            return "go"
+        prompt.in_flight += 1
+        if not prompt.had_sibling:
+            prompt.had_sibling = True
+            self._observe(1.0)
+        if prompt.state == "lead":
+            prompt.state = "warming"
+            self.warmups += 1
+            self.held += 1
+            return "warm_up"
+        if prompt.state == "warming":
+            self.held += 1
+            return "wait"
+        return "go"
+
+    def _observe(self, grouped: float) -> None:
+        self.grouped += (grouped - self.grouped) * GROUPED_WEIGHT
+
+    def warmed(self, engine: str, key: Key, took: bool) -> None:
+        """The warm-up answered (`took`: with a 200) or failed: release the waiting."""
+        if not took:
+            self.failed += 1
+        prompt = self._prompts.get((engine, key))
+        if prompt is not None:
+            prompt.state = "warm"
+            prompt.warmed.set()
+
     async def enter(
-        self, engine: str, key: Key, warm_up: Callable[[bytes], Awaitable[bool]]
+        self,
+        engine: str,
+        key: Key,
+        warm_up: Callable[[bytes], Awaitable[bool]],
+        busy: bool = False,
     ) -> None:
         """A request with prompt `key` goes to `engine` (its URL: an engine keeps its prompts
         across a change of the engine set): return when it may be sent.
         `warm_up(body)` sends a warm-up there and says whether the engine took it. Pair
         every `enter` with a `leave`, whatever happens in between."""
-        prompt = self._prompts.get((engine, key))
-        if prompt is None:
-            self._prompts[(engine, key)] = _Prompt()
+        role = self.admit(engine, key, busy)
+        if role == "go":
             return
-        prompt.in_flight += 1
-        if prompt.state == "lead":
-            prompt.state = "warming"
-            task = asyncio.create_task(self._warm(prompt, key, warm_up))
+        prompt = self._prompts[(engine, key)]
+        if role == "warm_up":
+            task = asyncio.create_task(self._warm(engine, key, warm_up))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        if prompt.state == "warming":
-            self.held += 1
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.wait_secs):
-                    await prompt.warmed.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.wait_secs):
+                await prompt.warmed.wait()
 
     async def _warm(
-        self, prompt: _Prompt, key: Key, warm_up: Callable[[bytes], Awaitable[bool]]
+        self, engine: str, key: Key, warm_up: Callable[[bytes], Awaitable[bool]]
     ) -> None:
-        self.warmups += 1
         try:
             took = await warm_up(warmup_body(key))
-        except Exception:  # a gone engine: its siblings find out for themselves
+        except Exception:  # a gone engine: its requests find out for themselves
             took = False
-        if not took:
-            self.failed += 1
-        prompt.state = "warm"
-        prompt.warmed.set()
+        self.warmed(engine, key, took)
 
     def leave(self, engine: str, key: Key) -> None:
         prompt = self._prompts.get((engine, key))
@@ -160,6 +221,15 @@ class Siblings:
         prompt.in_flight -= 1
         if prompt.in_flight <= 0:
             del self._prompts[(engine, key)]
+            # Its waiters, if any are left, go (their requests left too, or timed out).
+            prompt.warmed.set()
+            if not prompt.had_sibling:
+                self._observe(0.0)
 
     def stats(self) -> dict[str, int]:
-        return {"siblings_held": self.held, "warmups": self.warmups, "warmups_failed": self.failed}
+        return {
+            "siblings_held": self.held,
+            "leads_held": self.leads_held,
+            "warmups": self.warmups,
+            "warmups_failed": self.failed,
+        }
