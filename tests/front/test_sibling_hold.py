@@ -3,7 +3,9 @@ one prompt through the compiled front and the Python front (in process and in a 
 the real mock engine with its step scheduler, which admits and caches as SGLang does.
 
 What is checked is what the engine saw, not timing: one prefill-only warm-up of the prompt,
-and every sibling finding the prompt cached; none of that with --no-hold-siblings.
+and every sibling finding the prompt cached; a new prompt's first request on a busy engine
+(a fresh gateway is undecided whether prompts come in groups, so it holds) preceded by its
+own warm-up; none of that with --no-hold-siblings.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ def gateway(front: str, workers: str, *extra: str) -> Iterator[tuple[str, str]]:
             yield gw.url, eng.url
 
 
-def generate(url: str, max_new_tokens: int) -> dict[str, Any]:
+def generate(url: str, max_new_tokens: int, prompt: list[int] = PROMPT) -> dict[str, Any]:
     body = {
-        "input_ids": PROMPT,
+        "input_ids": prompt,
         "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True},
     }
     reply = httpx.post(url + "/generate", json=body, timeout=60)
@@ -86,3 +88,35 @@ def test_no_hold_siblings_sends_no_warm_up(front: str, workers: str) -> None:
     assert 0 not in sent
     assert len(sent) == SIBLINGS + 1
     assert all(m["completion_tokens"] == 4 for m in siblings)
+
+
+def lead_on_busy_engine(url: str, engine: str) -> tuple[dict[str, Any], list[list[int]]]:
+    """A long request, then one with another prompt while the first runs; the second's reply
+    meta and, per request the engine received, [max_new_tokens, first token id]."""
+    other = list(range(1000, 1000 + len(PROMPT)))
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(generate, url, 64)
+        deadline = time.monotonic() + 30
+        while not httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]:
+            assert time.monotonic() < deadline, "the first request never reached the engine"
+            time.sleep(0.01)
+        meta = generate(url, 4, other)
+        running.result()
+    log = httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]
+    return meta, [[r["sampling_params"]["max_new_tokens"], r["input_ids"][0]] for r in log]
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS)
+def test_a_new_prompt_on_a_busy_engine_is_warmed_up_first(front: str, workers: str) -> None:
+    with gateway(front, workers) as (url, engine):
+        meta, sent = lead_on_busy_engine(url, engine)
+    assert sent == [[64, 300], [0, 1000], [4, 1000]], f"the engine saw {sent}"
+    assert meta["cached_tokens"] == len(PROMPT) - 1
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS[:2])
+def test_no_hold_siblings_holds_no_lead(front: str, workers: str) -> None:
+    with gateway(front, workers, "--no-hold-siblings") as (url, engine):
+        meta, sent = lead_on_busy_engine(url, engine)
+    assert sent == [[64, 300], [4, 1000]], f"the engine saw {sent}"
+    assert meta["cached_tokens"] == 0

@@ -277,7 +277,8 @@ class EngineRoutingConfig:
         kind="switch",
         help="every policy: a POST /generate whose prompt (64 or more token ids or characters) "
         "is already in flight on its engine waits for one prefill-only warm-up of that prompt "
-        "there, so a GRPO group's samples prefill it once (on)",
+        "there, so a GRPO group's samples prefill it once; while prompts come in groups, a "
+        "new prompt's first request on a busy engine waits for its own warm-up too (on)",
     )
     # smg 1.13's overload protection, its flags and thresholds; off by default here
     # (docs/routing.md, "Overload protection").
