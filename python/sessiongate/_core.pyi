@@ -219,6 +219,10 @@ class EnginePolicy:
         """A request went to engine ``index`` without a pick (a pinned session family's
         turn): learn it as a pick of ``index`` would (cache_aware's tree and work estimate;
         the other policies keep nothing of it). IndexError out of range."""
+    def prefilled(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        """Engine ``index`` answered this request with a 200: its prompt is in the engine's
+        cache (cache_aware counts a sent prefix as held from then on; the other policies
+        ignore it). IndexError out of range."""
     def pick_keyed(self, headers: list[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
         """The engine and the request's sticky key (None without sticky sessions or a key)."""
     def sticky_key(self, headers: list[tuple[str, str]], body: bytes) -> str | None: ...

@@ -95,18 +95,29 @@ impl CacheAware {
     }
 
     /// The units each candidate would prefill: the prompt less the deepest prefix the
-    /// engine was sent, when that is over `cache_threshold` of the prompt.
+    /// engine holds, when that is over `cache_threshold` of the prompt. An engine holds what
+    /// it prefilled, or the whole prompt once sent it (`_uncached` of the twin says why).
     fn uncached(&self, tree: &PrefixTree, units: &[u32], candidates: &[usize]) -> Vec<u64> {
         let mut uncached = vec![units.len() as u64; self.engines];
         let mut seen = vec![false; self.engines];
-        for &(matched, node) in tree.walk(units).iter().rev() {
+        let path = tree.walk(units);
+        let whole = path
+            .last()
+            .is_some_and(|&(matched, _)| matched == units.len());
+        for (depth, &(matched, node)) in path.iter().rev().enumerate() {
             let tenants = tree.tenants(node);
             for &i in candidates {
-                if !seen[i] && tenants.iter().any(|(e, _)| *e == i) {
-                    seen[i] = true;
-                    if self.ratio(matched, units) {
-                        uncached[i] = (units.len() - matched) as u64;
-                    }
+                if seen[i] || !tenants.iter().any(|(e, _)| *e == i) {
+                    continue;
+                }
+                // A prefix counts once prefilled; the whole prompt once sent (a sibling).
+                let held = tree.prefilled(node, i) || (depth == 0 && whole);
+                if !held {
+                    continue;
+                }
+                seen[i] = true;
+                if self.ratio(matched, units) {
+                    uncached[i] = (units.len() - matched) as u64;
                 }
             }
         }
@@ -191,6 +202,16 @@ impl Policy for CacheAware {
         self.total[index] += tree.insert(units, index, self.clock, &mut ids);
         self.ids = ids;
         self.trees.insert(key, tree);
+    }
+
+    fn prefilled(&mut self, index: usize, request: &Request<'_>) {
+        if self.gateway {
+            return;
+        }
+        let (key, units) = self.key(request.material(self.gateway));
+        if let Some(tree) = self.trees.get_mut(&key) {
+            tree.mark_prefilled(&units, index);
+        }
     }
 
     fn evict(&mut self, _now: f64) {

@@ -260,6 +260,9 @@ pub trait Policy: Send + Sync {
     /// `request` went to engine `index` without a pick (a pinned session family's turn):
     /// learn it as a pick of `index` would (only cache_aware keeps anything of it).
     fn record(&mut self, _index: usize, _request: &Request<'_>, _engines: &mut EngineStates) {}
+    /// Engine `index` answered `request` (a 200): its prompt is in the engine's cache (only
+    /// cache_aware keeps anything of it).
+    fn prefilled(&mut self, _index: usize, _request: &Request<'_>) {}
     /// Trim state; `now` is seconds on a monotonic clock.
     fn evict(&mut self, _now: f64) {}
 }
@@ -575,6 +578,18 @@ impl PolicyState {
         }
     }
 
+    /// Engine `index` answered this request (a 200): see `Policy::prefilled`.
+    pub fn prefilled(&mut self, index: usize, request: &Request<'_>) {
+        if index < self.engines.len() {
+            self.policy.prefilled(index, request);
+        }
+    }
+
+    /// Whether `prefilled` is read: the callers skip it (and the body it needs) otherwise.
+    pub fn learns_prefills(&self) -> bool {
+        self.name == "cache_aware"
+    }
+
     /// The request's sticky key (what `pick_keyed` answers with the engine).
     pub fn sticky_key(&self, request: &Request<'_>) -> Option<String> {
         self.sticky.as_ref()?.key_of(request)
@@ -714,6 +729,17 @@ impl PyEnginePolicy {
     fn record(&mut self, index: i64, headers: Vec<(String, String)>, body: &[u8]) -> PyResult<()> {
         let index = self.check(index)?;
         self.state.record(index, &headers, body);
+        Ok(())
+    }
+
+    fn prefilled(
+        &mut self,
+        index: i64,
+        headers: Vec<(String, String)>,
+        body: &[u8],
+    ) -> PyResult<()> {
+        let index = self.check(index)?;
+        self.state.prefilled(index, &Request::new(&headers, body));
         Ok(())
     }
 

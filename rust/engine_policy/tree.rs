@@ -1,6 +1,6 @@
 //! The approximate prefix tree of cache_aware (`policies/tree.py`): one radix tree whose
 //! nodes record which engines were sent the prefix ending there, and when (a counter of
-//! inserts). Nodes live in an arena; a node's id is its creation number, which with the time
+//! inserts), and which of them answered a request carrying it (prefilled it). Nodes live in an arena; a node's id is its creation number, which with the time
 //! orders the trim exactly as the Python twin does.
 
 use std::cmp::Reverse;
@@ -16,6 +16,8 @@ struct Node {
     children: HashMap<u32, usize>,
     /// (engine, time of the last insert through this node for it)
     tenants: Vec<(usize, u64)>,
+    /// The tenants that answered a request whose prompt ran through the whole node.
+    prefilled: Vec<usize>,
 }
 
 impl Node {
@@ -71,6 +73,7 @@ impl PrefixTree {
             id: next_id(ids),
             children: HashMap::new(),
             tenants: Vec::new(),
+            prefilled: Vec::new(),
         };
         Self {
             nodes: vec![root],
@@ -117,6 +120,27 @@ impl PrefixTree {
         &self.nodes[node].tenants
     }
 
+    /// Whether `engine` answered a request whose prompt ran through the whole `node`.
+    pub fn prefilled(&self, node: usize, engine: usize) -> bool {
+        self.nodes[node].prefilled.contains(&engine)
+    }
+
+    /// `engine` answered a request with prompt `units`: the nodes the prompt runs through
+    /// whole, where the engine is a tenant, are prefilled there (`mark_prefilled` of the twin).
+    pub fn mark_prefilled(&mut self, units: &[u32], engine: usize) {
+        let mut start = 0;
+        for (matched, node) in self.walk(units) {
+            let n = &mut self.nodes[node];
+            if matched - start < n.edge.len() || !n.has(engine) {
+                break;
+            }
+            if !n.prefilled.contains(&engine) {
+                n.prefilled.push(engine);
+            }
+            start = matched;
+        }
+    }
+
     /// Record that `engine` was sent `units`; the units it newly holds.
     pub fn insert(&mut self, units: &[u32], engine: usize, now: u64, ids: &mut u64) -> u64 {
         let (mut node, mut i, mut added) = (ROOT, 0usize, 0u64);
@@ -129,6 +153,7 @@ impl PrefixTree {
                     id: next_id(ids),
                     children: HashMap::new(),
                     tenants: vec![(engine, now)],
+                    prefilled: Vec::new(),
                 };
                 let leaf = self.alloc(leaf);
                 self.nodes[node].children.insert(first, leaf);
@@ -147,6 +172,7 @@ impl PrefixTree {
                     id: next_id(ids),
                     children: HashMap::new(),
                     tenants: self.nodes[child].tenants.clone(),
+                    prefilled: self.nodes[child].prefilled.clone(),
                 };
                 let middle = self.alloc(middle);
                 let rest_first = self.nodes[child].edge[0];
@@ -195,6 +221,7 @@ impl PrefixTree {
             };
             let len = self.nodes[node].edge.len() as u64;
             self.nodes[node].tenants.retain(|(e, _)| *e != engine);
+            self.nodes[node].prefilled.retain(|e| *e != engine);
             self.size[engine] -= len;
             dropped += len;
             let parent = self.nodes[node].parent;
@@ -207,6 +234,7 @@ impl PrefixTree {
                     id: 0,
                     children: HashMap::new(),
                     tenants: Vec::new(),
+                    prefilled: Vec::new(),
                 };
                 self.free.push(node);
             }

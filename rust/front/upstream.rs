@@ -155,6 +155,9 @@ pub struct Pool {
     /// Requests with one prompt on one engine, prefilled there once (`siblings.rs`); None
     /// under `--no-hold-siblings`.
     siblings: Option<Siblings>,
+    /// `PolicyState::learns_prefills`: whether an answered request's body goes back to the
+    /// policy (cache_aware counts a sent prefix as held once an engine answered it).
+    learns_prefills: bool,
 }
 
 enum Failure {
@@ -261,6 +264,7 @@ impl Pool {
             upstreams,
             siblings: state.holds_siblings().then(Siblings::default),
             reads_body: state.reads_body(),
+            learns_prefills: state.learns_prefills(),
             state: Mutex::new(state),
             // The breakers' clock: a successor keeps it, as it keeps their states.
             created: previous.map_or_else(Instant::now, |p| p.created),
@@ -423,6 +427,7 @@ impl Pool {
             index,
             key,
             sibling: None,
+            answered: None,
         }
     }
 
@@ -578,7 +583,10 @@ impl Pool {
                 .await
             {
                 Ok(reply) if last || !retryable_status(reply.status().as_u16()) => {
-                    return Ok((reply, guard))
+                    if self.learns_prefills && reply.status() == hyper::StatusCode::OK {
+                        guard.answered = Some(body);
+                    }
+                    return Ok((reply, guard));
                 }
                 // Only the head was read: nothing of it reached the client.
                 Ok(_refused) => false,
@@ -665,12 +673,24 @@ pub struct InFlight {
     key: Option<String>,
     /// The prompt it holds an entry of in the pool's siblings, if any.
     sibling: Option<Arc<PromptKey>>,
+    /// The body of a request its engine answered with a 200, when the policy learns from
+    /// that (`Pool::learns_prefills`): told to the policy when the reply is relayed.
+    answered: Option<Bytes>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let (Some(prompt), Some(table)) = (self.sibling.take(), self.pool.siblings.as_ref()) {
             table.leave(self.index, &prompt);
+        }
+        if let Some(body) = self.answered.take() {
+            let headers = HeaderMap::new();
+            let view = RoutingRequest::new(&headers, &body);
+            if let Some(text_with_ids) = self.pool.reads_body {
+                // Scanned outside the lock, as at the pick.
+                view.material(text_with_ids);
+            }
+            lock(&self.pool.state).prefilled(self.index, &view);
         }
         lock(&self.pool.state).finished(self.index, self.key.as_deref());
     }

@@ -162,17 +162,19 @@ def test_a_backlog_outweighs_a_cached_prefix_until_it_drains(impl: Any) -> None:
 @IMPLS
 def test_a_recorded_request_teaches_cache_aware_as_a_pick_would(impl: Any) -> None:
     """A pinned session family's turn is no pick, but recorded: its prompt joins the
-    engine's tree (a stateless request sharing it follows) and its prefill counts as work
-    in flight there (an unrelated prompt goes elsewhere)."""
+    engine's tree (a stateless request sharing it follows once the engine answered it) and
+    its prefill counts as work in flight there (an unrelated prompt goes elsewhere)."""
     policy = impl("cache_aware", URLS[:2])
     turn = body(input_ids=list(range(400)))
     policy.record(1, [], turn)
     policy.started(1)
+    policy.prefilled(1, [], turn)
     assert policy.pick([], body(input_ids=[*range(400), 7, 8])) == 1
     assert policy.pick([], body(input_ids=list(range(5000, 5100)))) == 0  # 401 units on 1
     for name in ("round_robin", "least_in_flight", "manual"):
         other = impl(name, URLS[:2])
         other.record(1, [], turn)  # kept nothing of it
+        other.prefilled(1, [], turn)
     with pytest.raises(IndexError):
         policy.record(2, [], turn)
 
@@ -274,3 +276,22 @@ def test_key_material() -> None:
     assert key_material(body(model="base:lora")).adapter == "base:lora"
     assert key_material(body(model="base")).adapter is None
     assert key_material(b"nope").text == ""
+
+
+@IMPLS
+def test_cache_aware_counts_a_prefix_once_an_engine_answered_it(impl: Any) -> None:
+    """A prefix sent to an engine is in no cache until the engine computes it: a request
+    sharing only that prefix is placed by the work in flight until the engine answered a
+    request carrying it; the whole prompt (a sibling) follows at once."""
+    policy = impl("cache_aware", URLS[:2])
+    system = list(range(400))
+    first = body(input_ids=[*system, *range(5000, 5100)])
+    assert send(policy, 1, first)[0] == 0
+    second = body(input_ids=[*system, *range(6000, 6100)])
+    assert policy.pick([], second) == 1, "the shared prefix is only sent: spread"
+    assert policy.pick([], first) == 0, "the whole prompt: its sibling follows"
+    policy.prefilled(0, [], first)
+    third = body(input_ids=[*system, *range(7000, 7100)])
+    assert policy.pick([], third) == 0, "answered: the prefix is held there"
+    with pytest.raises(IndexError):
+        policy.prefilled(2, [], first)

@@ -126,6 +126,9 @@ ops = st.one_of(
     st.tuples(st.just("pick"), headers, bodies(), st.booleans()),
     st.tuples(st.just("finished"), st.integers(0, 4)),
     st.tuples(st.just("record"), st.integers(0, 4), headers, bodies()),
+    st.tuples(st.just("prefilled"), st.integers(0, 4), headers, bodies()),
+    # The engine of an earlier pick answers it (the n-th last one picked).
+    st.tuples(st.just("answered"), st.integers(0, 4)),
     st.tuples(st.just("load"), st.integers(0, 4), st.none() | st.integers(0, 20)),
     # GET /v1/loads reports: small figures so that scores tie; throughputs of 0 (unreported).
     st.tuples(
@@ -186,13 +189,21 @@ def test_rust_and_python_pick_alike(
     rust, py = RUST(name, urls, opts), PY(name, urls, opts)
     clock = 0.0
     running: list[tuple[int, str | None]] = []  # requests started, with their sticky keys
+    answers: list[tuple[int, Any, bytes]] = []  # every pick: engine, headers, body
     for op in script:
+        if op[0] == "answered":
+            if answers:
+                engine, hdrs, body = answers[-1 - op[1] % len(answers)]
+                rust.prefilled(engine, hdrs, body)
+                py.prefilled(engine, hdrs, body)
+            continue
         if op[0] == "pick":
             _, hdrs, body, start = op
             assert rust.sticky_key(hdrs, body) == py.sticky_key(hdrs, body), (hdrs, body)
             picked, key = rust.pick_keyed(hdrs, body)
             assert (picked, key) == py.pick_keyed(hdrs, body), (hdrs, body)
             assert 0 <= picked < engines
+            answers.append((picked, hdrs, body))
             if start:
                 rust.started(picked, key)
                 py.started(picked, key)
@@ -208,6 +219,9 @@ def test_rust_and_python_pick_alike(
         elif op[0] == "record":
             rust.record(op[1], op[2], op[3])
             py.record(op[1], op[2], op[3])
+        elif op[0] == "prefilled":
+            rust.prefilled(op[1], op[2], op[3])
+            py.prefilled(op[1], op[2], op[3])
         elif op[0] == "load":
             rust.set_load(op[1], op[2])
             py.set_load(op[1], op[2])

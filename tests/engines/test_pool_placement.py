@@ -81,6 +81,7 @@ def test_cache_aware_places_a_family_with_the_engine_holding_its_prefix() -> Non
     # shares nothing, to the smallest tree (engine 1), as cache_aware does.
     assert pool.index_for(None, [], ids(list(range(1000, 1300)))) == 0
     assert pool.index_for(None, [], ids(shared)) == 1
+    pool.engine_policy.prefilled(1, [], ids(shared))  # engine 1 answered it
     # A family whose first prompt extends the second lands with it, then stays.
     assert pool.index_for("fam", [], ids([*shared, 7, 8, 9])) == 1
     assert pool.index_for("fam", [], ids(list(range(1000, 1300)))) == 1

@@ -119,6 +119,9 @@ class NoEngine:
     def record(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
         pass
 
+    def prefilled(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        pass
+
     def pick_keyed(self, headers: list[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
         raise Unavailable(NO_ENGINE)
 
@@ -661,9 +664,13 @@ class EnginePool:
                 self.sent[url] += 1
                 written = self.hold.sending(url)
                 try:
-                    return await self._post_json(index, path, body, header_list, written)
+                    reply = await self._post_json(index, path, body, header_list, written)
                 finally:
                     written()
+                if reply.status == 200:
+                    # Its prompt is in the engine's cache now (cache_aware learns it).
+                    policy.prefilled(index, header_list, body)
+                return reply
             finally:
                 if prompt is not None:
                     self.siblings.leave(url, prompt)
@@ -760,6 +767,9 @@ class EnginePool:
                     self._transport_failed(client, exc)
                 raise
             stream.exchange.callback(policy.finished, index, None, key)
+            if stream.status == 200:
+                # Told when the stream ends: its head can come before the prefill.
+                stream.exchange.callback(policy.prefilled, index, header_list, body)
             if prompt is not None:
                 stream.exchange.callback(self.siblings.leave, url, prompt)
             self._answered_by(client, stream.status)

@@ -29,7 +29,16 @@ Where `cache_aware` departs from the Gateway:
   the prompt's prefill there, and a shared system prompt no longer pulls every request onto
   one engine: the Gateway's rule (follow any match over the threshold while in-flight counts
   differ by under 64) sent every multi-turn agent of the routing-quality bench to one engine;
-- only healthy engines' prefixes count.
+- only healthy engines' prefixes count;
+- a prefix counts as held by an engine once the engine has answered a request carrying it
+  (`prefilled`, told by the pools), not from the moment it was sent, except the whole prompt
+  (a GRPO sample whose group's prompt went there: the pools hold siblings until one prefill
+  of it, engines/siblings.py). A prefix sent but not yet computed is in no cache: requests
+  sharing it that reach the engine before it is computed are admitted in one step and each
+  prefills it. On the routing-quality bench's multi-turn variant the tree sent a few
+  agents arriving together to the engine just sent the shared system prompt, and each
+  prefilled it; counted from the answer, they spread over the engines, each of which
+  computes it once.
 
 Why PREFILL_WEIGHT is 4: with 1 the cost is this request's own finish time, and a second
 sample of a group arriving while the first still prefills ties with an idle engine that must
@@ -140,16 +149,32 @@ class CacheAware:
 
     def _uncached(self, tree: PrefixTree, units: Units, candidates: list[int]) -> dict[int, int]:
         """The units each candidate would prefill: the prompt less the deepest prefix the
-        engine was sent, when that is over `cache_threshold` of the prompt."""
+        engine holds, when that is over `cache_threshold` of the prompt. An engine holds what
+        it prefilled (answered a request carrying it), or the whole prompt once sent it
+        (a sibling: the pool has it prefilled once there)."""
         uncached = dict.fromkeys(candidates, len(units))
         seen: set[int] = set()
-        for matched, node in reversed(tree.match(units)):
+        path = tree.match(units)
+        whole = bool(path) and path[-1][0] == len(units)
+        for depth, (matched, node) in enumerate(reversed(path)):
             for i in candidates:
-                if i not in seen and i in node.tenants:
-                    seen.add(i)
-                    if matched / len(units) > self.threshold:
-                        uncached[i] = len(units) - matched
+                if i in seen or i not in node.tenants:
+                    continue
+                if not (depth == 0 and whole) and i not in node.prefilled:
+                    continue
+                seen.add(i)
+                if matched / len(units) > self.threshold:
+                    uncached[i] = len(units) - matched
         return uncached
+
+    def prefilled(self, index: int, request: RoutingRequest) -> None:
+        """Engine `index` answered `request`: its prompt is in the engine's cache."""
+        if self.gateway:
+            return
+        tree_key, units = self._key(request.material)
+        tree = self.trees.get(tree_key)
+        if tree is not None:
+            tree.mark_prefilled(units, index)
 
     def _cost(self, i: int, uncached: int, engines: EngineStates) -> tuple[int, int, int, int]:
         return (

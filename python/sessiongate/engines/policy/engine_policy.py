@@ -90,6 +90,13 @@ class EnginePolicy:
         if isinstance(self.policy, CacheAware | LeastLoad | PowerOfTwo):
             self.policy.record(index, RoutingRequest(headers, body), self.engines)
 
+    def prefilled(self, index: int, headers: Sequence[tuple[str, str]], body: bytes) -> None:
+        """Engine `index` answered this request (a 200): its prompt is in the engine's cache
+        (cache_aware counts a sent prefix as held from then on; other policies ignore it)."""
+        self._check(index)
+        if isinstance(self.policy, CacheAware):
+            self.policy.prefilled(index, RoutingRequest(headers, body))
+
     def started(self, index: int, key: str | None = None) -> None:
         """A request is sent to `index` (`key`: its sticky key from `pick_keyed`)."""
         self._check(index)

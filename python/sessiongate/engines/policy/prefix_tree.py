@@ -1,5 +1,6 @@
 """The approximate prefix tree of cache_aware: one radix tree whose nodes record which
-engines were sent the prefix ending there, and when.
+engines were sent the prefix ending there, and when, and which of them answered a request
+carrying it (`prefilled`: the engine has computed it, so it sits in its cache).
 
 Units are characters (a `str`) or token ids (a `list[int]`); one tree holds one kind. An
 engine present at a node is present at every ancestor (inserts mark the whole path, trims
@@ -19,7 +20,7 @@ from sessiongate.engines.policy.base import Units
 
 
 class Node:
-    __slots__ = ("children", "edge", "id", "parent", "tenants")
+    __slots__ = ("children", "edge", "id", "parent", "prefilled", "tenants")
 
     def __init__(self, edge: Units, parent: Node | None, node_id: int) -> None:
         self.edge = edge
@@ -28,6 +29,8 @@ class Node:
         self.children: dict[object, Node] = {}
         # engine -> time of the last insert through this node for it
         self.tenants: dict[int, int] = {}
+        # The tenants that answered a request whose prompt ran through the whole node.
+        self.prefilled: set[int] = set()
 
 
 def shared(edge: Units, units: Units, start: int) -> int:
@@ -82,6 +85,7 @@ class PrefixTree:
                 # Split: the shared part becomes a node of its own, held by the same engines.
                 middle = Node(child.edge[:common], node, next(self.ids))
                 middle.tenants = dict(child.tenants)
+                middle.prefilled = set(child.prefilled)
                 child.edge = child.edge[common:]
                 child.parent = middle
                 middle.children[child.edge[0]] = child
@@ -94,6 +98,16 @@ class PrefixTree:
             node = child
         self.size[engine] += added
         return added
+
+    def mark_prefilled(self, units: Units, engine: int) -> None:
+        """`engine` answered a request with prompt `units`: the nodes the prompt runs through
+        whole, where the engine is a tenant, are prefilled there."""
+        start = 0
+        for matched, node in self.match(units):
+            if matched - start < len(node.edge) or engine not in node.tenants:
+                break
+            node.prefilled.add(engine)
+            start = matched
 
     def _is_leaf_of(self, node: Node, engine: int) -> bool:
         return engine in node.tenants and not any(
@@ -119,6 +133,7 @@ class PrefixTree:
         while heap and self.size[engine] > max_size:
             _, _, node = heapq.heappop(heap)
             del node.tenants[engine]
+            node.prefilled.discard(engine)
             self.size[engine] -= len(node.edge)
             dropped += len(node.edge)
             parent = node.parent
