@@ -90,6 +90,20 @@ impl<'a> Request<'a> {
         self.headers.first(name)
     }
 
+    /// A request whose key material was read already (kept from an earlier view of it).
+    pub fn with_material(headers: &'a dyn Headers, body: &'a [u8], material: Material) -> Self {
+        Self {
+            headers,
+            body,
+            material: OnceCell::from(material),
+        }
+    }
+
+    /// The key material, if it was read.
+    pub fn into_material(self) -> Option<Material> {
+        self.material.into_inner()
+    }
+
     /// The key material; the text is read too when `text_with_ids` (else only without ids).
     pub fn material(&self, text_with_ids: bool) -> &Material {
         self.material

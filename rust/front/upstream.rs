@@ -31,7 +31,7 @@ use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
 use super::siblings::{self, PromptKey, Role, Siblings};
-use crate::engine_policy::{LoadReport, PolicyState, Request as RoutingRequest};
+use crate::engine_policy::{LoadReport, Material, PolicyState, Request as RoutingRequest};
 use crate::hash::rendezvous_weight;
 
 pub type Body = Full<Bytes>;
@@ -415,7 +415,12 @@ impl Pool {
             view.material(text_with_ids);
         }
         let (index, key) = lock(&self.state).pick_keyed(&view);
-        self.in_flight(index, key)
+        let mut guard = self.in_flight(index, key);
+        if self.learns_prefills {
+            // Kept for `prefilled` at the answer, so the body is not read twice.
+            guard.material = view.into_material();
+        }
+        guard
     }
 
     /// `key`: the request's sticky key, counted on the engine with it.
@@ -427,7 +432,8 @@ impl Pool {
             index,
             key,
             sibling: None,
-            answered: None,
+            material: None,
+            answered: false,
         }
     }
 
@@ -583,9 +589,7 @@ impl Pool {
                 .await
             {
                 Ok(reply) if last || !retryable_status(reply.status().as_u16()) => {
-                    if self.learns_prefills && reply.status() == hyper::StatusCode::OK {
-                        guard.answered = Some(body);
-                    }
+                    guard.answered = reply.status() == hyper::StatusCode::OK;
                     return Ok((reply, guard));
                 }
                 // Only the head was read: nothing of it reached the client.
@@ -596,6 +600,7 @@ impl Pool {
             };
             self.upstreams[index].retries.fetch_add(1, Relaxed);
             let key = guard.key.clone();
+            let material = guard.material.take();
             drop(guard);
             let delay = self.reliability.backoff_ms(attempt, jitter_sample());
             tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -604,7 +609,11 @@ impl Pool {
             // wherever the policy picks now.
             let elsewhere = connect_failed.then(|| self.retry_target(index)).flatten();
             guard = match elsewhere {
-                Some(retry) => self.in_flight(retry, key),
+                Some(retry) => {
+                    let mut guard = self.in_flight(retry, key);
+                    guard.material = material;
+                    guard
+                }
                 None => self.pick(&headers, &body),
             };
         }
@@ -673,9 +682,11 @@ pub struct InFlight {
     key: Option<String>,
     /// The prompt it holds an entry of in the pool's siblings, if any.
     sibling: Option<Arc<PromptKey>>,
-    /// The body of a request its engine answered with a 200, when the policy learns from
-    /// that (`Pool::learns_prefills`): told to the policy when the reply is relayed.
-    answered: Option<Bytes>,
+    /// The request's key material as its pick read it, when the policy learns from answers
+    /// (`Pool::learns_prefills`).
+    material: Option<Material>,
+    /// Whether its engine answered with a 200: told to the policy when the reply is relayed.
+    answered: bool,
 }
 
 impl Drop for InFlight {
@@ -683,13 +694,9 @@ impl Drop for InFlight {
         if let (Some(prompt), Some(table)) = (self.sibling.take(), self.pool.siblings.as_ref()) {
             table.leave(self.index, &prompt);
         }
-        if let Some(body) = self.answered.take() {
+        if let (true, Some(material)) = (self.answered, self.material.take()) {
             let headers = HeaderMap::new();
-            let view = RoutingRequest::new(&headers, &body);
-            if let Some(text_with_ids) = self.pool.reads_body {
-                // Scanned outside the lock, as at the pick.
-                view.material(text_with_ids);
-            }
+            let view = RoutingRequest::with_material(&headers, &[], material);
             lock(&self.pool.state).prefilled(self.index, &view);
         }
         lock(&self.pool.state).finished(self.index, self.key.as_deref());

@@ -100,33 +100,41 @@ def _run(coro: object) -> object:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
+class _Gated:
+    """Requests with one prompt on engine e0, logging when each may go, and a warm-up that
+    answers when `gate` is set."""
+
+    def __init__(self, siblings: Siblings, key: Key, busy: bool = False) -> None:
+        self.siblings, self.key, self.busy = siblings, key, busy
+        self.events: list[str] = []
+        self.gate = asyncio.Event()
+
+    async def warm_up(self, body: bytes) -> bool:
+        self.events.append("warm-up")
+        await self.gate.wait()
+        return True
+
+    async def request(self, name: str) -> None:
+        await self.siblings.enter("e0", self.key, self.warm_up, self.busy)
+        self.events.append(name)
+
+
 def test_a_lead_goes_a_sibling_warms_up_once_and_the_rest_wait_for_it() -> None:
     async def main() -> tuple[list[str], dict[str, int]]:
         siblings = Siblings()
         key = prompt_key("POST", "/generate", _body(input_ids=IDS))
         assert key is not None
-        events: list[str] = []
-        gate = asyncio.Event()
-
-        async def warm_up(body: bytes) -> bool:
-            events.append("warm-up")
-            await gate.wait()
-            return True
-
-        async def request(name: str) -> None:
-            await siblings.enter("e0", key, warm_up)
-            events.append(name)
-
-        await request("lead")  # nothing in flight: goes at once
-        waiting = [asyncio.create_task(request(f"sibling{i}")) for i in range(3)]
+        gated = _Gated(siblings, key)
+        await gated.request("lead")  # nothing in flight: goes at once
+        waiting = [asyncio.create_task(gated.request(f"sibling{i}")) for i in range(3)]
         await asyncio.sleep(0.01)
-        events.append("release")
-        gate.set()
+        gated.events.append("release")
+        gated.gate.set()
         await asyncio.gather(*waiting)
-        await request("later")  # warmed: goes at once
-        await siblings.enter("e1", key, warm_up)  # another engine: its own lead
-        events.append("other engine")
-        return events, siblings.stats()
+        await gated.request("later")  # warmed: goes at once
+        await siblings.enter("e1", key, gated.warm_up)  # another engine: its own lead
+        gated.events.append("other engine")
+        return gated.events, siblings.stats()
 
     events, stats = _run(main())  # type: ignore[misc]
     assert events == [
@@ -226,25 +234,13 @@ def test_a_held_lead_waits_for_its_own_warm_up() -> None:
     async def main() -> list[str]:
         siblings = Siblings()
         siblings.grouped = 1.0
-        key = _key(5)
-        events: list[str] = []
-        gate = asyncio.Event()
-
-        async def warm_up(body: bytes) -> bool:
-            events.append("warm-up")
-            await gate.wait()
-            return True
-
-        async def request(name: str) -> None:
-            await siblings.enter("e0", key, warm_up, busy=True)
-            events.append(name)
-
-        lead = asyncio.create_task(request("lead"))
+        gated = _Gated(siblings, _key(5), busy=True)
+        lead = asyncio.create_task(gated.request("lead"))
         await asyncio.sleep(0.01)
-        events.append("release")
-        gate.set()
+        gated.events.append("release")
+        gated.gate.set()
         await lead
-        return events
+        return gated.events
 
     assert _run(main()) == ["warm-up", "release", "lead"]
 
