@@ -403,13 +403,14 @@ def front_sibling_warmup(method: str, path: str, body: bytes) -> bytes | None:
     that counts (``engines.siblings.warmup_body`` over ``prompt_key``)."""
 
 def front_siblings_roles(
-    ops: list[tuple[str, int, int, bool]],
-) -> tuple[list[str], float, tuple[int, int, int, int]]:
-    """``ops`` (``("enter", engine, prompt, busy)``, ``("warmed", engine, prompt, took)``,
-    ``("leave", engine, prompt, False)``) run on a fresh siblings table of the compiled
-    front: each op's role (``"go"``, ``"warm_up"``, ``"wait"``; ``""`` for the others), the
-    ``grouped`` estimate and the counters (siblings held, leads held, warm-ups, failed)
-    (``engines.siblings.Siblings.admit`` / ``warmed`` / ``leave``'s twin)."""
+    ops: list[tuple[str, int, list[int], bool]],
+) -> tuple[list[str], float, tuple[int, int, int, int, int]]:
+    """``ops`` (``(op, engine, prompt ids, took)``, op one of ``"enter"``, ``"resume"``,
+    ``"warmed"`` (with ``took``), ``"leave"``) run on a fresh siblings table of the compiled
+    front: each op's role (``"go"``, ``"warm_up"``, ``"wait"``, ``"follow"``; ``""`` for
+    warmed and leave), the ``grouped`` estimate and the counters (siblings held, leads held,
+    leads followed, warm-ups, failed) (``engines.siblings.Siblings.admit`` / ``resume`` /
+    ``warmed`` / ``leave``'s twin)."""
 
 class FrontCircuitBreaker:
     """The relay's circuit breaker (``engines.reliability.CircuitBreaker``'s twin)."""

@@ -380,10 +380,12 @@ impl CompiledFront {
         out.set_item("handoffs", snap.handoffs)?;
         out.set_item("connections", snap.connections)?;
         out.set_item("upstreams", upstreams)?;
-        let (held, leads_held, warmups, failed) = self.shared.pool().sibling_counts();
+        let (held, leads_held, leads_followed, warmups, failed) =
+            self.shared.pool().sibling_counts();
         let siblings = PyDict::new(py);
         siblings.set_item("siblings_held", held)?;
         siblings.set_item("leads_held", leads_held)?;
+        siblings.set_item("leads_followed", leads_followed)?;
         siblings.set_item("warmups", warmups)?;
         siblings.set_item("warmups_failed", failed)?;
         out.set_item("siblings", siblings)?;

@@ -7,8 +7,10 @@
 //! flight makes the pool send one warm-up (the prompt, prefill only: `max_new_tokens: 0`),
 //! and every sibling waits for it (at most `WARMUP_WAIT`). Once warmed, later siblings go at
 //! once; the entry goes when the prompt's last request on the engine ends. While prompts have
-//! been arriving in groups (`grouped` >= `LEAD_HOLD_FROM`), a lead on a busy engine sends the
-//! warm-up itself and waits for it too, so it is not admitted in one step with its warm-up.
+//! been arriving in groups (`grouped` >= `LEAD_HOLD_FROM`), a lead sends the warm-up itself
+//! and waits for it too, so it is not admitted in one step with its warm-up; a held lead
+//! sharing `SIBLING_MIN_UNITS` more leading units with a prompt being warmed up there than
+//! with any warmed one follows that warm-up first, so a shared prefix is prefilled once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -23,8 +25,8 @@ pub const SIBLING_MIN_UNITS: usize = 64;
 /// A sibling's wait for its warm-up, at most.
 pub const WARMUP_WAIT: Duration = Duration::from_secs(30);
 pub const GENERATE_PATH: &str = "/generate";
-/// Each prompt's weight in `grouped`, and the estimate from which a lead on a busy engine is
-/// held too (`siblings.py` says why).
+/// Each prompt's weight in `grouped`, and the estimate from which a lead is held too
+/// (`siblings.py` says why).
 const GROUPED_WEIGHT: f64 = 0.125;
 const LEAD_HOLD_FROM: f64 = 0.5;
 
@@ -97,9 +99,27 @@ pub fn warmup_body(key: &PromptKey) -> Vec<u8> {
     Value::Object(doc).to_string().into_bytes()
 }
 
+impl PromptKey {
+    /// How many leading ids (or characters) two prompts share in one cache namespace (the
+    /// same kind, adapter and extra key), 0 across namespaces (`siblings.py::shared_units`).
+    fn shared_units(&self, other: &PromptKey) -> usize {
+        if self.lora_path != other.lora_path || self.extra_key != other.extra_key {
+            return 0;
+        }
+        match (&self.units, &other.units) {
+            (Units::Ids(a), Units::Ids(b)) => a.iter().zip(b).take_while(|(x, y)| x == y).count(),
+            (Units::Text(a), Units::Text(b)) => {
+                a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
+            }
+            _ => 0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
     Lead,
+    Following,
     Warming,
     Warm,
 }
@@ -107,6 +127,8 @@ enum State {
 struct Entry {
     in_flight: u64,
     state: State,
+    /// A following prompt's anchor: the prompt whose warm-up it waits for.
+    anchor: Option<Arc<PromptKey>>,
     /// Whether a second request came while this one was in flight.
     had_sibling: bool,
     warmed: watch::Sender<bool>,
@@ -118,6 +140,7 @@ impl Entry {
         Self {
             in_flight: 1,
             state,
+            anchor: None,
             had_sibling: false,
             warmed,
         }
@@ -144,6 +167,35 @@ impl Table {
     fn observe(&mut self, grouped: f64) {
         self.grouped += (grouped - self.grouped) * GROUPED_WEIGHT;
     }
+
+    /// The prompt being warmed up on engine `index` that a new lead should follow, and its
+    /// warm-up's signal: the one sharing the most leading units with `key`, when that is
+    /// `SIBLING_MIN_UNITS` more than it shares with any prompt warmed there.
+    fn anchor(
+        &self,
+        index: usize,
+        key: &PromptKey,
+    ) -> Option<(Arc<PromptKey>, watch::Receiver<bool>)> {
+        let mut best: Option<(&Arc<PromptKey>, &Entry)> = None;
+        let (mut warming, mut warm) = (0, 0);
+        // Of two warm-ups sharing as much, either is followed (the map's order decides):
+        // each leaves the shared prefix cached.
+        for ((at, other), entry) in &self.prompts {
+            if *at != index || !matches!(entry.state, State::Warming | State::Warm) {
+                continue;
+            }
+            let shared = key.shared_units(other);
+            if entry.state == State::Warm {
+                warm = warm.max(shared);
+            } else if shared > warming {
+                best = Some((other, entry));
+                warming = shared;
+            }
+        }
+        let (anchor, entry) = best?;
+        (warming >= warm + SIBLING_MIN_UNITS)
+            .then(|| (Arc::clone(anchor), entry.warmed.subscribe()))
+    }
 }
 
 /// What a request entering with a prompt does.
@@ -154,6 +206,8 @@ pub enum Role {
     WarmUp(watch::Receiver<bool>),
     /// Wait for the warm-up under way.
     Wait(watch::Receiver<bool>),
+    /// Wait for another prompt's warm-up (its anchor's), then `resume`.
+    Follow(watch::Receiver<bool>),
 }
 
 type Slot = (usize, Arc<PromptKey>);
@@ -164,27 +218,34 @@ pub struct Siblings {
     table: Mutex<Table>,
     pub held: AtomicU64,
     pub leads_held: AtomicU64,
+    pub leads_followed: AtomicU64,
     pub warmups: AtomicU64,
     pub failed: AtomicU64,
 }
 
 impl Siblings {
-    /// `busy`: the engine has other requests of this pool in flight.
-    pub fn enter(&self, index: usize, key: &Arc<PromptKey>, busy: bool) -> Role {
+    pub fn enter(&self, index: usize, key: &Arc<PromptKey>) -> Role {
         let mut table = lock(&self.table);
         let grouped = table.grouped;
         let slot = (index, Arc::clone(key));
         let Some(entry) = table.prompts.get_mut(&slot) else {
-            if busy && grouped >= LEAD_HOLD_FROM {
-                let entry = Entry::new(State::Warming);
-                let warmed = entry.warmed.subscribe();
-                table.prompts.insert(slot, entry);
-                self.leads_held.fetch_add(1, Relaxed);
-                self.warmups.fetch_add(1, Relaxed);
-                return Role::WarmUp(warmed);
+            if grouped < LEAD_HOLD_FROM {
+                table.prompts.insert(slot, Entry::new(State::Lead));
+                return Role::Go;
             }
-            table.prompts.insert(slot, Entry::new(State::Lead));
-            return Role::Go;
+            self.leads_held.fetch_add(1, Relaxed);
+            if let Some((anchor, warmed)) = table.anchor(index, key) {
+                let mut entry = Entry::new(State::Following);
+                entry.anchor = Some(anchor);
+                table.prompts.insert(slot, entry);
+                self.leads_followed.fetch_add(1, Relaxed);
+                return Role::Follow(warmed);
+            }
+            let entry = Entry::new(State::Warming);
+            let warmed = entry.warmed.subscribe();
+            table.prompts.insert(slot, entry);
+            self.warmups.fetch_add(1, Relaxed);
+            return Role::WarmUp(warmed);
         };
         entry.in_flight += 1;
         let first_sibling = !entry.had_sibling;
@@ -196,7 +257,7 @@ impl Siblings {
                 self.held.fetch_add(1, Relaxed);
                 Role::WarmUp(entry.warmed.subscribe())
             }
-            State::Warming => {
+            State::Warming | State::Following => {
                 self.held.fetch_add(1, Relaxed);
                 Role::Wait(entry.warmed.subscribe())
             }
@@ -206,6 +267,26 @@ impl Siblings {
             table.observe(1.0);
         }
         role
+    }
+
+    /// A following lead's anchor is warmed (or gone): its own warm-up when siblings joined it
+    /// meanwhile, else go.
+    pub fn resume(&self, index: usize, key: &Arc<PromptKey>) -> Role {
+        let mut table = lock(&self.table);
+        let Some(entry) = table.prompts.get_mut(&(index, Arc::clone(key))) else {
+            return Role::Go;
+        };
+        if entry.state != State::Following {
+            return Role::Go;
+        }
+        entry.anchor = None;
+        if entry.had_sibling {
+            entry.state = State::Warming;
+            self.warmups.fetch_add(1, Relaxed);
+            return Role::WarmUp(entry.warmed.subscribe());
+        }
+        entry.state = State::Lead;
+        Role::Go
     }
 
     /// The warm-up answered (`took`: with a 200) or failed: release the waiting.
@@ -250,31 +331,34 @@ pub fn front_sibling_warmup(
 }
 
 /// What `front_siblings_roles` returns: roles, `grouped`, counters.
-type RolesRun = (Vec<&'static str>, f64, (u64, u64, u64, u64));
+type RolesRun = (Vec<&'static str>, f64, (u64, u64, u64, u64, u64));
 
-/// Test hook (rust/testing.rs): `ops` run on a fresh table, each `(op, engine, prompt,
-/// flag)`: "enter" (flag: busy) gives the request's role ("go", "warm_up", "wait"), "warmed"
-/// (flag: took) and "leave" give "". Returns the roles, `grouped` and the counters (siblings
-/// held, leads held, warm-ups, failed): the twin of `siblings.py`'s `admit` / `warmed` /
-/// `leave`, prompt `p` being `SIBLING_MIN_UNITS` ids of value `p`.
+/// Test hook (rust/testing.rs): `ops` run on a fresh table, each `(op, engine, prompt ids,
+/// took)`: "enter" and "resume" give the request's role ("go", "warm_up", "wait",
+/// "follow"), "warmed" (with `took`) and "leave" give "". Returns the roles, `grouped` and the
+/// counters (siblings held, leads held, leads followed, warm-ups, failed): the twin of
+/// `siblings.py`'s `admit` / `resume` / `warmed` / `leave`.
 #[pyo3::pyfunction]
-pub fn front_siblings_roles(ops: Vec<(String, usize, u64, bool)>) -> pyo3::PyResult<RolesRun> {
+pub fn front_siblings_roles(ops: Vec<(String, usize, Vec<u64>, bool)>) -> pyo3::PyResult<RolesRun> {
     let table = Siblings::default();
     let mut roles = Vec::with_capacity(ops.len());
-    for (op, engine, prompt, flag) in ops {
+    let name = |role: Role| match role {
+        Role::Go => "go",
+        Role::WarmUp(_) => "warm_up",
+        Role::Wait(_) => "wait",
+        Role::Follow(_) => "follow",
+    };
+    for (op, engine, ids, took) in ops {
         let key = Arc::new(PromptKey {
-            units: Units::Ids(vec![prompt; SIBLING_MIN_UNITS]),
+            units: Units::Ids(ids),
             lora_path: None,
             extra_key: None,
         });
         roles.push(match op.as_str() {
-            "enter" => match table.enter(engine, &key, flag) {
-                Role::Go => "go",
-                Role::WarmUp(_) => "warm_up",
-                Role::Wait(_) => "wait",
-            },
+            "enter" => name(table.enter(engine, &key)),
+            "resume" => name(table.resume(engine, &key)),
             "warmed" => {
-                table.warmed(engine, &key, flag);
+                table.warmed(engine, &key, took);
                 ""
             }
             "leave" => {
@@ -283,7 +367,7 @@ pub fn front_siblings_roles(ops: Vec<(String, usize, u64, bool)>) -> pyo3::PyRes
             }
             other => {
                 return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "unknown op {other:?}: expected enter, warmed or leave"
+                    "unknown op {other:?}: expected enter, resume, warmed or leave"
                 )))
             }
         });
@@ -292,6 +376,7 @@ pub fn front_siblings_roles(ops: Vec<(String, usize, u64, bool)>) -> pyo3::PyRes
     let counts = (
         table.held.load(Relaxed),
         table.leads_held.load(Relaxed),
+        table.leads_followed.load(Relaxed),
         table.warmups.load(Relaxed),
         table.failed.load(Relaxed),
     );
@@ -352,60 +437,107 @@ mod tests {
         assert_eq!(warm["input_ids"].as_array().map(Vec::len), Some(80));
     }
 
+    fn key(ids: Vec<u64>) -> Arc<PromptKey> {
+        Arc::new(PromptKey {
+            units: Units::Ids(ids),
+            lora_path: None,
+            extra_key: None,
+        })
+    }
+
     #[test]
     fn a_lead_then_one_warm_up_then_waiters_then_go() {
         let siblings = Siblings::default();
-        let key = Arc::new(
-            prompt_key("POST", "/generate", &ids_body(64)).unwrap_or_else(|| panic!("a key")),
-        );
-        assert!(matches!(siblings.enter(0, &key, false), Role::Go));
+        lock(&siblings.table).grouped = 0.0;
+        let key = key((0..64).collect());
+        assert!(matches!(siblings.enter(0, &key), Role::Go));
         assert!(
-            matches!(siblings.enter(1, &key, false), Role::Go),
+            matches!(siblings.enter(1, &key), Role::Go),
             "another engine: its own lead"
         );
-        assert!(matches!(siblings.enter(0, &key, false), Role::WarmUp(_)));
-        assert!(matches!(siblings.enter(0, &key, false), Role::Wait(_)));
+        assert!(matches!(siblings.enter(0, &key), Role::WarmUp(_)));
+        assert!(matches!(siblings.enter(0, &key), Role::Wait(_)));
         siblings.warmed(0, &key, true);
-        assert!(matches!(siblings.enter(0, &key, false), Role::Go));
+        assert!(matches!(siblings.enter(0, &key), Role::Go));
         for _ in 0..4 {
             siblings.leave(0, &key);
         }
-        assert!(
-            matches!(siblings.enter(0, &key, false), Role::Go),
-            "a new lead"
-        );
+        assert!(matches!(siblings.enter(0, &key), Role::Go), "a new lead");
         assert_eq!(siblings.warmups.load(Relaxed), 1);
         assert_eq!(siblings.held.load(Relaxed), 2);
     }
 
     #[test]
-    fn leads_on_busy_engines_are_held_once_prompts_come_in_groups() {
+    fn leads_are_held_once_prompts_come_in_groups() {
         let siblings = Siblings::default();
-        let key = |p: usize| {
-            Arc::new(
-                prompt_key("POST", "/generate", &ids_body(64 + p))
-                    .unwrap_or_else(|| panic!("a key")),
-            )
-        };
-        // Undecided: the first lead on a busy engine is held; prompts that come alone are
-        // not, from the first that ends alone.
-        assert!(matches!(siblings.enter(0, &key(0), true), Role::WarmUp(_)));
+        let key = |p: u64| key(vec![p; 64]);
+        // Undecided: the first lead is held; prompts that come alone are not, from the
+        // first that ends alone.
+        assert!(matches!(siblings.enter(0, &key(0)), Role::WarmUp(_)));
         siblings.leave(0, &key(0));
         for p in 1..4 {
-            assert!(matches!(siblings.enter(0, &key(p), true), Role::Go));
+            assert!(matches!(siblings.enter(0, &key(p)), Role::Go));
             siblings.leave(0, &key(p));
         }
-        // Groups: each first sibling raises the estimate, until a lead on a busy engine
-        // sends the warm-up itself (and one on an idle engine still goes).
+        // Groups: each first sibling raises the estimate, until a lead sends the warm-up
+        // itself.
         let mut p = 10;
         while lock(&siblings.table).grouped < LEAD_HOLD_FROM {
-            assert!(matches!(siblings.enter(0, &key(p), true), Role::Go));
-            assert!(matches!(siblings.enter(0, &key(p), true), Role::WarmUp(_)));
+            assert!(matches!(siblings.enter(0, &key(p)), Role::Go));
+            assert!(matches!(siblings.enter(0, &key(p)), Role::WarmUp(_)));
             p += 1;
         }
-        assert!(matches!(siblings.enter(1, &key(p), false), Role::Go));
-        assert!(matches!(siblings.enter(0, &key(p), true), Role::WarmUp(_)));
-        assert!(matches!(siblings.enter(0, &key(p), true), Role::Wait(_)));
+        assert!(matches!(siblings.enter(0, &key(p)), Role::WarmUp(_)));
+        assert!(matches!(siblings.enter(0, &key(p)), Role::Wait(_)));
         assert_eq!(siblings.leads_held.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn a_lead_sharing_a_prefix_being_warmed_up_follows_it() {
+        let siblings = Siblings::default();
+        let prompt = |tail: u64| {
+            let mut ids = vec![7; 100];
+            ids.extend([tail; 10]);
+            key(ids)
+        };
+        assert!(matches!(siblings.enter(0, &prompt(1)), Role::WarmUp(_)));
+        assert!(
+            matches!(siblings.enter(1, &prompt(2)), Role::WarmUp(_)),
+            "another engine"
+        );
+        let Role::Follow(mut anchor) = siblings.enter(0, &prompt(2)) else {
+            panic!("a lead sharing 100 ids with a warm-up under way follows it");
+        };
+        assert!(
+            matches!(siblings.enter(0, &prompt(2)), Role::Wait(_)),
+            "its sibling waits"
+        );
+        siblings.warmed(0, &prompt(1), true);
+        assert!(anchor.has_changed().unwrap_or(false));
+        assert!(
+            matches!(siblings.resume(0, &prompt(2)), Role::WarmUp(_)),
+            "siblings joined"
+        );
+        // The prefix is warm on engine 0 now: a third prompt sends its own warm-up.
+        assert!(matches!(siblings.enter(0, &prompt(3)), Role::WarmUp(_)));
+        // A follower without siblings goes once resumed.
+        assert!(matches!(siblings.enter(1, &prompt(4)), Role::Follow(_)));
+        assert!(matches!(siblings.resume(1, &prompt(4)), Role::Go));
+        assert_eq!(siblings.leads_followed.load(Relaxed), 2);
+    }
+
+    #[test]
+    fn shared_units_stay_in_one_namespace() {
+        let a = PromptKey {
+            units: Units::Text("abcdef".into()),
+            lora_path: None,
+            extra_key: None,
+        };
+        let mut b = a.clone();
+        b.units = Units::Text("abcxyz".into());
+        assert_eq!(a.shared_units(&b), 3);
+        b.lora_path = Some("\"math\"".into());
+        assert_eq!(a.shared_units(&b), 0);
+        assert_eq!(key(vec![1, 2, 3]).shared_units(&key(vec![1, 2, 4])), 2);
     }
 }

@@ -437,13 +437,14 @@ impl Pool {
         }
     }
 
-    /// Siblings' figures: (siblings held, leads held, warm-ups, warm-ups failed); zeros when
-    /// off.
-    pub fn sibling_counts(&self) -> (u64, u64, u64, u64) {
-        self.siblings.as_ref().map_or((0, 0, 0, 0), |s| {
+    /// Siblings' figures: (siblings held, leads held, leads followed, warm-ups, warm-ups
+    /// failed); zeros when off.
+    pub fn sibling_counts(&self) -> (u64, u64, u64, u64, u64) {
+        self.siblings.as_ref().map_or((0, 0, 0, 0, 0), |s| {
             (
                 s.held.load(Relaxed),
                 s.leads_held.load(Relaxed),
+                s.leads_followed.load(Relaxed),
                 s.warmups.load(Relaxed),
                 s.failed.load(Relaxed),
             )
@@ -463,14 +464,13 @@ impl Pool {
         };
         let index = guard.index;
         guard.sibling = Some(Arc::clone(prompt));
-        // Busy: requests other than this one (counted from its pick) in flight there.
-        let busy = lock(&self.state)
-            .engines
-            .in_flight
-            .get(index)
-            .is_some_and(|&n| n > 1);
-        let warmed = match table.enter(index, prompt, busy) {
-            Role::Go => return,
+        let mut role = table.enter(index, prompt);
+        if let Role::Follow(anchor) = role {
+            siblings::wait_warmed(anchor).await;
+            role = table.resume(index, prompt);
+        }
+        let warmed = match role {
+            Role::Go | Role::Follow(_) => return,
             Role::Wait(warmed) => warmed,
             Role::WarmUp(warmed) => {
                 let pool = Arc::clone(self);

@@ -717,9 +717,7 @@ class EnginePool:
             reply = await self._post_json(now, GENERATE_PATH, body, auth)
             return reply.status == 200
 
-        # Busy: requests other than this one (started already) in flight there.
-        busy = self.engine_policy.in_flight[index] > 1
-        await self.siblings.enter(self.urls[index], prompt, warm_up, busy)
+        await self.siblings.enter(self.urls[index], prompt, warm_up)
 
     def _answered_by(self, client: EngineClient, status: int) -> None:
         # A 5xx counts against the engine's breaker, a 4xx is the client's doing.

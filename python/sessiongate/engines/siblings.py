@@ -22,15 +22,24 @@ A lead can share a step with its warm-up: when the lead waits in a busy engine's
 its siblings arrive before it is admitted, the lead and the warm-up are admitted together and
 the prompt is prefilled twice (on the routing-quality bench, most of what was left between
 the GRPO hit rate and its bound). So when prompts have been arriving in groups (more than
-half of the last eight or so prompts had a sibling: `grouped`, a moving average) and
-the lead's engine already has other requests in flight from this pool, the lead is held as
-well: it sends the warm-up itself and waits for it like a sibling. The average starts at
-LEAD_HOLD_FROM (a held lone lead loses one engine step, a group's lead not held costs a second
-prefill); prompts that come alone (multi-turn agents' turns, each one new) bring it below at
-the first that ends alone, and keep it near 0. On an idle engine the lead is admitted at
-once, before any sibling could join it, and is never held. On the routing-quality bench the
-GRPO hit rate was 0.878-0.885 with only siblings held and 0.899-0.910 with leads held too
-(bound 0.913); starting the average at 0 instead, 0.883-0.896.
+half of the last eight or so prompts had a sibling: `grouped`, a moving average), a lead is
+held as well: it sends the warm-up itself and waits for it like a sibling. The average starts
+at LEAD_HOLD_FROM (a held lone lead loses its warm-up's round trip and, on a busy engine, one
+engine step; a group's lead not held costs a second prefill); prompts that come alone
+(multi-turn agents' turns, each one new) bring it below at the first that ends alone, and
+keep it near 0. On the routing-quality bench the GRPO hit rate was 0.878-0.885 with only
+siblings held and 0.899-0.910 with leads on busy engines held too (bound 0.913); starting
+the average at 0 instead, 0.883-0.896.
+
+Different prompts share a prefix too (a system prompt): held leads whose warm-ups are
+admitted in one step each prefill it. So a held lead whose prompt shares at least
+SIBLING_MIN_UNITS more leading units with a prompt being warmed up on its engine than with
+any prompt warmed there and still in flight follows that warm-up: it waits for it, then
+sends its own warm-up (when siblings joined it meanwhile) or goes, finding the shared prefix
+cached. The prompts held this way are the first burst's: a multi-turn rollout's first turns
+(every agent's prompt new, `grouped` still undecided) and each GRPO step's first groups after
+a weight update; on the routing-quality bench the multi-turn first turns had cost the system
+prompt 17 prefills on four engines where one per engine was the bound.
 
 What counts: POST `/generate` with `input_ids` (a list of token ids) or `text` (a string) of at
 least SIBLING_MIN_UNITS units; one prompt is the same ids or text with the same `lora_path` and
@@ -57,7 +66,7 @@ SIBLING_MIN_UNITS = 64
 WARMUP_WAIT_S = 30.0
 GENERATE_PATH = "/generate"
 # Each prompt's weight in `grouped` (1/8: the estimate follows the last eight or so), and the
-# estimate from which a lead on a busy engine is held too.
+# estimate from which a lead is held too.
 GROUPED_WEIGHT = 0.125
 LEAD_HOLD_FROM = 0.5
 # Token ids are non-negative integers below 2**64 (the compiled twin reads them as u64).
@@ -65,10 +74,10 @@ MAX_ID = 1 << 64
 
 # (the prompt's kind: "ids" or "text", the ids or text, lora_path and extra_key as JSON text)
 Key = tuple[str, tuple[int, ...] | str, str | None, str | None]
-State = Literal["lead", "warming", "warm"]
-# What a request entering with a prompt does: send now, send the warm-up and wait for it, or
-# wait for the warm-up under way.
-Role = Literal["go", "warm_up", "wait"]
+State = Literal["lead", "following", "warming", "warm"]
+# What a request entering with a prompt does: send now, send the warm-up and wait for it,
+# wait for the warm-up under way, or wait for another prompt's warm-up (then `resume`).
+Role = Literal["go", "warm_up", "wait", "follow"]
 
 
 def prompt_key(method: str, path: str, body: bytes) -> Key | None:
@@ -115,10 +124,30 @@ def warmup_body(key: Key) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def shared_units(a: Key, b: Key) -> int:
+    """How many leading ids (or characters) two prompts share in one cache namespace (the
+    same kind, adapter and extra_key), 0 across namespaces."""
+    if a[0] != b[0] or a[2:] != b[2:]:
+        return 0
+    x, y = a[1], b[1]
+    # A binary search over slice comparisons: each runs in C, where a Python loop over the
+    # units would cost ~40 ns a unit.
+    lo, hi = 0, min(len(x), len(y))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if x[:mid] == y[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @dataclass
 class _Prompt:
     in_flight: int = 1
     state: State = "lead"
+    # A following prompt's anchor: the prompt whose warm-up it waits for.
+    anchor: Key | None = None
     # Whether a second request came while this one was in flight: one observation of `grouped`.
     had_sibling: bool = False
     warmed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -134,30 +163,36 @@ class Siblings:
         self._tasks: set[asyncio.Task[None]] = set()
         # The share of recent prompts that had siblings (a moving average), undecided at the
         # start: holding a lone lead costs it one engine step, missing a group's lead costs a
-        # second prefill of its prompt, so the first leads on busy engines are held.
+        # second prefill of its prompt, so the first leads are held.
         self.grouped = LEAD_HOLD_FROM
-        # /health's figures: siblings that waited, leads that waited, warm-ups sent and
-        # warm-ups that failed.
+        # /health's figures: siblings that waited, leads that waited (those that followed
+        # another prompt's warm-up among them), warm-ups sent and warm-ups that failed.
         self.held = 0
         self.leads_held = 0
+        self.leads_followed = 0
         self.warmups = 0
         self.failed = 0
 
     def key(self, method: str, path: str, body: bytes) -> Key | None:
         return prompt_key(method, path, body) if self.enabled else None
 
-    def admit(self, engine: str, key: Key, busy: bool) -> Role:
-        """The role of a request with prompt `key` going to `engine`; `busy`: the engine has
-        other requests of this pool in flight. Pair with `leave`; a "warm_up" with `warmed`."""
+    def admit(self, engine: str, key: Key) -> Role:
+        """The role of a request with prompt `key` going to `engine`. Pair with `leave`; a
+        "warm_up" with `warmed`; a "follow" with `resume` once its anchor is warmed."""
         prompt = self._prompts.get((engine, key))
         if prompt is None:
-            if busy and self.grouped >= LEAD_HOLD_FROM:
-                self._prompts[(engine, key)] = _Prompt(state="warming")
-                self.leads_held += 1
-                self.warmups += 1
-                return "warm_up"
-            self._prompts[(engine, key)] = _Prompt()
-            return "go"
+            if self.grouped < LEAD_HOLD_FROM:
+                self._prompts[(engine, key)] = _Prompt()
+                return "go"
+            self.leads_held += 1
+            anchor = self._anchor(engine, key)
+            if anchor is not None:
+                self._prompts[(engine, key)] = _Prompt(state="following", anchor=anchor)
+                self.leads_followed += 1
+                return "follow"
+            self._prompts[(engine, key)] = _Prompt(state="warming")
+            self.warmups += 1
+            return "warm_up"
         prompt.in_flight += 1
         if not prompt.had_sibling:
             prompt.had_sibling = True
@@ -167,9 +202,39 @@ class Siblings:
             self.warmups += 1
             self.held += 1
             return "warm_up"
-        if prompt.state == "warming":
+        if prompt.state in ("warming", "following"):
             self.held += 1
             return "wait"
+        return "go"
+
+    def _anchor(self, engine: str, key: Key) -> Key | None:
+        """The prompt being warmed up on `engine` that a new lead should follow: the one
+        sharing the most leading units with it, when that is SIBLING_MIN_UNITS more than it
+        shares with any prompt warmed there (whose prefix the engine holds)."""
+        best: Key | None = None
+        warming = warm = 0
+        for (at, other), prompt in self._prompts.items():
+            if at != engine or prompt.state not in ("warming", "warm"):
+                continue
+            shared = shared_units(key, other)
+            if prompt.state == "warm":
+                warm = max(warm, shared)
+            elif shared > warming:
+                best, warming = other, shared
+        return best if warming >= warm + SIBLING_MIN_UNITS else None
+
+    def resume(self, engine: str, key: Key) -> Role:
+        """A following lead's anchor is warmed (or gone): send its own warm-up when siblings
+        joined it meanwhile, else go."""
+        prompt = self._prompts.get((engine, key))
+        if prompt is None or prompt.state != "following":
+            return "go"
+        prompt.anchor = None
+        if prompt.had_sibling:
+            prompt.state = "warming"
+            self.warmups += 1
+            return "warm_up"
+        prompt.state = "lead"
         return "go"
 
     def _observe(self, grouped: float) -> None:
@@ -189,13 +254,18 @@ class Siblings:
         engine: str,
         key: Key,
         warm_up: Callable[[bytes], Awaitable[bool]],
-        busy: bool = False,
     ) -> None:
         """A request with prompt `key` goes to `engine` (its URL: an engine keeps its prompts
         across a change of the engine set): return when it may be sent.
         `warm_up(body)` sends a warm-up there and says whether the engine took it. Pair
         every `enter` with a `leave`, whatever happens in between."""
-        role = self.admit(engine, key, busy)
+        role = self.admit(engine, key)
+        if role == "follow":
+            anchor = self._prompts[(engine, key)].anchor
+            followed = self._prompts.get((engine, anchor)) if anchor is not None else None
+            if followed is not None:
+                await self._wait(followed)
+            role = self.resume(engine, key)
         if role == "go":
             return
         prompt = self._prompts[(engine, key)]
@@ -203,6 +273,9 @@ class Siblings:
             task = asyncio.create_task(self._warm(engine, key, warm_up))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        await self._wait(prompt)
+
+    async def _wait(self, prompt: _Prompt) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.wait_secs):
                 await prompt.warmed.wait()
@@ -232,6 +305,7 @@ class Siblings:
         return {
             "siblings_held": self.held,
             "leads_held": self.leads_held,
+            "leads_followed": self.leads_followed,
             "warmups": self.warmups,
             "warmups_failed": self.failed,
         }
