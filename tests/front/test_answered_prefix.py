@@ -33,7 +33,9 @@ def gateway(front: str, workers: str) -> Iterator[str]:
             backends += ["--backend", stack.enter_context(ServerProcess(engine, port)).url]
         port = free_port()
         argv = ["serve", "--port", str(port), "--workers", workers, "--front", front]
-        argv += ["--policy", "cache_aware", *backends]
+        # Siblings not held: a fresh gateway's first lead would be warmed up first, which is
+        # not what this checks.
+        argv += ["--policy", "cache_aware", "--no-hold-siblings", *backends]
         yield stack.enter_context(ServerProcess(argv, port, timeout=60)).url
 
 

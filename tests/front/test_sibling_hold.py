@@ -3,9 +3,10 @@ one prompt through the compiled front and the Python front (in process and in a 
 the real mock engine with its step scheduler, which admits and caches as SGLang does.
 
 What is checked is what the engine saw, not timing: one prefill-only warm-up of the prompt,
-and every sibling finding the prompt cached; a new prompt's first request on a busy engine
-(a fresh gateway is undecided whether prompts come in groups, so it holds) preceded by its
-own warm-up; none of that with --no-hold-siblings.
+and every sibling finding the prompt cached; a new prompt's first request (a fresh gateway is
+undecided whether prompts come in groups, so it holds leads) preceded by its own warm-up;
+a burst of new prompts sharing a system prompt paying that prefix once, its first prompt's
+warm-up followed by the others; none of that with --no-hold-siblings.
 """
 
 from __future__ import annotations
@@ -76,8 +77,9 @@ def test_siblings_wait_for_one_warm_up_and_find_the_prompt_cached(front: str, wo
     with gateway(front, workers) as (url, engine):
         lead, siblings, sent = burst(url, engine)
     assert sent.count(0) == 1, f"one warm-up (max_new_tokens 0) expected, the engine saw {sent}"
+    assert sent[0] == 0, "a fresh gateway holds the lead: it sends the warm-up itself"
     assert len(sent) == SIBLINGS + 2
-    assert lead["cached_tokens"] == 0
+    assert lead["cached_tokens"] == len(PROMPT) - 1
     assert [m["cached_tokens"] for m in siblings] == [len(PROMPT) - 1] * SIBLINGS
 
 
@@ -97,7 +99,11 @@ def lead_on_busy_engine(url: str, engine: str) -> tuple[dict[str, Any], list[lis
     with ThreadPoolExecutor(2) as pool:
         running = pool.submit(generate, url, 64)
         deadline = time.monotonic() + 30
-        while not httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]:
+        # Until the request itself (not its warm-up) is running there.
+        while not any(
+            r["sampling_params"]["max_new_tokens"] == 64
+            for r in httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]
+        ):
             assert time.monotonic() < deadline, "the first request never reached the engine"
             time.sleep(0.01)
         meta = generate(url, 4, other)
@@ -110,7 +116,7 @@ def lead_on_busy_engine(url: str, engine: str) -> tuple[dict[str, Any], list[lis
 def test_a_new_prompt_on_a_busy_engine_is_warmed_up_first(front: str, workers: str) -> None:
     with gateway(front, workers) as (url, engine):
         meta, sent = lead_on_busy_engine(url, engine)
-    assert sent == [[64, 300], [0, 1000], [4, 1000]], f"the engine saw {sent}"
+    assert sent == [[0, 300], [64, 300], [0, 1000], [4, 1000]], f"the engine saw {sent}"
     assert meta["cached_tokens"] == len(PROMPT) - 1
 
 
@@ -120,3 +126,43 @@ def test_no_hold_siblings_holds_no_lead(front: str, workers: str) -> None:
         meta, sent = lead_on_busy_engine(url, engine)
     assert sent == [[64, 300], [4, 1000]], f"the engine saw {sent}"
     assert meta["cached_tokens"] == 0
+
+
+SYSTEM = list(range(3000, 3400))  # a 400-id system prompt that every agent's prompt starts with
+AGENTS = 6
+
+
+def agent_prompt(agent: int) -> list[int]:
+    return SYSTEM + list(range(4000 + 100 * agent, 4000 + 100 * agent + 80))
+
+
+def first_turns(url: str, engine: str) -> tuple[list[dict[str, Any]], int, list[int]]:
+    """Every agent's first turn at once on a fresh gateway: the replies' meta, the prompt
+    tokens the engine prefilled, and the `max_new_tokens` of each request it received."""
+    before = httpx.get(engine + "/mock/stats", timeout=10).json()["prefilled_tokens"]
+    with ThreadPoolExecutor(AGENTS) as pool:
+        metas = list(pool.map(lambda a: generate(url, 4, agent_prompt(a)), range(AGENTS)))
+    after = httpx.get(engine + "/mock/stats", timeout=10).json()["prefilled_tokens"]
+    log = httpx.get(engine + "/mock/requests", timeout=10).json()["requests"]
+    return metas, after - before, [r["sampling_params"]["max_new_tokens"] for r in log]
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS)
+def test_new_prompts_sharing_a_system_prompt_prefill_it_once(front: str, workers: str) -> None:
+    with gateway(front, workers) as (url, engine):
+        metas, prefilled, sent = first_turns(url, engine)
+    # One warm-up, the first agent's; the others followed it, then went (no siblings joined
+    # them). Without following, each held lead sends its own warm-up, and warm-ups admitted in
+    # one engine step each prefill the 400 shared ids.
+    assert sent == [0] + [4] * AGENTS, f"the engine saw {sent}"
+    # It prefilled the system prompt once: the first agent's 480 ids and its one last token,
+    # then each other agent's 80.
+    assert prefilled == len(SYSTEM) + 80 * AGENTS + 1, (prefilled, sent)
+    assert all(m["cached_tokens"] >= len(SYSTEM) for m in metas), metas
+
+
+@pytest.mark.parametrize(("front", "workers"), LAYOUTS[:2])
+def test_no_hold_siblings_follows_no_prefix(front: str, workers: str) -> None:
+    with gateway(front, workers, "--no-hold-siblings") as (url, engine):
+        _, _, sent = first_turns(url, engine)
+    assert sent == [4] * AGENTS
