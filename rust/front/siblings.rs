@@ -80,11 +80,15 @@ pub fn prompt_key(method: &str, path: &str, body: &[u8]) -> Option<PromptKey> {
     })
 }
 
-/// The warm-up for a prompt: the same prompt, adapter and extra_key, prefill only.
+/// The warm-up for a prompt: the same prompt (ids without the last, which every request
+/// recomputes: `siblings.py` says why), adapter and extra_key, prefill only.
 pub fn warmup_body(key: &PromptKey) -> Vec<u8> {
     let mut doc = Map::new();
     match &key.units {
-        Units::Ids(ids) => doc.insert("input_ids".into(), json!(ids)),
+        Units::Ids(ids) => doc.insert(
+            "input_ids".into(),
+            json!(ids.split_last().map_or(&ids[..], |(_, head)| head)),
+        ),
         Units::Text(text) => doc.insert("text".into(), json!(text)),
     };
     doc.insert("sampling_params".into(), json!({"max_new_tokens": 0}));
@@ -434,7 +438,7 @@ mod tests {
         assert_eq!(warm["lora_path"], "math");
         assert_eq!(warm["extra_key"], "k");
         assert_eq!(warm["sampling_params"]["max_new_tokens"], 0);
-        assert_eq!(warm["input_ids"].as_array().map(Vec::len), Some(80));
+        assert_eq!(warm["input_ids"].as_array().map(Vec::len), Some(79));
     }
 
     fn key(ids: Vec<u64>) -> Arc<PromptKey> {

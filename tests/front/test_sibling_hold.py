@@ -155,9 +155,9 @@ def test_new_prompts_sharing_a_system_prompt_prefill_it_once(front: str, workers
     # them). Without following, each held lead sends its own warm-up, and warm-ups admitted in
     # one engine step each prefill the 400 shared ids.
     assert sent == [0] + [4] * AGENTS, f"the engine saw {sent}"
-    # It prefilled the system prompt once: the first agent's 480 ids and its one last token,
-    # then each other agent's 80.
-    assert prefilled == len(SYSTEM) + 80 * AGENTS + 1, (prefilled, sent)
+    # It prefilled the system prompt once: the first agent's 480 ids (its warm-up all but the
+    # last, its request the last), then each other agent's 80.
+    assert prefilled == len(SYSTEM) + 80 * AGENTS, (prefilled, sent)
     assert all(m["cached_tokens"] >= len(SYSTEM) for m in metas), metas
 
 

@@ -12,7 +12,10 @@ So the pool holds them: the first request with a prompt on an engine (its lead) 
 A second one arriving while the lead is in flight is a sibling: the pool sends the engine one
 warm-up, a prefill-only copy of the prompt (`max_new_tokens: 0`, SGLang's prefill-only
 request: it finishes when its prefill does, leaving the prompt in the radix cache), and every
-sibling waits for it, then goes and finds the prompt cached. The warm-up is sent once per
+sibling waits for it, then goes and finds the prompt cached. A warm-up of token ids leaves
+out the last id: SGLang recomputes a prompt's last token whatever is cached (`cached_tokens`
+<= prompt - 1), so warming it would be paid twice. Text is warmed whole (the text without
+its last character need not tokenize to a prefix of the prompt's tokens). The warm-up is sent once per
 prompt and engine while requests with that prompt are in flight there; once it has answered,
 later siblings go at once. If the lead was admitted before the warm-up, the warm-up itself
 finds the prompt cached and costs its last token; if they share a step, one extra prefill
@@ -112,10 +115,11 @@ def _as_text(doc: dict[str, object], name: str) -> str | None:
 
 
 def warmup_body(key: Key) -> bytes:
-    """The warm-up for a prompt: the same prompt, adapter and extra_key, prefill only."""
+    """The warm-up for a prompt: the same prompt (ids without the last, which every request
+    recomputes), adapter and extra_key, prefill only."""
     kind, units, lora_path, extra_key = key
     doc: dict[str, object] = {
-        "input_ids" if kind == "ids" else "text": list(units) if kind == "ids" else units,
+        "input_ids" if kind == "ids" else "text": list(units[:-1]) if kind == "ids" else units,
         "sampling_params": {"max_new_tokens": 0},
     }
     for name, value in (("lora_path", lora_path), ("extra_key", extra_key)):
