@@ -509,7 +509,7 @@ mod tests {
             matches!(siblings.enter(1, &prompt(2)), Role::WarmUp(_)),
             "another engine"
         );
-        let Role::Follow(mut anchor) = siblings.enter(0, &prompt(2)) else {
+        let Role::Follow(anchor) = siblings.enter(0, &prompt(2)) else {
             panic!("a lead sharing 100 ids with a warm-up under way follows it");
         };
         assert!(
