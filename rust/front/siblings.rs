@@ -131,8 +131,6 @@ enum State {
 struct Entry {
     in_flight: u64,
     state: State,
-    /// A following prompt's anchor: the prompt whose warm-up it waits for.
-    anchor: Option<Arc<PromptKey>>,
     /// Whether a second request came while this one was in flight.
     had_sibling: bool,
     warmed: watch::Sender<bool>,
@@ -144,7 +142,6 @@ impl Entry {
         Self {
             in_flight: 1,
             state,
-            anchor: None,
             had_sibling: false,
             warmed,
         }
@@ -172,15 +169,11 @@ impl Table {
         self.grouped += (grouped - self.grouped) * GROUPED_WEIGHT;
     }
 
-    /// The prompt being warmed up on engine `index` that a new lead should follow, and its
-    /// warm-up's signal: the one sharing the most leading units with `key`, when that is
+    /// The warm-up signal of the prompt being warmed up on engine `index` that a new lead
+    /// should follow: the one sharing the most leading units with `key`, when that is
     /// `SIBLING_MIN_UNITS` more than it shares with any prompt warmed there.
-    fn anchor(
-        &self,
-        index: usize,
-        key: &PromptKey,
-    ) -> Option<(Arc<PromptKey>, watch::Receiver<bool>)> {
-        let mut best: Option<(&Arc<PromptKey>, &Entry)> = None;
+    fn anchor(&self, index: usize, key: &PromptKey) -> Option<watch::Receiver<bool>> {
+        let mut best: Option<&Entry> = None;
         let (mut warming, mut warm) = (0, 0);
         // Of two warm-ups sharing as much, either is followed (the map's order decides):
         // each leaves the shared prefix cached.
@@ -192,13 +185,12 @@ impl Table {
             if entry.state == State::Warm {
                 warm = warm.max(shared);
             } else if shared > warming {
-                best = Some((other, entry));
+                best = Some(entry);
                 warming = shared;
             }
         }
-        let (anchor, entry) = best?;
-        (warming >= warm + SIBLING_MIN_UNITS)
-            .then(|| (Arc::clone(anchor), entry.warmed.subscribe()))
+        let entry = best?;
+        (warming >= warm + SIBLING_MIN_UNITS).then(|| entry.warmed.subscribe())
     }
 }
 
@@ -238,10 +230,8 @@ impl Siblings {
                 return Role::Go;
             }
             self.leads_held.fetch_add(1, Relaxed);
-            if let Some((anchor, warmed)) = table.anchor(index, key) {
-                let mut entry = Entry::new(State::Following);
-                entry.anchor = Some(anchor);
-                table.prompts.insert(slot, entry);
+            if let Some(warmed) = table.anchor(index, key) {
+                table.prompts.insert(slot, Entry::new(State::Following));
                 self.leads_followed.fetch_add(1, Relaxed);
                 return Role::Follow(warmed);
             }
@@ -283,7 +273,6 @@ impl Siblings {
         if entry.state != State::Following {
             return Role::Go;
         }
-        entry.anchor = None;
         if entry.had_sibling {
             entry.state = State::Warming;
             self.warmups.fetch_add(1, Relaxed);

@@ -167,8 +167,9 @@ class Siblings:
         self._prompts: dict[tuple[str, Key], _Prompt] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         # The share of recent prompts that had siblings (a moving average), undecided at the
-        # start: holding a lone lead costs it one engine step, missing a group's lead costs a
-        # second prefill of its prompt, so the first leads are held.
+        # start: holding a lone lead costs it a round trip (on a busy engine, one step),
+        # missing a group's lead costs a second prefill of its prompt, so the first leads are
+        # held.
         self.grouped = LEAD_HOLD_FROM
         # /health's figures: siblings that waited, leads that waited (those that followed
         # another prompt's warm-up among them), warm-ups sent and warm-ups that failed.
