@@ -185,6 +185,38 @@ def test_large_body_is_received_whole_as_bytes_then_reused():
     asyncio.run(main())
 
 
+def test_a_large_body_waits_in_the_socket_while_its_buffer_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # While a large body's buffer is made off the loop, the rest of the body stays in the
+    # socket: received into the staging buffer meanwhile, it would be copied twice more.
+    from sessiongate.http import client as client_module
+
+    body = bytes(range(256)) * (20 * 4096)  # 20 MiB, written at once
+    peak = 0
+    updated = client_module._Connection.buffer_updated
+
+    def spy(self: client_module._Connection, nbytes: int) -> None:
+        nonlocal peak
+        updated(self, nbytes)
+        peak = max(peak, len(self._buffered))
+
+    monkeypatch.setattr(client_module._Connection, "buffer_updated", spy)
+
+    async def main() -> None:
+        async with ScriptedServer(lambda n: (_ok(body), False)) as server:
+            client = HttpClient()
+            for _ in range(2):  # reading resumes: the connection is reused
+                status, data = await _get(client, server.url)
+                assert status == 200 and data == body
+            await client.aclose()
+            assert server.connections == 1
+
+    asyncio.run(main())
+    # Only what came with the head (a receive or two); without the hold, BUFFER_LIMIT (2 MiB).
+    assert peak < client_module.BUFFER_LIMIT // 2
+
+
 def test_bytes_after_the_body_retire_the_connection():
     # A server that sends more than it declared has broken the exchange: the extra bytes must
     # never be read as the next response.
