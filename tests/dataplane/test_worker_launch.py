@@ -191,6 +191,8 @@ def serve_argv(tmp_path: Path) -> list[str]:
         "7",
         "--max-records-bytes",
         "1G",
+        "--warm-records-bytes",
+        "256M",
         "--session-ttl",
         "90",
         "--records-dir",

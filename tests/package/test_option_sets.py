@@ -45,6 +45,7 @@ SESSION_CORE_OPTIONS: dict[str, tuple[object, bool]] = {
     "--tree-postprocess-hook": ("default_postprocess", False),
     "--max-sessions": (10000, False),
     "--max-records-bytes": ("auto", False),
+    "--warm-records-bytes": ("1G", False),
     "--session-ttl": (0.0, False),
     "--records-dir": (None, False),
     "--records-durability": (None, False),

@@ -367,12 +367,19 @@ def test_limit_options_parse_and_forward() -> None:
     assert limit_settings(args()) == {
         "max_sessions": 10_000,
         "max_records_bytes": auto_records_bytes(1),
+        "warm_records_bytes": 1 << 30,
         "session_ttl": 0.0,
     }
+    assert limit_settings(args(warm_records_bytes="0"))["warm_records_bytes"] == 0
     # Local workers get their share of this machine as a number; Ray actors size themselves.
     assert limits_for_workers(args(), 4).max_records_bytes == str(auto_records_bytes(4))
     assert limits_for_workers(args(), None).max_records_bytes == AUTO
     assert limits_for_workers(args(max_records_bytes="2G"), None).max_records_bytes == str(2 << 30)
-    for bad in ({"max_sessions": -1}, {"session_ttl": -1.0}, {"max_records_bytes": "x"}):
+    for bad in (
+        {"max_sessions": -1},
+        {"session_ttl": -1.0},
+        {"max_records_bytes": "x"},
+        {"warm_records_bytes": "auto"},
+    ):
         with pytest.raises(SystemExit):
             limit_settings(args(**bad))

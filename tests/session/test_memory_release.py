@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -61,16 +63,23 @@ def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> 
     from sessiongate.protocol import CoreRequest
     from sessiongate.session import core as core_module
     from sessiongate.session import freed_memory
+    from sessiongate.session.settings import SessionSettings
     from sessiongate.tokenizer import load_tokenizer
 
     trims: list[int] = []
     monkeypatch.setattr(memory, "_MALLOC_TRIM", lambda pad: 1)
     # Patched where the core's trims call it.
-    monkeypatch.setattr(freed_memory, "release_free_memory", lambda: bool(trims.append(1)) or True)
+    monkeypatch.setattr(
+        freed_memory, "release_free_memory", lambda keep: bool(trims.append(keep)) or True
+    )
 
     async def scenario() -> None:
         # Never contacted: creating sessions asks nothing of the upstream.
-        core = core_module.SessionCore(load_tokenizer(None), EnginePool(["http://127.0.0.1:9"]))
+        core = core_module.SessionCore(
+            load_tokenizer(None),
+            EnginePool(["http://127.0.0.1:9"]),
+            settings=SessionSettings(warm_records_bytes=5 << 20),
+        )
         core.memory.trimmer = trimmer = FreedMemoryTrimmer(threshold=10, quiet=0.2)
         try:
             assert core.memory.freed(10)  # due: the trim starts, and waits for quiet
@@ -79,7 +88,8 @@ def test_core_trims_only_once_requests_stop(monkeypatch: pytest.MonkeyPatch) -> 
                 await asyncio.sleep(0.1)
                 assert not trims
             await asyncio.wait(core.memory.tasks, timeout=2)
-            assert trims == [1] and trimmer.trims == 1 and not trimmer.running
+            # It keeps --warm-records-bytes mapped.
+            assert trims == [5 << 20] and trimmer.trims == 1 and not trimmer.running
         finally:
             await core.aclose()
 
@@ -97,3 +107,39 @@ def test_workers_keep_freed_records_warm(monkeypatch: pytest.MonkeyPatch) -> Non
     assert calls == [(-8, 1), (-3, 32 << 20), (-1, 1 << 30)]
     monkeypatch.setattr(memory, "_MALLOPT", None)
     assert memory.keep_freed_records_warm() is False
+
+
+KEEP_PROBE = """
+import sys
+from sessiongate.process import memory
+memory.keep_freed_records_warm()
+MIB = 1 << 20
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 // MIB
+
+base = rss()
+blocks = [b"x" * (4 * MIB) for _ in range(24)]  # written: 96 MiB resident
+del blocks
+memory.release_free_memory(keep=int(sys.argv[1]) * MIB)
+print(rss() - base, flush=True)
+"""
+
+
+@pytest.mark.procs
+@pytest.mark.parametrize(("keep_mib", "low", "high"), [(64, 48, 110), (0, -20, 24)])
+def test_a_trim_keeps_what_it_is_told_mapped(keep_mib: int, low: int, high: int) -> None:
+    # In a process of its own: its heap holds only the probe's blocks. Of 96 MiB freed,
+    # a trim keeping 64 MiB leaves about that resident; keeping nothing gives it all back.
+    if memory._MALLOC_TRIM is None or memory._MALLOC_FREE is None:
+        pytest.skip("no malloc_trim in this C library (not glibc)")
+    probe = subprocess.run(
+        [sys.executable, "-c", KEEP_PROBE, str(keep_mib)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    kept = int(probe.stdout)
+    assert low <= kept <= high, f"{kept} MiB still resident after keeping {keep_mib} MiB"

@@ -10,6 +10,11 @@ zeroes and maps fresh pages, about half of a turn's CPU on these VMs (docs/perfo
 worker to go quiet: trimming between two sessions of a running load hands back exactly the
 pages the next session's turns would have reused. Memory freed under steady load is trimmed
 at the latest `max_delay` seconds later.
+
+A trim keeps `--warm-records-bytes` (1 GiB) mapped: a rollout's next batch comes after a
+training step, far more than 10 quiet seconds later, and its first touch of given-back
+memory cost 30-34 ms of worker CPU per R3 turn of 23 MiB against 9 ms warm (measured:
+docs/performance.md, "Warm memory across quiet spells").
 """
 
 from __future__ import annotations
@@ -65,12 +70,64 @@ def keep_freed_records_warm() -> bool:
     return bool(ok)
 
 
-def release_free_memory() -> bool:
-    """Return the allocator's free pages to the OS; False where that is not available.
-    Takes milliseconds on a large heap: call it off the event loop."""
+class _Malloc:
+    """glibc's malloc, free and sbrk, for holding free memory over a trim."""
+
+    def __init__(self, libc: ctypes.CDLL) -> None:
+        self.malloc = libc.malloc
+        self.malloc.argtypes, self.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
+        self.free = libc.free
+        self.free.argtypes, self.free.restype = [ctypes.c_void_p], None
+        self.sbrk = libc.sbrk
+        self.sbrk.argtypes, self.sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
+
+
+def _load_malloc() -> _Malloc | None:
+    library = ctypes.util.find_library("c")
+    if library is None or _MALLOC_TRIM is None:
+        return None
+    try:
+        return _Malloc(ctypes.CDLL(library))
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_FREE = _load_malloc()
+# Blocks the kept memory is held in during a trim: below the 32 MiB mmap threshold that
+# keep_freed_records_warm sets, so they come from the heap's free chunks.
+_KEEP_BLOCK = 1 << 20
+
+
+def release_free_memory(keep: int = 0) -> bool:
+    """Return the allocator's free pages to the OS but about `keep` bytes of them, which
+    stay mapped for the next sessions' records; False where that is not available. Takes
+    milliseconds on a large heap: call it off the event loop.
+
+    glibc cannot trim down to a size (`malloc_trim`'s pad only spares the heap's top), so the
+    kept memory is allocated from the free chunks for the time of the trim, then freed again:
+    those pages are still mapped and written, and the next records reuse them warm."""
     if _MALLOC_TRIM is None:
         return False
-    _MALLOC_TRIM(0)
+    held: list[int] = []
+    libc = _MALLOC_FREE
+    try:
+        if keep > 0 and libc is not None:
+            # Only memory the heap already has: a block that grew the heap is fresh pages
+            # (nothing to keep), and freed with the others it would make the heap's top
+            # large enough for glibc to trim it whole, kept pages included.
+            top = libc.sbrk(0)
+            for _ in range(-(-keep // _KEEP_BLOCK)):
+                block = libc.malloc(_KEEP_BLOCK)
+                if not block:
+                    break
+                held.append(block)
+                if libc.sbrk(0) != top:
+                    break
+        _MALLOC_TRIM(0)
+    finally:
+        if libc is not None:
+            for block in held:
+                libc.free(block)
     return True
 
 

@@ -66,7 +66,7 @@ class SessionCore:
             end_of_turn_token=settings.end_of_turn_token,
             comparator=settings.tito_comparator,
         )
-        self.memory = FreedMemory()
+        self.memory = FreedMemory(keep=settings.warm_records_bytes)
         self.table = SessionTable(settings, upstream, self.memory, stamper=stamper, store=store)
         self.reads = SessionReads(self.table, self.tito)
         self.turns = SessionTurns(self.table, self.tito, self.memory)

@@ -17,8 +17,10 @@ class FreedMemory:
     """The core's trims of freed memory: counts what was freed, trims once enough was and
     the worker is quiet, and cancels a waiting trim at shutdown."""
 
-    def __init__(self, trimmer: FreedMemoryTrimmer | None = None) -> None:
+    def __init__(self, trimmer: FreedMemoryTrimmer | None = None, *, keep: int = 0) -> None:
         self.trimmer = trimmer or FreedMemoryTrimmer()
+        # Bytes of free memory each trim leaves mapped (--warm-records-bytes).
+        self.keep = keep
         # Trims under way; a reference until done, as the loop holds tasks only weakly.
         self.tasks: set[asyncio.Future[None]] = set()
 
@@ -41,7 +43,7 @@ class FreedMemory:
             # Not while requests keep coming: their turns would reuse these pages warm.
             while (delay := self.trimmer.wait()) > 0:
                 await asyncio.sleep(delay)
-            await asyncio.to_thread(release_free_memory)
+            await asyncio.to_thread(release_free_memory, self.keep)
         finally:
             self.trimmer.done()
 

@@ -83,9 +83,15 @@ def limit_settings(limits: LimitsConfig) -> dict[str, Any]:
         raise SystemExit("--max-sessions must be >= 0 (0 = unlimited)")
     if not limits.session_ttl >= 0:  # also rejects nan
         raise SystemExit("--session-ttl must be >= 0 (0 = never)")
+    warm_flag = flag_of(LimitsConfig, "warm_records_bytes")
+    try:
+        warm = parse_size(str(limits.warm_records_bytes))
+    except ValueError as exc:
+        raise SystemExit(f"{warm_flag}: {exc}") from None
     return {
         "max_sessions": limits.max_sessions,
         "max_records_bytes": records_budget(limits),
+        "warm_records_bytes": warm,
         "session_ttl": limits.session_ttl,
     }
 

@@ -72,6 +72,9 @@ class SessionSettings:
     # Bytes of turn records (request + response bodies) this core holds before new turns are
     # refused with a 503. 0 here; the CLI's default ("auto") is sized from the machine's memory.
     max_records_bytes: int = 0
+    # Bytes of freed records' memory kept mapped when the rest goes back to the OS (the
+    # CLI's --warm-records-bytes, 1G; 0 here: an embedded core gives everything back).
+    warm_records_bytes: int = 0
     # Sessions created by `POST /sessions` idle this long (seconds) are closed; 0 keeps them.
     session_ttl: float = 0.0
     # How limit errors name this core: "worker 3", or the in-process gateway.
