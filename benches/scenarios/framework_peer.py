@@ -193,6 +193,8 @@ def summarize(samples: dict[str, list[dict[str, Any]]], peaks: dict[str, float])
                 latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 1
             ),
             "turn_cpu_ms": round(statistics.median(r["turn_cpu_ms"] for r in runs), 1),
+            # Each round's: the framework's moves by a third from round to round.
+            "turn_cpu_ms_rounds": [round(r["turn_cpu_ms"], 1) for r in runs],
             "get_mib": round(statistics.median(r["get_mib"] for r in runs), 1),
             "get_ms": round(statistics.median(r["get_s"] for r in runs) * 1000),
             "get_cpu_ms_per_mib": round(
