@@ -250,6 +250,14 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
     return results
 
 
+def emit(results: dict[str, Any], path: Path | None) -> None:
+    """A scenario's results: printed as JSON, and written to `path` when given."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one counted round")
@@ -257,11 +265,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, choices=(0, 1), help="layout (1)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    results = run(1 if args.quick else args.rounds, args.workers)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    emit(run(1 if args.quick else args.rounds, args.workers), args.json)
     return 0
 
 

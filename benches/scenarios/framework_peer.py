@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -44,7 +43,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_parts import delete_all, get_all, process_cpu
+from cpu_parts import delete_all, emit, get_all, process_cpu
 from e2e_dataplane import session_turns
 
 from sessiongate.tokenizer.chat_tokenizer import BUILTIN_TOKENIZER_DIR
@@ -232,11 +231,7 @@ def main() -> int:
         print("skipped: FRAMEWORK_SRC (a radixark/miles checkout) is not given")
         return 0
     rounds = 1 if args.quick else args.rounds
-    results = run(rounds, framework_python, framework_src, args.tito_model)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    emit(run(rounds, framework_python, framework_src, args.tito_model), args.json)
     return 0
 
 

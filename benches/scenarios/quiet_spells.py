@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -32,24 +31,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_parts import MOCK, delete_all, one_round, process_cpu
-from e2e_dataplane import process_roles
+from cpu_parts import MOCK, delete_all, emit, one_round, process_cpu
+from e2e_dataplane import minor_faults, process_roles, rss_mib
 
 from support.procs import ServerProcess, free_port
 
 CONFIGS: dict[str, list[str]] = {"warm (default)": [], "given back (0)": ["0"]}
 MIB = 1 << 20
-
-
-def minor_faults(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def run(rounds: int, pause: float) -> dict[str, Any]:
@@ -106,11 +94,7 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    results = run(1 if args.quick else args.rounds, args.pause)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.write_text(text + "\n")
+    emit(run(1 if args.quick else args.rounds, args.pause), args.json)
     return 0
 
 
