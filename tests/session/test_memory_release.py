@@ -132,7 +132,7 @@ print(rss() - base, flush=True)
 def test_a_trim_keeps_what_it_is_told_mapped(keep_mib: int, low: int, high: int) -> None:
     # In a process of its own: its heap holds only the probe's blocks. Of 96 MiB freed,
     # a trim keeping 64 MiB leaves about that resident; keeping nothing gives it all back.
-    if memory._MALLOC_TRIM is None or memory._MALLOC_FREE is None:
+    if memory._MALLOC_TRIM is None or memory._MALLOC is None or memory._SBRK is None:
         pytest.skip("no malloc_trim in this C library (not glibc)")
     probe = subprocess.run(
         [sys.executable, "-c", KEEP_PROBE, str(keep_mib)],

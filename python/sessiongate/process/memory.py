@@ -29,7 +29,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def _load_libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | None:
+def _load_libc_function(
+    name: str, argtypes: list[Any], restype: Any = ctypes.c_int
+) -> Callable[..., Any] | None:
     library = ctypes.util.find_library("c")
     if library is None:
         return None
@@ -38,7 +40,7 @@ def _load_libc_function(name: str, argtypes: list[Any]) -> Callable[..., int] | 
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
     function.argtypes = argtypes
-    function.restype = ctypes.c_int
+    function.restype = restype
     return function
 
 
@@ -70,29 +72,10 @@ def keep_freed_records_warm() -> bool:
     return bool(ok)
 
 
-class _Malloc:
-    """glibc's malloc, free and sbrk, for holding free memory over a trim."""
-
-    def __init__(self, libc: ctypes.CDLL) -> None:
-        self.malloc = libc.malloc
-        self.malloc.argtypes, self.malloc.restype = [ctypes.c_size_t], ctypes.c_void_p
-        self.free = libc.free
-        self.free.argtypes, self.free.restype = [ctypes.c_void_p], None
-        self.sbrk = libc.sbrk
-        self.sbrk.argtypes, self.sbrk.restype = [ctypes.c_ssize_t], ctypes.c_void_p
-
-
-def _load_malloc() -> _Malloc | None:
-    library = ctypes.util.find_library("c")
-    if library is None or _MALLOC_TRIM is None:
-        return None
-    try:
-        return _Malloc(ctypes.CDLL(library))
-    except (OSError, AttributeError):
-        return None
-
-
-_MALLOC_FREE = _load_malloc()
+# For holding free memory allocated over a trim (release_free_memory).
+_MALLOC = _load_libc_function("malloc", [ctypes.c_size_t], ctypes.c_void_p)
+_FREE = _load_libc_function("free", [ctypes.c_void_p], None)
+_SBRK = _load_libc_function("sbrk", [ctypes.c_ssize_t], ctypes.c_void_p)
 # Blocks the kept memory is held in during a trim: below the 32 MiB mmap threshold that
 # keep_freed_records_warm sets, so they come from the heap's free chunks.
 _KEEP_BLOCK = 1 << 20
@@ -109,25 +92,24 @@ def release_free_memory(keep: int = 0) -> bool:
     if _MALLOC_TRIM is None:
         return False
     held: list[int] = []
-    libc = _MALLOC_FREE
     try:
-        if keep > 0 and libc is not None:
+        if keep > 0 and _MALLOC is not None and _FREE is not None and _SBRK is not None:
             # Only memory the heap already has: a block that grew the heap is fresh pages
             # (nothing to keep), and freed with the others it would make the heap's top
             # large enough for glibc to trim it whole, kept pages included.
-            top = libc.sbrk(0)
+            top = _SBRK(0)
             for _ in range(-(-keep // _KEEP_BLOCK)):
-                block = libc.malloc(_KEEP_BLOCK)
+                block = _MALLOC(_KEEP_BLOCK)
                 if not block:
                     break
                 held.append(block)
-                if libc.sbrk(0) != top:
+                if _SBRK(0) != top:
                     break
         _MALLOC_TRIM(0)
     finally:
-        if libc is not None:
+        if _FREE is not None:
             for block in held:
-                libc.free(block)
+                _FREE(block)
     return True
 
 
