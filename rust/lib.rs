@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 // Plumbing shared by the primitives.
 pub mod buffer;
+pub mod cached_tokens;
 pub mod error;
 pub mod gil;
 pub mod hash;

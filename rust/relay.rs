@@ -24,6 +24,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyMemoryView, PySlice, PyString, PyTy
 use pyo3::{ffi, intern};
 
 use crate::buffer::{new_bytes, Filler, Input};
+use crate::cached_tokens::CachedTokens;
 use crate::error::SharedError;
 use crate::gil::maybe_unlocked;
 use crate::json_scan::{
@@ -977,6 +978,19 @@ pub(crate) fn json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<O
         .map(|r| format!("{} at byte {}", r.why, r.at)))
 }
 
+/// `cached_tokens_in` of the twin: the first `"cached_tokens"` value of a reply given in
+/// pieces (`rust/cached_tokens.rs`; the compiled front reads relayed replies with it).
+#[pyfunction]
+fn cached_tokens_in(pieces: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let mut watch = CachedTokens::new();
+    for piece in pieces.try_iter()? {
+        let piece = piece?;
+        let input = Input::get(&piece, "cached_tokens_in", "piece")?;
+        watch.feed(input.as_slice());
+    }
+    Ok(watch.finish())
+}
+
 // ---------------------------------------------------------------------------------------
 // rewrite_request
 
@@ -1287,6 +1301,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExtractedReply>()?;
     m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
     m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
+    m.add_function(wrap_pyfunction!(cached_tokens_in, m)?)?;
     Ok(())
 }
 

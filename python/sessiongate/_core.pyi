@@ -143,6 +143,10 @@ def extract_reply(body: Buffer) -> ExtractedReply:
 def rewrite_request(body: Buffer, fields: dict[str, Any]) -> bytes:
     """The request JSON with the top-level members in ``fields`` set (RequestRewriteError)."""
 
+def cached_tokens_in(pieces: Iterable[Buffer]) -> int | None:
+    """The first ``"cached_tokens"`` value of a reply given in pieces, None when there is
+    none or it is not a non-negative integer of at most 18 digits."""
+
 def decode_r3(data: str | Buffer, *, layers: int, topk: int) -> memoryview:
     """Base64 little-endian int32 R3 as a memoryview ``'i'`` of shape (n_tokens, layers, topk)."""
 
@@ -223,6 +227,20 @@ class EnginePolicy:
         """Engine ``index`` answered this request with a 200: its prompt is in the engine's
         cache (cache_aware counts a sent prefix as held from then on; the other policies
         ignore it). IndexError out of range."""
+    def held(self, index: int, headers: list[tuple[str, str]], body: bytes) -> int | None:
+        """Units of this request's prompt engine ``index`` is believed to hold (asked at the
+        pick), None unless cache_aware counts token ids. IndexError out of range."""
+    def cached(
+        self,
+        index: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        held: int,
+        cached_tokens: int,
+    ) -> int:
+        """Engine ``index`` answered with ``cached_tokens`` of the prompt from its cache,
+        against ``held`` at the pick: the units learned lost (forgotten least recently used
+        first), 0 when none. ValueError for a negative count."""
     def pick_keyed(self, headers: list[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
         """The engine and the request's sticky key (None without sticky sessions or a key)."""
     def sticky_key(self, headers: list[tuple[str, str]], body: bytes) -> str | None: ...

@@ -11,6 +11,10 @@ use super::{least, EngineStates, Material, Options, Policy, Request};
 /// What a unit to prefill costs against a unit of work in flight (`cache_aware.py` says why).
 const PREFILL_WEIGHT: u64 = 4;
 
+/// How far below the units an engine was believed to hold a reply's `cached_tokens` may be
+/// before the belief counts as wrong (`cache_aware.py` says why).
+const CACHED_SLACK: u64 = 64;
+
 /// (token ids?, adapter, extra_key): one tree each.
 type TreeKey = (bool, Option<Vec<u8>>, Option<Vec<u8>>);
 
@@ -212,6 +216,38 @@ impl Policy for CacheAware {
         if let Some(tree) = self.trees.get_mut(&key) {
             tree.mark_prefilled(&units, index);
         }
+    }
+
+    fn held(&self, index: usize, request: &Request<'_>) -> Option<u64> {
+        let material = request.material(self.gateway);
+        if self.gateway || material.ids.is_none() {
+            return None;
+        }
+        let (key, units) = self.key(material);
+        Some(
+            self.trees
+                .get(&key)
+                .map_or(0, |tree| tree.held(&units, index)),
+        )
+    }
+
+    fn cached(&mut self, index: usize, request: &Request<'_>, held: u64, cached: u64) -> u64 {
+        if held <= cached + CACHED_SLACK || self.held(index, request).is_none() {
+            return 0;
+        }
+        let (key, units) = self.key(request.material(self.gateway));
+        let mut ids = self.ids;
+        if let Some(tree) = self.trees.get_mut(&key) {
+            // The prompt is the engine's most recently used now, so the least recently
+            // used units that go for what it lost are never the prompt's own.
+            self.clock += 1;
+            self.total[index] += tree.insert(&units, index, self.clock, &mut ids);
+            let keep =
+                (tree.size[index] - (held - cached).min(tree.size[index])).max(units.len() as u64);
+            self.total[index] -= tree.evict(index, keep);
+        }
+        self.ids = ids;
+        held - cached
     }
 
     fn evict(&mut self, _now: f64) {

@@ -277,6 +277,17 @@ pub trait Policy: Send + Sync {
     /// Engine `index` answered `request` (a 200): its prompt is in the engine's cache (only
     /// cache_aware keeps anything of it).
     fn prefilled(&mut self, _index: usize, _request: &Request<'_>) {}
+    /// Units of `request`'s prompt the policy believes engine `index` holds, None when it
+    /// learns nothing from replies' `cached_tokens` (only cache_aware on token ids does).
+    fn held(&self, _index: usize, _request: &Request<'_>) -> Option<u64> {
+        None
+    }
+    /// Engine `index` answered `request` with `cached` of its prompt served from its cache,
+    /// where `held` was `held` at the pick (only cache_aware keeps anything of it): the
+    /// units the engine is learned to have lost, 0 when none.
+    fn cached(&mut self, _index: usize, _request: &Request<'_>, _held: u64, _cached: u64) -> u64 {
+        0
+    }
     /// Trim state; `now` is seconds on a monotonic clock.
     fn evict(&mut self, _now: f64) {}
 }
@@ -599,6 +610,22 @@ impl PolicyState {
         }
     }
 
+    /// See `Policy::held`; None for an index out of range.
+    pub fn held(&self, index: usize, request: &Request<'_>) -> Option<u64> {
+        (index < self.engines.len())
+            .then(|| self.policy.held(index, request))
+            .flatten()
+    }
+
+    /// See `Policy::cached`; an index out of range is ignored (0).
+    pub fn cached(&mut self, index: usize, request: &Request<'_>, held: u64, cached: u64) -> u64 {
+        if index < self.engines.len() {
+            self.policy.cached(index, request, held, cached)
+        } else {
+            0
+        }
+    }
+
     /// Whether `prefilled` is read: the callers skip it (and the body it needs) otherwise.
     pub fn learns_prefills(&self) -> bool {
         self.name == "cache_aware"
@@ -755,6 +782,36 @@ impl PyEnginePolicy {
         let index = self.check(index)?;
         self.state.prefilled(index, &Request::new(&headers, body));
         Ok(())
+    }
+
+    fn held(
+        &self,
+        index: i64,
+        headers: Vec<(String, String)>,
+        body: &[u8],
+    ) -> PyResult<Option<u64>> {
+        let index = self.check(index)?;
+        Ok(self.state.held(index, &Request::new(&headers, body)))
+    }
+
+    fn cached(
+        &mut self,
+        index: i64,
+        headers: Vec<(String, String)>,
+        body: &[u8],
+        held: i64,
+        cached_tokens: i64,
+    ) -> PyResult<u64> {
+        let index = self.check(index)?;
+        let count = |name: &str, n: i64| {
+            u64::try_from(n)
+                .map_err(|_| PyValueError::new_err(format!("{name} must be >= 0, got {n}")))
+        };
+        let held = count("held", held)?;
+        let cached_tokens = count("cached_tokens", cached_tokens)?;
+        Ok(self
+            .state
+            .cached(index, &Request::new(&headers, body), held, cached_tokens))
     }
 
     #[pyo3(signature = (index, key = None))]

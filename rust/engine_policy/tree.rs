@@ -125,6 +125,16 @@ impl PrefixTree {
         self.nodes[node].prefilled.contains(&engine)
     }
 
+    /// The units of `units` that `engine` holds: down to the deepest node on their path it
+    /// prefilled (`held` of the twin).
+    pub fn held(&self, units: &[u32], engine: usize) -> u64 {
+        self.walk(units)
+            .iter()
+            .rev()
+            .find(|&&(_, node)| self.prefilled(node, engine))
+            .map_or(0, |&(matched, _)| matched as u64)
+    }
+
     /// `engine` answered a request with prompt `units`: the nodes the prompt runs through
     /// whole, where the engine is a tenant, are prefilled there (`mark_prefilled` of the twin).
     pub fn mark_prefilled(&mut self, units: &[u32], engine: usize) {

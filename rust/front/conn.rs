@@ -23,6 +23,7 @@ use super::reply::{self, Framing};
 use super::route::{decide, has_session_header, target_path, Decision};
 use super::server::{OpenConnection, Shared};
 use super::upstream::{forward_headers, InFlight, Outgoing};
+use crate::cached_tokens::CachedTokens;
 
 /// A head this long without its end goes to Python, which has its own cap and 431.
 const MAX_HEAD: usize = 64 << 10;
@@ -266,7 +267,12 @@ impl Conn<'_> {
             let close = request.close || *self.shutdown.borrow();
             let (status, intact) = match result {
                 // The engine counts the request in flight until its reply is relayed.
-                Ok((reply, _in_flight)) => self.relay(reply, close).await,
+                Ok((reply, mut in_flight)) => {
+                    let mut watch = in_flight.cached_watch();
+                    let relayed = self.relay(reply, close, watch.as_mut()).await;
+                    in_flight.set_cached(watch.and_then(|w| w.finish()));
+                    relayed
+                }
                 Err(message) => (502, self.write_error(502, &message, close).await),
             };
             self.shared.stats.record(status, Some(started.elapsed()));
@@ -517,7 +523,13 @@ impl Conn<'_> {
 
     /// Relay an upstream reply; the status the client got, and whether the connection can
     /// carry another request.
-    async fn relay(&mut self, reply: Response<Incoming>, close: bool) -> (u16, bool) {
+    /// `watch` reads the body's `cached_tokens` on the way (`InFlight::cached_watch`).
+    async fn relay(
+        &mut self,
+        reply: Response<Incoming>,
+        close: bool,
+        mut watch: Option<&mut CachedTokens>,
+    ) -> (u16, bool) {
         let (parts, mut body) = reply.into_parts();
         let status = parts.status.as_u16();
         let framing = if reply::bodiless(status) {
@@ -572,6 +584,9 @@ impl Conn<'_> {
                     };
                     if data.is_empty() {
                         continue;
+                    }
+                    if let Some(watch) = watch.as_deref_mut().filter(|w| !w.done()) {
+                        watch.feed(&data);
                     }
                     if !hold && data.len() >= DIRECT_WRITE {
                         if chunked {

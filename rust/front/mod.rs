@@ -369,6 +369,7 @@ impl CompiledFront {
             entry.set_item("sent", state.sent)?;
             entry.set_item("circuit_breaker", state.circuit_breaker)?;
             entry.set_item("retries", state.retries)?;
+            entry.set_item("lost", state.lost)?;
             if let Some(error) = state.last_error {
                 entry.set_item("last_error", error)?;
             }

@@ -31,6 +31,7 @@ use super::reliability::{
     jitter_sample, retryable_status, state_name, Breaker, Config, HealthCounter, OPEN,
 };
 use super::siblings::{self, PromptKey, Role, Siblings};
+use crate::cached_tokens::CachedTokens;
 use crate::engine_policy::{LoadReport, Material, PolicyState, Request as RoutingRequest};
 use crate::hash::rendezvous_weight;
 
@@ -112,6 +113,8 @@ struct Upstream {
     probes: Mutex<HealthCounter>,
     /// Retries this engine caused (its connect errors, 429s and 503s).
     retries: AtomicU64,
+    /// Prompt tokens it was believed to hold and had lost, as replies' cached_tokens showed.
+    lost: AtomicU64,
 }
 
 /// One request to relay upstream.
@@ -133,6 +136,8 @@ pub struct UpstreamState {
     pub sent: u64,
     pub circuit_breaker: &'static str,
     pub retries: u64,
+    /// Prompt tokens it was believed to hold and had lost (`Upstream::lost`).
+    pub lost: u64,
 }
 
 pub struct Pool {
@@ -251,6 +256,7 @@ impl Pool {
                 breaker: Mutex::new(breaker),
                 probes: Mutex::new(probes),
                 retries: AtomicU64::new(retries),
+                lost: AtomicU64::new(kept.map_or(0, |up| up.lost.load(Relaxed))),
             });
         }
         let weights: Vec<u64> = upstreams
@@ -296,6 +302,7 @@ impl Pool {
                 sent: u.sent.load(Relaxed),
                 circuit_breaker: state_name(lock(&u.breaker).state(now)),
                 retries: u.retries.load(Relaxed),
+                lost: u.lost.load(Relaxed),
             })
             .collect()
     }
@@ -414,11 +421,23 @@ impl Pool {
             // The scan of a large body must not hold the other front threads up.
             view.material(text_with_ids);
         }
-        let (index, key) = lock(&self.state).pick_keyed(&view);
+        let (index, key, held) = {
+            let mut state = lock(&self.state);
+            let (index, key) = state.pick_keyed(&view);
+            // The belief at the pick, which the reply's cached_tokens is held against: by
+            // the reply, requests admitted with it may have been answered.
+            let held = if self.learns_prefills {
+                state.held(index, &view)
+            } else {
+                None
+            };
+            (index, key, held)
+        };
         let mut guard = self.in_flight(index, key);
         if self.learns_prefills {
             // Kept for `prefilled` at the answer, so the body is not read twice.
             guard.material = view.into_material();
+            guard.held = held;
         }
         guard
     }
@@ -433,6 +452,8 @@ impl Pool {
             key,
             sibling: None,
             material: None,
+            held: None,
+            cached: None,
             answered: false,
         }
     }
@@ -685,8 +706,25 @@ pub struct InFlight {
     /// The request's key material as its pick read it, when the policy learns from answers
     /// (`Pool::learns_prefills`).
     material: Option<Material>,
+    /// What the policy believed its engine held of the prompt at the pick (`Policy::held`),
+    /// when it learns from replies' `cached_tokens`.
+    held: Option<u64>,
+    /// The reply's `cached_tokens`, read as it was relayed.
+    cached: Option<u64>,
     /// Whether its engine answered with a 200: told to the policy when the reply is relayed.
     answered: bool,
+}
+
+impl InFlight {
+    /// A watch for the reply's `cached_tokens` when the policy would learn from it.
+    pub fn cached_watch(&self) -> Option<CachedTokens> {
+        (self.answered && self.held.is_some()).then(CachedTokens::new)
+    }
+
+    /// The reply's `cached_tokens`, told to the policy when the guard drops.
+    pub fn set_cached(&mut self, cached: Option<u64>) {
+        self.cached = cached;
+    }
 }
 
 impl Drop for InFlight {
@@ -697,7 +735,14 @@ impl Drop for InFlight {
         if let (true, Some(material)) = (self.answered, self.material.take()) {
             let headers = HeaderMap::new();
             let view = RoutingRequest::with_material(&headers, &[], material);
-            lock(&self.pool.state).prefilled(self.index, &view);
+            let mut state = lock(&self.pool.state);
+            if let (Some(held), Some(cached)) = (self.held, self.cached) {
+                let lost = state.cached(self.index, &view, held, cached);
+                self.pool.upstreams[self.index]
+                    .lost
+                    .fetch_add(lost, Relaxed);
+            }
+            state.prefilled(self.index, &view);
         }
         lock(&self.pool.state).finished(self.index, self.key.as_deref());
     }

@@ -295,3 +295,68 @@ def test_cache_aware_counts_a_prefix_once_an_engine_answered_it(impl: Any) -> No
     assert policy.pick([], third) == 0, "answered: the prefix is held there"
     with pytest.raises(IndexError):
         policy.prefilled(2, [], first)
+
+
+def _answered(policy: Any, ids: list[int]) -> int:
+    """One request picked, answered with its prompt prefilled, and finished."""
+    payload = body(input_ids=ids)
+    engine: int = policy.pick([], payload)
+    policy.started(engine)
+    policy.prefilled(engine, [], payload)
+    policy.finished(engine)
+    return engine
+
+
+@IMPLS
+def test_cache_aware_forgets_what_a_reply_shows_the_engine_lost(impl: Any) -> None:
+    """A reply whose cached_tokens falls more than 64 short of what the engine was believed
+    to hold at the pick: the engine lost that much, and as many of its least recently used
+    units leave the tree, never the answered prompt's own."""
+    policy = impl("cache_aware", URLS[:2])
+    shared = list(range(1000))
+    older, newer = [*shared, *range(5000, 6000)], [*shared, *range(7000, 8000)]
+    assert [_answered(policy, ids) for ids in (shared, list(range(20000, 21000)))] == [0, 1]
+    assert [_answered(policy, ids) for ids in (older, newer)] == [0, 0]
+    again = body(input_ids=[*newer, *range(9000, 9050)])
+    assert policy.pick([], again) == 0
+    held = policy.held(0, [], again)
+    assert held == 2000
+    policy.started(0)
+    assert policy.held(0, [], body(input_ids=older)) == 2000
+    # Within the slack (the prompt's last token, a page): nothing is forgotten.
+    policy.cached(0, [], again, held, held - 64)
+    assert policy.held(0, [], body(input_ids=older)) == 2000
+    policy.cached(0, [], again, held, 0)
+    policy.prefilled(0, [], again)
+    policy.finished(0)
+    assert policy.held(0, [], body(input_ids=older)) == 1000, "the oldest branch went"
+    assert policy.held(0, [], again) == 2050, "the answered prompt stays"
+
+
+@IMPLS
+def test_cache_aware_keeps_the_prompt_an_engine_lost_and_computed_again(impl: Any) -> None:
+    policy = impl("cache_aware", URLS[:2])
+    prompt = list(range(3000))
+    assert _answered(policy, prompt) == 0
+    longer = body(input_ids=[*prompt, *range(9000, 9100)])
+    assert policy.pick([], longer) == 0
+    policy.cached(0, [], longer, 3000, 0)
+    policy.prefilled(0, [], longer)
+    assert policy.held(0, [], longer) == 3100
+
+
+@IMPLS
+def test_cache_aware_learns_from_cached_tokens_on_token_ids_only(impl: Any) -> None:
+    """cached_tokens counts tokens: a tree of text (characters) holds no such figure, and
+    other policies keep no tree."""
+    policy = impl("cache_aware", URLS[:2])
+    assert policy.held(0, [], body(text="hello")) is None
+    assert policy.held(1, [], body(input_ids=[1, 2])) == 0
+    assert impl("round_robin", URLS[:2]).held(0, [], body(input_ids=[1, 2])) is None
+    assert impl("cache_aware_gateway", URLS[:2]).held(0, [], body(input_ids=[1])) is None
+    with pytest.raises(ValueError, match="cached_tokens must be >= 0, got -1"):
+        policy.cached(0, [], body(input_ids=[1]), 5, -1)
+    with pytest.raises(ValueError, match="held must be >= 0, got -2"):
+        policy.cached(0, [], body(input_ids=[1]), -2, 0)
+    with pytest.raises(IndexError):
+        policy.held(2, [], body(input_ids=[1]))

@@ -129,6 +129,14 @@ ops = st.one_of(
     st.tuples(st.just("prefilled"), st.integers(0, 4), headers, bodies()),
     # The engine of an earlier pick answers it (the n-th last one picked).
     st.tuples(st.just("answered"), st.integers(0, 4)),
+    # An earlier pick's reply says its cached_tokens, against the belief at its pick (None)
+    # or a made-up one large enough to drop units from the small trees drawn here.
+    st.tuples(
+        st.just("cached"),
+        st.integers(0, 4),
+        st.none() | st.sampled_from([0, 65, 70, 1000]),
+        st.sampled_from([0, 1, 5, 1000]),
+    ),
     st.tuples(st.just("load"), st.integers(0, 4), st.none() | st.integers(0, 20)),
     # GET /v1/loads reports: small figures so that scores tie; throughputs of 0 (unreported).
     st.tuples(
@@ -190,7 +198,18 @@ def test_rust_and_python_pick_alike(
     clock = 0.0
     running: list[tuple[int, str | None]] = []  # requests started, with their sticky keys
     answers: list[tuple[int, Any, bytes]] = []  # every pick: engine, headers, body
+    beliefs: list[int | None] = []  # every pick's `held` of its engine
     for op in script:
+        if op[0] == "cached":
+            if answers:
+                back = -1 - op[1] % len(answers)
+                engine, hdrs, body = answers[back]
+                held = beliefs[back] if op[2] is None else op[2]
+                if held is not None:
+                    rust.cached(engine, hdrs, body, held, op[3])
+                    py.cached(engine, hdrs, body, held, op[3])
+                    assert rust.held(engine, hdrs, body) == py.held(engine, hdrs, body)
+            continue
         if op[0] == "answered":
             if answers:
                 engine, hdrs, body = answers[-1 - op[1] % len(answers)]
@@ -204,6 +223,8 @@ def test_rust_and_python_pick_alike(
             assert (picked, key) == py.pick_keyed(hdrs, body), (hdrs, body)
             assert 0 <= picked < engines
             answers.append((picked, hdrs, body))
+            beliefs.append(rust.held(picked, hdrs, body))
+            assert beliefs[-1] == py.held(picked, hdrs, body)
             if start:
                 rust.started(picked, key)
                 py.started(picked, key)

@@ -75,6 +75,7 @@ from sessiongate.engines.reliability import (
 from sessiongate.engines.siblings import GENERATE_PATH, Key, Siblings
 from sessiongate.errors import Unavailable
 from sessiongate.hashing import rendezvous_weight
+from sessiongate.primitives import cached_tokens_in
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,14 @@ class NoEngine:
 
     def prefilled(self, index: int, headers: list[tuple[str, str]], body: bytes) -> None:
         pass
+
+    def held(self, index: int, headers: list[tuple[str, str]], body: bytes) -> int | None:
+        return None
+
+    def cached(
+        self, index: int, headers: list[tuple[str, str]], body: bytes, held: int, cached: int
+    ) -> int:
+        return 0
 
     def pick_keyed(self, headers: list[tuple[str, str]], body: bytes) -> tuple[int, str | None]:
         raise Unavailable(NO_ENGINE)
@@ -183,6 +192,9 @@ class EnginePool:
         # change of the engine set keeps the kept engines' counts: /metrics' per-engine
         # counter.
         self.sent: Counter[str] = Counter()
+        # Prompt tokens each engine was believed to hold and had lost, as replies'
+        # cached_tokens showed (cache_aware on token ids), by URL as `sent`.
+        self.lost: Counter[str] = Counter()
         self.health_interval = health_interval
         self.reliability = reliability or ReliabilityConfig()
         self.health_path = health_path or self.reliability.health_check_endpoint
@@ -658,6 +670,8 @@ class EnginePool:
         async def send(index: int) -> EngineReply:
             policy = self.engine_policy  # of this moment (a new engine set builds a new one)
             policy.started(index, key)
+            # The belief of the pick (no await since), held against the reply's cached_tokens.
+            held = policy.held(index, header_list, body)
             url = self.urls[index]
             try:
                 await self._enter_siblings(index, prompt, header_list)
@@ -668,6 +682,9 @@ class EnginePool:
                 finally:
                     written()
                 if reply.status == 200:
+                    cached = None if held is None else cached_tokens_in((reply.body,))
+                    if held is not None and cached is not None:
+                        self.lost[url] += policy.cached(index, header_list, body, held, cached)
                     # Its prompt is in the engine's cache now (cache_aware learns it).
                     policy.prefilled(index, header_list, body)
                 return reply
@@ -832,12 +849,12 @@ class EnginePool:
         return states
 
     def engine_counts(self) -> list[dict[str, object]]:
-        """`[{"url", "in_flight", "sent"}]` per engine of the set: requests in flight as the
-        engine policy counts them (from the pick until the reply is relayed) and requests
-        sent, for /metrics' per-engine gauges."""
+        """`[{"url", "in_flight", "sent", "lost"}]` per engine of the set: requests in flight
+        as the engine policy counts them (from the pick until the reply is relayed),
+        requests sent and prompt tokens learned lost, for /metrics' per-engine figures."""
         in_flight = self.engine_policy.in_flight
         return [
-            {"url": url, "in_flight": int(n), "sent": self.sent[url]}
+            {"url": url, "in_flight": int(n), "sent": self.sent[url], "lost": self.lost[url]}
             for url, n in zip(self.urls, in_flight, strict=True)
         ]
 

@@ -91,6 +91,8 @@ class EngineGauge:
     healthy: bool
     in_flight: int = 0
     sent: int = 0
+    # Prompt tokens the engine was believed to hold and had lost (replies' cached_tokens).
+    lost: int = 0
     # Held by a pause (docs/routing.md, "Weight versions and pauses"), and the weight
     # version the registry last learned (None: not known).
     paused: bool = False
@@ -121,6 +123,7 @@ def engine_gauges(
             if gauge is not None:
                 gauge.in_flight += int(entry.get("in_flight", 0))
                 gauge.sent += int(entry.get("sent", 0))
+                gauge.lost += int(entry.get("lost", 0))
     return list(gauges.values())
 
 
@@ -356,6 +359,14 @@ def _engine_families(lines: list[str], engines: Sequence[EngineGauge]) -> None:
         "Requests sent to the engine (each attempt, retries included), session turns and "
         "stateless requests alike.",
         [(lab, e.sent) for lab, e in zip(label, engines, strict=True)],
+    )
+    _family(
+        lines,
+        "sessiongate_engine_prefix_lost_tokens_total",
+        "counter",
+        "Prompt tokens cache_aware believed the engine held and the engine's reply showed it "
+        "had lost (its cached_tokens more than 64 short): what it then forgot of the engine.",
+        [(lab, e.lost) for lab, e in zip(label, engines, strict=True)],
     )
     _family(
         lines,

@@ -44,6 +44,7 @@ __all__ = [
     "HeaderStamper",
     "ReplyContractError",
     "RequestRewriteError",
+    "cached_tokens_in",
     "decode_envelope",
     "decode_r3",
     "encode_envelope",
@@ -74,6 +75,7 @@ _API = (
     "ExtractedReply",
     "FrameDecoder",
     "HeaderStamper",
+    "cached_tokens_in",
     "decode_envelope",
     "decode_r3",
     "extract_reply",
@@ -150,7 +152,13 @@ if TYPE_CHECKING:
         encode_frame,
         encode_frame_header,
     )
-    from ._py_relay import ExtractedReply, decode_r3, extract_reply, rewrite_request
+    from ._py_relay import (
+        ExtractedReply,
+        cached_tokens_in,
+        decode_r3,
+        extract_reply,
+        rewrite_request,
+    )
     from ._py_shard import (
         MAX_SESSION_ID_LEN,
         new_session_id,
@@ -182,5 +190,6 @@ else:
     decode_r3 = _active.decode_r3
     extract_reply = _active.extract_reply
     rewrite_request = _active.rewrite_request
+    cached_tokens_in = _active.cached_tokens_in
     HeaderStamper = _active.HeaderStamper
     nvext_session_control = _active.nvext_session_control

@@ -8,6 +8,8 @@ re-serialized here, spliced there, and parse equal. See docs/relay.md.
   ``sessiongate.session.reply.parse_reply``, raised as :class:`ReplyContractError`.
 - :func:`rewrite_request`: the request body with top-level members set.
 - :func:`decode_r3`: base64 R3 to an int32 memoryview ``(n_tokens, layers, topk)``.
+- :func:`cached_tokens_in`: the first ``"cached_tokens"`` value of a reply given in pieces
+  (``rust/cached_tokens.rs``, the watch the compiled front reads relayed replies with).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import operator
 import re
 import sys
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 from ._py_bytes import byte_view as _view
 from .errors import ReplyContractError, RequestRewriteError
 
-__all__ = ["ExtractedReply", "decode_r3", "extract_reply", "rewrite_request"]
+__all__ = ["ExtractedReply", "cached_tokens_in", "decode_r3", "extract_reply", "rewrite_request"]
 
 # Members of `meta_info` that only the trainer needs; they can be hundreds of MiB.
 RECORD_ONLY_META_KEYS = ("routed_experts", "indexer_topk")
@@ -423,3 +426,36 @@ def decode_r3(data: str | _BytesLike, *, layers: int, topk: int) -> memoryview:
     if tokens == 0:
         return memoryview(decoded).cast("i")
     return memoryview(decoded).cast("i", (tokens, n_layers, n_topk))
+
+
+_CACHED_KEY = b'"cached_tokens"'
+_JSON_SPACE = b" \t\n\r"
+# More digits may not fit the twin's u64: not a count of tokens.
+_MAX_CACHED_DIGITS = 18
+
+
+def cached_tokens_in(pieces: Iterable[_BytesLike]) -> int | None:
+    """The value of the first `"cached_tokens"` key (the quoted name, then a colon) in the
+    pieces read in order; None when there is none or its value is not a non-negative
+    integer of at most 18 digits. No parse: inside a JSON string every quote is escaped, so
+    the key followed by a colon is a key."""
+    body = b"".join(_view(piece, "cached_tokens_in", "piece") for piece in pieces)
+    start = 0
+    while (found := body.find(_CACHED_KEY, start)) >= 0:
+        at = found + len(_CACHED_KEY)
+        while at < len(body) and body[at] in _JSON_SPACE:
+            at += 1
+        if at < len(body) and body[at] == ord(":"):
+            break
+        start = at  # a string "cached_tokens" that is not a key: search on
+    else:
+        return None
+    at += 1
+    while at < len(body) and body[at] in _JSON_SPACE:
+        at += 1
+    end = at
+    while end < len(body) and 0x30 <= body[end] <= 0x39:
+        end += 1
+    if end == at or end - at > _MAX_CACHED_DIGITS or body[end : end + 1] in (b".", b"e", b"E"):
+        return None
+    return int(body[at:end])

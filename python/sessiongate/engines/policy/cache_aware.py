@@ -38,7 +38,11 @@ Where `cache_aware` departs from the Gateway:
   prefills it. On the routing-quality bench's multi-turn variant the tree sent a few
   agents arriving together to the engine just sent the shared system prompt, and each
   prefilled it; counted from the answer, they spread over the engines, each of which
-  computes it once.
+  computes it once;
+- a reply whose `cached_tokens` falls more than CACHED_SLACK short of what the engine was
+  believed at the pick to hold of the prompt (`held`, `cached`) shows the engine evicted:
+  the tree forgets as many of the engine's least recently used units, never the answered
+  prompt's (docs/routing.md, "What a reply's cached_tokens teaches").
 
 Why PREFILL_WEIGHT is 4: with 1 the cost is this request's own finish time, and a second
 sample of a group arriving while the first still prefills ties with an idle engine that must
@@ -67,6 +71,10 @@ TreeKey = tuple[bool, str | None, str | None]
 
 # What a unit to prefill costs against a unit of work in flight (the docstring says why 4).
 PREFILL_WEIGHT = 4
+# How far below the units an engine was believed to hold a reply's `cached_tokens` may be
+# before the belief counts as wrong: SGLang never serves a prompt's last token from the
+# cache, and with a page size above 1 it matches whole pages only (up to 64 tokens).
+CACHED_SLACK = 64
 
 
 def gateway_units(material: KeyMaterial) -> str:
@@ -175,6 +183,35 @@ class CacheAware:
         tree = self.trees.get(tree_key)
         if tree is not None:
             tree.mark_prefilled(units, index)
+
+    def held(self, index: int, request: RoutingRequest) -> int | None:
+        """Units of `request`'s prompt engine `index` is believed to hold (what it
+        prefilled); None unless the tree counts token ids, the unit of `cached_tokens`."""
+        material = request.material
+        if self.gateway or material.ids is None:
+            return None
+        tree = self.trees.get(self._key(material)[0])
+        return 0 if tree is None else tree.held(material.ids, index)
+
+    def cached(self, index: int, request: RoutingRequest, held: int, cached: int) -> int:
+        """Engine `index` answered `request` with `cached` prompt tokens from its cache,
+        where it was believed at the pick to hold `held`: when that is more than
+        CACHED_SLACK short, the engine lost at least `held - cached` units, and as many
+        of its least recently used units leave the tree (SGLang's own eviction order),
+        never the prompt's own (the engine has just computed it). The units learned lost,
+        0 when none."""
+        if held <= cached + CACHED_SLACK or self.held(index, request) is None:
+            return 0
+        tree_key, units = self._key(request.material)
+        tree = self.trees.get(tree_key)
+        if tree is not None:
+            # The prompt is the engine's most recently used now, so the least recently
+            # used units that go for what it lost are never the prompt's own.
+            self.clock += 1
+            self.total[index] += tree.insert(units, index, self.clock)
+            keep = max(tree.size[index] - (held - cached), len(units))
+            self.total[index] -= tree.evict(index, keep)
+        return held - cached
 
     def _cost(self, i: int, uncached: int, engines: EngineStates) -> tuple[int, int, int, int]:
         return (

@@ -97,6 +97,35 @@ class EnginePolicy:
         if isinstance(self.policy, CacheAware):
             self.policy.prefilled(index, RoutingRequest(headers, body))
 
+    def held(self, index: int, headers: Sequence[tuple[str, str]], body: bytes) -> int | None:
+        """Units of this request's prompt engine `index` is believed to hold, asked at the
+        pick and handed back to `cached` with the reply's `cached_tokens`; None when the
+        policy learns nothing from replies (all but cache_aware on token ids)."""
+        self._check(index)
+        if isinstance(self.policy, CacheAware):
+            return self.policy.held(index, RoutingRequest(headers, body))
+        return None
+
+    def cached(
+        self,
+        index: int,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        held: int,
+        cached_tokens: int,
+    ) -> int:
+        """Engine `index` answered this request with `cached_tokens` of its prompt from its
+        cache, where `held` said `held` at the pick (cache_aware drops what the engine
+        lost; call it before `prefilled`). The units the engine is learned to have lost
+        (0: none, or within the slack)."""
+        self._check(index)
+        for name, value in (("held", held), ("cached_tokens", cached_tokens)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if isinstance(self.policy, CacheAware):
+            return self.policy.cached(index, RoutingRequest(headers, body), held, cached_tokens)
+        return 0
+
     def started(self, index: int, key: str | None = None) -> None:
         """A request is sent to `index` (`key`: its sticky key from `pick_keyed`)."""
         self._check(index)

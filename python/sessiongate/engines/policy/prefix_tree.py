@@ -99,6 +99,14 @@ class PrefixTree:
         self.size[engine] += added
         return added
 
+    def held(self, units: Units, engine: int) -> int:
+        """The units of `units` that `engine` holds: down to the deepest node on their path
+        it prefilled."""
+        for matched, node in reversed(self.match(units)):
+            if engine in node.prefilled:
+                return matched
+        return 0
+
     def mark_prefilled(self, units: Units, engine: int) -> None:
         """`engine` answered a request with prompt `units`: the nodes the prompt runs through
         whole, where the engine is a tenant, are prefilled there."""
