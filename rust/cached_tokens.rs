@@ -1,5 +1,5 @@
 //! The first `"cached_tokens": <int>` of a reply, read piece by piece as the reply is relayed
-//! (twin: `cached_tokens_in` of `python/sessiongate/primitives/_py_relay.py`).
+//! (twin: `CachedTokensWatch` of `python/sessiongate/primitives/_py_relay.py`).
 //!
 //! cache_aware learns from it which prefixes an engine lost (docs/routing.md, "What a reply's
 //! cached_tokens teaches"). SGLang writes it in `meta_info` of `/generate` (every chunk of a

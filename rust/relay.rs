@@ -991,6 +991,42 @@ fn cached_tokens_in(pieces: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
     Ok(watch.finish())
 }
 
+/// `CachedTokensWatch` of the twin: the same watch fed piece by piece (the Python pools'
+/// streamed replies).
+#[pyclass(name = "CachedTokensWatch", module = "sessiongate._core")]
+struct PyCachedTokensWatch {
+    // Boxed: the memmem searcher holds 32-byte-aligned SIMD state, and a pyclass's storage
+    // is not aligned past 16 bytes (a misaligned AVX load crashes).
+    watch: Box<CachedTokens>,
+}
+
+#[pymethods]
+impl PyCachedTokensWatch {
+    #[new]
+    fn new() -> Self {
+        Self {
+            watch: Box::new(CachedTokens::new()),
+        }
+    }
+
+    fn feed(&mut self, piece: &Bound<'_, PyAny>) -> PyResult<()> {
+        let input = Input::get(piece, "feed", "piece")?;
+        if !self.watch.done() {
+            self.watch.feed(input.as_slice());
+        }
+        Ok(())
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.watch.done()
+    }
+
+    fn finish(&self) -> Option<u64> {
+        self.watch.finish()
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // rewrite_request
 
@@ -1302,6 +1338,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
     m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
     m.add_function(wrap_pyfunction!(cached_tokens_in, m)?)?;
+    m.add_class::<PyCachedTokensWatch>()?;
     Ok(())
 }
 

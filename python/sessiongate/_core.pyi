@@ -147,6 +147,17 @@ def cached_tokens_in(pieces: Iterable[Buffer]) -> int | None:
     """The first ``"cached_tokens"`` value of a reply given in pieces, None when there is
     none or it is not a non-negative integer of at most 18 digits."""
 
+@final
+class CachedTokensWatch:
+    """The same watch fed piece by piece: ``finish()`` once the reply has ended."""
+
+    def __init__(self) -> None: ...
+    def feed(self, piece: Buffer) -> None: ...
+    @property
+    def done(self) -> bool:
+        """Whether the value is known (or known to be absent): later pieces are not read."""
+    def finish(self) -> int | None: ...
+
 def decode_r3(data: str | Buffer, *, layers: int, topk: int) -> memoryview:
     """Base64 little-endian int32 R3 as a memoryview ``'i'`` of shape (n_tokens, layers, topk)."""
 

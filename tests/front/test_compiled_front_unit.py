@@ -85,6 +85,7 @@ def test_stateless_post_is_relayed_byte_exactly(upstream: Upstream, make_front: 
             "sent": 1,
             "circuit_breaker": "closed",
             "retries": 0,
+            "lost": 0,
         }
     ]
 

@@ -279,6 +279,18 @@ def test_routed_experts_in_meta_info(engine: ServerProcess) -> None:
     assert len(raw) == (3 + 4 - 1) * L * K * 4
 
 
+def test_cached_tokens_come_before_routed_experts(engine: ServerProcess) -> None:
+    # tokenizer_manager.py `_handle_batch_output`: `meta_info.update({..., "cached_tokens"})`
+    # runs before `meta_info["routed_experts"] = ...`, so in the reply's bytes the count
+    # precedes the R3 string: the compiled front's watch for it (rust/cached_tokens.rs)
+    # stops before the bulk, whole or streamed.
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}
+    for stream in (False, True):
+        raw = gen(engine, {**body, "return_routed_experts": True, "stream": stream}).content
+        assert raw.count(b'"routed_experts"') == 1, "only the last chunk carries R3"
+        assert 0 <= raw.find(b'"cached_tokens"') < raw.find(b'"routed_experts"')
+
+
 def test_routed_experts_start_len_out_of_range(engine: ServerProcess) -> None:
     # scheduler.py `handle_generate_request` -> tokenizer_manager.py
     # `_handle_abort_finish_reason`: a 400 ValueError for a non-stream request.

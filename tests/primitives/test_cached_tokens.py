@@ -81,3 +81,14 @@ def test_sglang_replies(impl: object) -> None:
     assert read([bytearray(b'{"cached_tokens":'), memoryview(b"8}")]) == 8
     with pytest.raises(TypeError, match="cached_tokens_in\\(\\) argument 'piece' must be"):
         read([b"x", "text"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=cut())
+def test_watches_fed_piece_by_piece_agree(pieces: list[bytes]) -> None:
+    rust, py = RUST.CachedTokensWatch(), PY.CachedTokensWatch()
+    for piece in pieces:
+        rust.feed(piece)
+        py.feed(memoryview(piece))
+        assert rust.done == py.done
+    assert rust.finish() == py.finish() == PY.cached_tokens_in([b"".join(pieces)])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from sessiongate.errors import UpstreamError
 from sessiongate.http.client import ConnectFailed, HttpClient, HttpError, Response
 from sessiongate.http.forwarding import forwardable_headers, relayable_reply_headers
+from sessiongate.primitives import CachedTokensWatch
 
 # Largest upstream reply a worker buffers, R3 included: ~6x a 128k-token turn of a
 # 61-layer top-8 model (250 MB raw, 333 MB of base64). Past it the reply is a 502: a body is
@@ -67,11 +68,19 @@ class EngineStream:
     exchange: contextlib.AsyncExitStack
     timeout: float
     _closed: bool = field(default=False)
+    # Reads the body's cached_tokens on the way when the engine policy learns from it (the
+    # pool sets it; engines/pool.py).
+    watch: CachedTokensWatch | None = None
+
+    def _seen(self, chunk: bytes) -> None:
+        if self.watch is not None and not self.watch.done:
+            self.watch.feed(chunk)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             async with asyncio.timeout(self.timeout):
                 async for chunk in self.response.iter_raw():
+                    self._seen(chunk)
                     yield chunk
         except (HttpError, OSError, TimeoutError):
             # The client already has the status line; ending the body early is all we can do.
@@ -85,6 +94,7 @@ class EngineStream:
         try:
             async with asyncio.timeout(self.timeout):
                 async for chunk in self.response.iter_raw():
+                    self._seen(chunk)
                     yield chunk
         except (HttpError, OSError, TimeoutError) as exc:
             detail = str(exc) or type(exc).__name__
@@ -105,7 +115,9 @@ class EngineStream:
     async def read_all(self) -> bytes:
         try:
             async with asyncio.timeout(self.timeout):
-                return await self.response.read()
+                body = await self.response.read()
+                self._seen(body)
+                return body
         except (HttpError, OSError, TimeoutError) as exc:
             raise UpstreamError(f"upstream transport error while reading the reply: {exc}") from exc
         finally:

@@ -75,7 +75,7 @@ from sessiongate.engines.reliability import (
 from sessiongate.engines.siblings import GENERATE_PATH, Key, Siblings
 from sessiongate.errors import Unavailable
 from sessiongate.hashing import rendezvous_weight
-from sessiongate.primitives import cached_tokens_in
+from sessiongate.primitives import CachedTokensWatch
 
 logger = logging.getLogger(__name__)
 
@@ -682,9 +682,10 @@ class EnginePool:
                 finally:
                     written()
                 if reply.status == 200:
-                    cached = None if held is None else cached_tokens_in((reply.body,))
-                    if held is not None and cached is not None:
-                        self.lost[url] += policy.cached(index, header_list, body, held, cached)
+                    if held is not None:
+                        watch = CachedTokensWatch()
+                        watch.feed(reply.body)
+                        self._learn(policy, index, url, header_list, body, held, watch)
                     # Its prompt is in the engine's cache now (cache_aware learns it).
                     policy.prefilled(index, header_list, body)
                 return reply
@@ -697,6 +698,22 @@ class EnginePool:
             pass
 
         return await self._with_retries(root_id, header_list, body, send, discard)
+
+    def _learn(
+        self,
+        policy: EnginePolicy | NoEngine,
+        index: int,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        held: int,
+        watch: CachedTokensWatch,
+    ) -> None:
+        """Tell the policy the reply's cached_tokens against `held`, its belief at the pick
+        (docs/routing.md, "What a reply's cached_tokens teaches"); count what was lost."""
+        cached = watch.finish()
+        if cached is not None:
+            self.lost[url] += policy.cached(index, headers, body, held, cached)
 
     async def _post_json(
         self,
@@ -763,6 +780,8 @@ class EnginePool:
             # moment (a change of the engine set builds a new one).
             policy = self.engine_policy
             policy.started(index, key)
+            # The belief of the pick (no await since), held against the reply's cached_tokens.
+            held = policy.held(index, header_list, body)
             url = self.urls[index]
             written: Callable[[], None] | None = None
             try:
@@ -785,6 +804,12 @@ class EnginePool:
             if stream.status == 200:
                 # Told when the stream ends: its head can come before the prefill.
                 stream.exchange.callback(policy.prefilled, index, header_list, body)
+                if held is not None:
+                    # Registered last, so it runs first: the loss is told before `prefilled`.
+                    stream.watch = watch = CachedTokensWatch()
+                    stream.exchange.callback(
+                        self._learn, policy, index, url, header_list, body, held, watch
+                    )
             if prompt is not None:
                 stream.exchange.callback(self.siblings.leave, url, prompt)
             self._answered_by(client, stream.status)

@@ -36,6 +36,7 @@ __all__ = [
     "IMPL",
     "MAX_SESSION_ID_LEN",
     "BytesSink",
+    "CachedTokensWatch",
     "ExtractedReply",
     "FrameCorrupt",
     "FrameDecoder",
@@ -72,6 +73,7 @@ _API = (
     "FRAME_REQUEST",
     "MAX_SESSION_ID_LEN",
     "BytesSink",
+    "CachedTokensWatch",
     "ExtractedReply",
     "FrameDecoder",
     "HeaderStamper",
@@ -153,6 +155,7 @@ if TYPE_CHECKING:
         encode_frame_header,
     )
     from ._py_relay import (
+        CachedTokensWatch,
         ExtractedReply,
         cached_tokens_in,
         decode_r3,
@@ -191,5 +194,6 @@ else:
     extract_reply = _active.extract_reply
     rewrite_request = _active.rewrite_request
     cached_tokens_in = _active.cached_tokens_in
+    CachedTokensWatch = _active.CachedTokensWatch
     HeaderStamper = _active.HeaderStamper
     nvext_session_control = _active.nvext_session_control

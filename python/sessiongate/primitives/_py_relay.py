@@ -8,8 +8,9 @@ re-serialized here, spliced there, and parse equal. See docs/relay.md.
   ``sessiongate.session.reply.parse_reply``, raised as :class:`ReplyContractError`.
 - :func:`rewrite_request`: the request body with top-level members set.
 - :func:`decode_r3`: base64 R3 to an int32 memoryview ``(n_tokens, layers, topk)``.
-- :func:`cached_tokens_in`: the first ``"cached_tokens"`` value of a reply given in pieces
-  (``rust/cached_tokens.rs``, the watch the compiled front reads relayed replies with).
+- :class:`CachedTokensWatch`, :func:`cached_tokens_in`: the first ``"cached_tokens"`` value
+  of a reply read piece by piece (``rust/cached_tokens.rs``, the watch the compiled front
+  reads relayed replies with).
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from typing import Any
 from ._py_bytes import byte_view as _view
 from .errors import ReplyContractError, RequestRewriteError
 
-__all__ = ["ExtractedReply", "cached_tokens_in", "decode_r3", "extract_reply", "rewrite_request"]
+__all__ = [
+    "CachedTokensWatch",
+    "ExtractedReply",
+    "cached_tokens_in",
+    "decode_r3",
+    "extract_reply",
+    "rewrite_request",
+]
 
 # Members of `meta_info` that only the trainer needs; they can be hundreds of MiB.
 RECORD_ONLY_META_KEYS = ("routed_experts", "indexer_topk")
@@ -430,32 +438,102 @@ def decode_r3(data: str | _BytesLike, *, layers: int, topk: int) -> memoryview:
 
 _CACHED_KEY = b'"cached_tokens"'
 _JSON_SPACE = b" \t\n\r"
-# More digits may not fit the twin's u64: not a count of tokens.
+# More digits may not fit the core's u64: not a count of tokens.
 _MAX_CACHED_DIGITS = 18
+_DIGITS = b"0123456789"
+# The watch's states (rust/cached_tokens.rs): looking for the key, after it, after its
+# colon, in the value's digits, done.
+_SEARCH, _KEY, _COLON, _VALUE, _DONE = range(5)
+
+
+class CachedTokensWatch:
+    """The first `"cached_tokens"` value (the quoted name, then a colon) of a reply fed
+    piece by piece: `finish()` is it, None when there is none or it is not a non-negative
+    integer of at most 18 digits. No parse: inside a JSON string every quote is escaped,
+    so the key followed by a colon is a key. `done` once known; later pieces are not read."""
+
+    def __init__(self) -> None:
+        self._state = _SEARCH
+        self._held = 0  # bytes of the key that ended the last piece
+        self._value = 0
+        self._digits = 0
+        self._result: int | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._state == _DONE
+
+    def feed(self, piece: _BytesLike) -> None:
+        data = _view(piece, "feed", "piece").tobytes() if type(piece) is not bytes else piece
+        i, end = 0, len(data)
+        while i < end and self._state != _DONE:
+            if self._state == _SEARCH:
+                if self._held:
+                    want = _CACHED_KEY[self._held :]
+                    have = data[i : i + len(want)]
+                    if want.startswith(have):
+                        i += len(have)
+                        if len(have) == len(want):
+                            self._state, self._held = _KEY, 0
+                        else:
+                            self._held += len(have)
+                        continue
+                    # The key's only quotes are its first and last byte: search afresh.
+                    self._held = 0
+                found = data.find(_CACHED_KEY, i)
+                if found < 0:
+                    self._held = _tail_match(data[max(i, end - len(_CACHED_KEY) + 1) :])
+                    return
+                i, self._state = found + len(_CACHED_KEY), _KEY
+            elif self._state == _KEY:
+                byte = data[i]
+                if byte == 0x3A:  # ':'
+                    self._state = _COLON
+                    i += 1
+                elif byte in _JSON_SPACE:
+                    i += 1
+                else:
+                    self._state = _SEARCH  # a string "cached_tokens" that is not a key
+            elif self._state == _COLON:
+                byte = data[i]
+                if byte in _JSON_SPACE:
+                    i += 1
+                elif byte in _DIGITS:
+                    self._state, self._value, self._digits = _VALUE, 0, 0
+                else:
+                    self._state = _DONE
+            else:
+                byte = data[i]
+                if byte in _DIGITS:
+                    if self._digits == _MAX_CACHED_DIGITS:
+                        self._state = _DONE
+                    else:
+                        self._value = self._value * 10 + byte - 0x30
+                        self._digits += 1
+                    i += 1
+                elif byte in b".eE":
+                    self._state = _DONE  # a float is not a count
+                else:
+                    self._state, self._result = _DONE, self._value
+
+    def finish(self) -> int | None:
+        """The value once the reply has ended (or as soon as known)."""
+        if self._state == _VALUE:
+            return self._value
+        return self._result
+
+
+def _tail_match(data: bytes) -> int:
+    """How many leading bytes of the key end `data` (a cut key starts at its one quote)."""
+    tail = data[-(len(_CACHED_KEY) - 1) :]
+    at = tail.rfind(b'"')
+    return len(tail) - at if at >= 0 and _CACHED_KEY.startswith(tail[at:]) else 0
 
 
 def cached_tokens_in(pieces: Iterable[_BytesLike]) -> int | None:
-    """The value of the first `"cached_tokens"` key (the quoted name, then a colon) in the
-    pieces read in order; None when there is none or its value is not a non-negative
-    integer of at most 18 digits. No parse: inside a JSON string every quote is escaped, so
-    the key followed by a colon is a key."""
-    body = b"".join(_view(piece, "cached_tokens_in", "piece") for piece in pieces)
-    start = 0
-    while (found := body.find(_CACHED_KEY, start)) >= 0:
-        at = found + len(_CACHED_KEY)
-        while at < len(body) and body[at] in _JSON_SPACE:
-            at += 1
-        if at < len(body) and body[at] == ord(":"):
-            break
-        start = at  # a string "cached_tokens" that is not a key: search on
-    else:
-        return None
-    at += 1
-    while at < len(body) and body[at] in _JSON_SPACE:
-        at += 1
-    end = at
-    while end < len(body) and 0x30 <= body[end] <= 0x39:
-        end += 1
-    if end == at or end - at > _MAX_CACHED_DIGITS or body[end : end + 1] in (b".", b"e", b"E"):
-        return None
-    return int(body[at:end])
+    """The value of the first `"cached_tokens"` key in the pieces read in order
+    (`CachedTokensWatch`)."""
+    watch = CachedTokensWatch()
+    for piece in pieces:
+        watch.feed(_view(piece, "cached_tokens_in", "piece"))
+    return watch.finish()
