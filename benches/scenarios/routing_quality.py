@@ -49,9 +49,11 @@ makespan at least as good as `client:rr`'s.
 Figures per arm: prefix-cache hit rate (1 - the prompt tokens the engines prefilled over
 the prompt tokens sent, from the engines' counters, so a router's own requests such as
 sessiongate's sibling warm-ups are paid for; `reply_hit_rate` in the JSON is the replies'
-`cached_tokens` over the prompt tokens), re-prefilled tokens, the share of GRPO groups kept
-on one engine, load imbalance (max/mean of per-engine work, prefilled plus generated tokens, and of
-time-averaged in-flight from the engines' counters), mean step makespan (wall), the busy
+`cached_tokens` over the prompt tokens, and `lost_tokens` for sessiongate's arms the prompt
+tokens its cache_aware learned the engines had lost), re-prefilled tokens, the share of GRPO
+groups kept on one engine, load imbalance (max/mean of per-engine work, prefilled plus
+generated tokens, and of time-averaged in-flight from the engines' counters), mean step
+makespan (wall), the busy
 makespan (per step, the busiest engine's modelled step time, which leaves the host's own
 CPU time out), and the router's added p50 on small idle requests. docs/performance.md,
 "Routing quality", has the figures.
@@ -318,10 +320,24 @@ async def run_arm(
                     outcome.engine = served.get(outcome.rid, -1)
         after = await engine_stats(client, target.engines)
         added = await added_p50(client, target)
+        lost = await lost_tokens(client, target)
     prefilled = [
         a["prefilled_tokens"] - b["prefilled_tokens"] for a, b in zip(after, start, strict=True)
     ]
-    return summarise(target, sent, outcomes, makespans, busy, after, added, prefilled)
+    row = summarise(target, sent, outcomes, makespans, busy, after, added, prefilled)
+    if lost is not None:
+        row["lost_tokens"] = float(lost)
+    return row
+
+
+async def lost_tokens(client: httpx.AsyncClient, target: Target) -> int | None:
+    """Prompt tokens a sessiongate arm's cache_aware learned lost from replies'
+    `cached_tokens` (its `/metrics`), None for the other arms."""
+    if target.router is None or not target.name.startswith("sg:"):
+        return None
+    text = (await client.get(f"{target.router}/metrics")).text
+    counts = re.findall(r"^sessiongate_engine_prefix_lost_tokens_total\{[^}]*\} (\d+)$", text, re.M)
+    return sum(int(n) for n in counts)
 
 
 def multiturn_steps(
