@@ -828,7 +828,8 @@ impl PyEnginePolicy {
         cached_tokens: Option<i64>,
         key: Option<&str>,
     ) -> PyResult<()> {
-        let _ = cached_tokens; // accepted for the callers' accounting; no policy uses it yet
+        // Accepted, not read: a reply's cached_tokens reaches the policy through `cached`.
+        let _ = cached_tokens;
         let index = self.check(index)?;
         self.state.finished(index, key);
         Ok(())

@@ -136,9 +136,9 @@ class EnginePolicy:
     def finished(
         self, index: int, cached_tokens: int | None = None, key: str | None = None
     ) -> None:
-        """A request on `index` is done (`cached_tokens`, when the reply said, is accepted
-        for the callers' accounting; no policy decides on it yet; `key`: the sticky key it
-        started with)."""
+        """A request on `index` is done (`key`: the sticky key it started with).
+        `cached_tokens` is accepted and not read here: a reply's cached_tokens reaches the
+        policy through `cached`, against the belief `held` gave at the pick."""
         self._check(index)
         if key is not None and self.sticky is not None:
             self.sticky.finished(key, index)
