@@ -152,22 +152,22 @@ fn tail_match(piece: &[u8]) -> usize {
     }
 }
 
-/// The value of the first `"cached_tokens"` key in `pieces` read in order, None when there
-/// is none or it is not a non-negative integer of at most 18 digits.
-pub fn cached_tokens_in<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Option<u64> {
-    let mut watch = CachedTokens::new();
-    for piece in pieces {
-        watch.feed(piece);
-        if watch.done() {
-            break;
-        }
-    }
-    watch.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The value of the first `"cached_tokens"` key in `pieces` read in order, None when there
+    /// is none or it is not a non-negative integer of at most 18 digits.
+    fn cached_tokens_in<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Option<u64> {
+        let mut watch = CachedTokens::new();
+        for piece in pieces {
+            watch.feed(piece);
+            if watch.done() {
+                break;
+            }
+        }
+        watch.finish()
+    }
 
     fn every_split(body: &[u8]) -> Vec<Option<u64>> {
         let mut seen = vec![cached_tokens_in([body])];

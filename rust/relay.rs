@@ -978,19 +978,6 @@ pub(crate) fn json_reject(py: Python<'_>, body: &Bound<'_, PyAny>) -> PyResult<O
         .map(|r| format!("{} at byte {}", r.why, r.at)))
 }
 
-/// `cached_tokens_in` of the twin: the first `"cached_tokens"` value of a reply given in
-/// pieces (`rust/cached_tokens.rs`; the compiled front reads relayed replies with it).
-#[pyfunction]
-fn cached_tokens_in(pieces: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
-    let mut watch = CachedTokens::new();
-    for piece in pieces.try_iter()? {
-        let piece = piece?;
-        let input = Input::get(&piece, "cached_tokens_in", "piece")?;
-        watch.feed(input.as_slice());
-    }
-    Ok(watch.finish())
-}
-
 /// `CachedTokensWatch` of the twin: the same watch fed piece by piece (the Python pools'
 /// streamed replies).
 #[pyclass(name = "CachedTokensWatch", module = "sessiongate._core")]
@@ -1337,7 +1324,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ExtractedReply>()?;
     m.add_function(wrap_pyfunction!(extract_reply, m)?)?;
     m.add_function(wrap_pyfunction!(rewrite_request, m)?)?;
-    m.add_function(wrap_pyfunction!(cached_tokens_in, m)?)?;
     m.add_class::<PyCachedTokensWatch>()?;
     Ok(())
 }

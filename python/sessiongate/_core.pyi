@@ -143,10 +143,6 @@ def extract_reply(body: Buffer) -> ExtractedReply:
 def rewrite_request(body: Buffer, fields: dict[str, Any]) -> bytes:
     """The request JSON with the top-level members in ``fields`` set (RequestRewriteError)."""
 
-def cached_tokens_in(pieces: Iterable[Buffer]) -> int | None:
-    """The first ``"cached_tokens"`` value of a reply given in pieces, None when there is
-    none or it is not a non-negative integer of at most 18 digits."""
-
 @final
 class CachedTokensWatch:
     """The same watch fed piece by piece: ``finish()`` once the reply has ended."""

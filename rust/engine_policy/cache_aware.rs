@@ -232,7 +232,10 @@ impl Policy for CacheAware {
     }
 
     fn cached(&mut self, index: usize, request: &Request<'_>, held: u64, cached: u64) -> u64 {
-        if held <= cached + CACHED_SLACK || self.held(index, request).is_none() {
+        if held <= cached + CACHED_SLACK
+            || self.gateway
+            || request.material(self.gateway).ids.is_none()
+        {
             return 0;
         }
         let (key, units) = self.key(request.material(self.gateway));

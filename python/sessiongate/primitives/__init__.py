@@ -45,7 +45,6 @@ __all__ = [
     "HeaderStamper",
     "ReplyContractError",
     "RequestRewriteError",
-    "cached_tokens_in",
     "decode_envelope",
     "decode_r3",
     "encode_envelope",
@@ -77,7 +76,6 @@ _API = (
     "ExtractedReply",
     "FrameDecoder",
     "HeaderStamper",
-    "cached_tokens_in",
     "decode_envelope",
     "decode_r3",
     "extract_reply",
@@ -157,7 +155,6 @@ if TYPE_CHECKING:
     from ._py_relay import (
         CachedTokensWatch,
         ExtractedReply,
-        cached_tokens_in,
         decode_r3,
         extract_reply,
         rewrite_request,
@@ -193,7 +190,6 @@ else:
     decode_r3 = _active.decode_r3
     extract_reply = _active.extract_reply
     rewrite_request = _active.rewrite_request
-    cached_tokens_in = _active.cached_tokens_in
     CachedTokensWatch = _active.CachedTokensWatch
     HeaderStamper = _active.HeaderStamper
     nvext_session_control = _active.nvext_session_control

@@ -8,7 +8,7 @@ re-serialized here, spliced there, and parse equal. See docs/relay.md.
   ``sessiongate.session.reply.parse_reply``, raised as :class:`ReplyContractError`.
 - :func:`rewrite_request`: the request body with top-level members set.
 - :func:`decode_r3`: base64 R3 to an int32 memoryview ``(n_tokens, layers, topk)``.
-- :class:`CachedTokensWatch`, :func:`cached_tokens_in`: the first ``"cached_tokens"`` value
+- :class:`CachedTokensWatch`: the first ``"cached_tokens"`` value
   of a reply read piece by piece (``rust/cached_tokens.rs``, the watch the compiled front
   reads relayed replies with).
 """
@@ -22,7 +22,6 @@ import operator
 import re
 import sys
 from array import array
-from collections.abc import Iterable
 from typing import Any
 
 from ._py_bytes import byte_view as _view
@@ -31,7 +30,6 @@ from .errors import ReplyContractError, RequestRewriteError
 __all__ = [
     "CachedTokensWatch",
     "ExtractedReply",
-    "cached_tokens_in",
     "decode_r3",
     "extract_reply",
     "rewrite_request",
@@ -528,12 +526,3 @@ def _tail_match(data: bytes) -> int:
     tail = data[-(len(_CACHED_KEY) - 1) :]
     at = tail.rfind(b'"')
     return len(tail) - at if at >= 0 and _CACHED_KEY.startswith(tail[at:]) else 0
-
-
-def cached_tokens_in(pieces: Iterable[_BytesLike]) -> int | None:
-    """The value of the first `"cached_tokens"` key in the pieces read in order
-    (`CachedTokensWatch`)."""
-    watch = CachedTokensWatch()
-    for piece in pieces:
-        watch.feed(_view(piece, "cached_tokens_in", "piece"))
-    return watch.finish()

@@ -200,7 +200,7 @@ class CacheAware:
         of its least recently used units leave the tree (SGLang's own eviction order),
         never the prompt's own (the engine has just computed it). The units learned lost,
         0 when none."""
-        if held <= cached + CACHED_SLACK or self.held(index, request) is None:
+        if held <= cached + CACHED_SLACK or self.gateway or request.material.ids is None:
             return 0
         tree_key, units = self._key(request.material)
         tree = self.trees.get(tree_key)
