@@ -3,6 +3,7 @@
     python benches/scenarios/cpu_parts.py            # 4 sessions x 5 R3 turns, 5 rounds
     python benches/scenarios/cpu_parts.py --quick    # 1 round (a smoke run)
     python benches/scenarios/cpu_parts.py --workers 0  # the in-process layout
+    python benches/scenarios/cpu_parts.py --cold-start # and nothing touched at start
 
 One `serve --workers 1 --r3` gateway per configuration (the Rust core, and the pure-Python
 twins with SESSIONGATE_IMPL=python), each with its embedded mock engine (R3 64 layers x
@@ -19,8 +20,13 @@ With `--workers 0` there is one gateway process: `front` (its `sg-front` and `sg
 `gateway` (the rest: the session core and its HTTP server).
 
 Figures: CPU ms per R3 turn per part (the turn phase), CPU ms per MiB of records GET per part
-(the GET phase), medians over the counted rounds (a first round warms each gateway; its CPU
-per turn, all parts together, is reported as the cold first sessions').
+(the GET phase), the whole rollout's CPU (turns and GET, every part) of the twins over the
+Rust core's, medians over the counted rounds (a first round warms each gateway; its CPU
+per turn, all parts together, is reported as the cold first sessions'). Each gateway's CPU
+from its start to its first round, a few seconds after it answers, is `start_cpu_ms_total`:
+with `--r3` a gateway touches its warm records memory at start (`--warm-records-bytes`).
+`--cold-start` adds the Rust core with `--warm-records-bytes 0`, which touches nothing: the
+first sessions then pay the first touch of their records.
 
 The copy floor, on the same machine in the same run: `memcpy` (copying a warm buffer of one
 GET's size in user space) and `socket hop` (the bytes sent over a loopback TCP connection and
@@ -171,20 +177,37 @@ def roles_of(gw: ServerProcess, workers: int) -> dict[str, list[int]]:
     return {"gateway": [gw.proc.pid]}
 
 
-def run(rounds: int, workers: int = 1) -> dict[str, Any]:
-    configs = {"rust": {}, "python": {"SESSIONGATE_IMPL": "python"}}
+# Each configuration: its environment and its extra `serve` arguments.
+CONFIGS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "rust": ({}, []),
+    "python": ({"SESSIONGATE_IMPL": "python"}, []),
+}
+# --cold-start: the Rust core with nothing touched at start (and nothing kept warm).
+UNTOUCHED = ({}, ["--warm-records-bytes", "0"])
+# Seconds after a gateway answers before its first round: the memory touched at start is
+# touched in a thread by then (about 0.5 s per GiB).
+SETTLE_S = 3.0
+
+
+def run(rounds: int, workers: int = 1, cold_start: bool = False) -> dict[str, Any]:
+    configs = dict(CONFIGS)
+    if cold_start:
+        configs["rust_untouched"] = UNTOUCHED
     prompt = " ".join(["word"] * 2000)
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     cold: dict[str, float] = {}
     get_sizes: list[int] = []
     with ExitStack() as stack:
         gateways: dict[str, ServerProcess] = {}
-        for name, env in configs.items():
+        for name, (env, extra) in configs.items():
             port = free_port()
             argv = ["serve", "--port", str(port), "--workers", str(workers), "--r3"]
-            argv += ["--mock-args", MOCK]
+            argv += ["--mock-args", MOCK, *extra]
             gateways[name] = stack.enter_context(ServerProcess(argv, port, timeout=60, env=env))
         roles = {name: roles_of(gw, workers) for name, gw in gateways.items()}
+        time.sleep(SETTLE_S)
+        # What starting cost each gateway (every part), the records memory touched included.
+        started = {name: sum(parts(roles[name]).values()) * 1000 for name in configs}
         order = list(configs)
         for index in range(rounds + 1):  # round 0 warms every gateway and is not counted
             for name in order if index % 2 == 0 else order[::-1]:
@@ -235,11 +258,19 @@ def run(rounds: int, workers: int = 1) -> dict[str, Any]:
             "get_mib_per_s": round(statistics.median(r["get_mib"] / r["get_s"] for r in runs), 1),
             "compiled_front": all(r["front_threads"] for r in runs),
             "cold_turn_cpu_ms_total": round(cold[name], 2),
+            "start_cpu_ms_total": round(started[name], 1),
         }
     rust, python = results["rust"], results["python"]
     results["python_over_rust_turn_cpu"] = round(
         python["turn_cpu_ms_total"] / rust["turn_cpu_ms_total"], 2
     )
+    # The whole rollout: its turns and the GET of their records, every part.
+    rollout = {
+        name: results[name]["turn_cpu_ms_total"] * SESSIONS * TURNS
+        + sum(results[name]["get_cpu_ms_per_mib"].values()) * results[name]["get_mib_per_round"]
+        for name in ("rust", "python")
+    }
+    results["python_over_rust_rollout_cpu"] = round(rollout["python"] / rollout["rust"], 2)
     results["rust_turn_cpu_over_floor"] = round(
         rust["turn_cpu_ms_total"] / max(results["turn_floor_ms"], 0.01), 1
     )
@@ -263,9 +294,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one counted round")
     parser.add_argument("--rounds", type=int, default=5, help="counted rounds (5)")
     parser.add_argument("--workers", type=int, default=1, choices=(0, 1), help="layout (1)")
+    parser.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="also run the Rust core with --warm-records-bytes 0 (nothing touched at start)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    emit(run(1 if args.quick else args.rounds, args.workers), args.json)
+    emit(run(1 if args.quick else args.rounds, args.workers, args.cold_start), args.json)
     return 0
 
 

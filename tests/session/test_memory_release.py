@@ -143,3 +143,78 @@ def test_a_trim_keeps_what_it_is_told_mapped(keep_mib: int, low: int, high: int)
     )
     kept = int(probe.stdout)
     assert low <= kept <= high, f"{kept} MiB still resident after keeping {keep_mib} MiB"
+
+
+PREFAULT_PROBE = """
+import resource
+import sys
+from sessiongate.process import memory
+if sys.argv[1] == "heap":
+    memory.keep_freed_records_warm()
+MIB = 1 << 20
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 // MIB
+
+def faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+base = rss()
+touched = memory.prefault_free_memory(64 * MIB) // MIB
+after_touch = rss()
+before = faults()
+records = [b"x" * (4 * MIB) for _ in range(12)]  # 48 MiB of records, written
+print(touched, after_touch - base, rss() - after_touch, faults() - before, flush=True)
+"""
+
+
+def prefault_probe(mode: str) -> list[int]:
+    probe = subprocess.run(
+        [sys.executable, "-c", PREFAULT_PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [int(field) for field in probe.stdout.split()]
+
+
+@pytest.mark.procs
+def test_memory_touched_at_start_takes_the_first_records_warm() -> None:
+    # In a process of its own. 64 MiB touched at start stay resident once freed (inside the
+    # heap, not its top, which glibc trims past the threshold), and the records written next
+    # reuse them: a few faults where fresh memory takes one per page (12,288 for 48 MiB).
+    if memory._MALLOPT is None or memory._MALLOC is None:
+        pytest.skip("no mallopt in this C library (not glibc)")
+    touched, resident, grown, faults = prefault_probe("heap")
+    assert touched == 64
+    assert resident >= 60, f"{resident} MiB resident after touching 64 MiB"
+    assert grown <= 8, f"the records grew the process by {grown} MiB"
+    assert faults < 1000, f"{faults} page faults writing 48 MiB of records"
+
+
+@pytest.mark.procs
+def test_nothing_is_touched_where_blocks_would_not_stay_in_the_heap() -> None:
+    # Without keep_freed_records_warm glibc maps a 1 MiB block apart and unmaps it on free:
+    # touching it would be lost work, so nothing is touched.
+    touched, resident, _, _ = prefault_probe("default")
+    assert touched == 0 and resident < 8
+
+
+def test_only_r3_gateways_touch_records_memory_at_start() -> None:
+    from sessiongate.session.freed_memory import FreedMemory
+    from sessiongate.session.settings import SessionSettings
+
+    def prefault(**fields: object) -> tuple[int, int]:
+        freed = FreedMemory.for_settings(SessionSettings(**fields))  # type: ignore[arg-type]
+        return freed.keep, freed.prefault
+
+    assert prefault(warm_records_bytes=1 << 30) == (1 << 30, 0)  # small records: no need
+    assert prefault(r3=True, warm_records_bytes=1 << 30) == (1 << 30, 1 << 30)
+    # Never more than the worker may hold.
+    assert prefault(r3=True, warm_records_bytes=1 << 30, max_records_bytes=1 << 28) == (
+        1 << 30,
+        1 << 28,
+    )
+    assert prefault(r3=True, warm_records_bytes=0) == (0, 0)

@@ -43,8 +43,9 @@ class LimitsConfig:
         metavar="BYTES",
         help="memory of freed records a worker keeps mapped when it gives the rest back to "
         "the OS after 10 quiet seconds, so the next sessions' records reuse it warm instead "
-        "of paying the kernel's first touch (about 3x the CPU of an R3 turn); K/M/G "
-        f"suffixes ({DEFAULT_WARM_RECORDS}; 0 = give it all back)",
+        "of paying the kernel's first touch (about 3x the CPU of an R3 turn); with --r3 it "
+        "is also touched at start, for the first sessions; K/M/G "
+        f"suffixes ({DEFAULT_WARM_RECORDS}; 0 = give it all back, touch nothing)",
     )
     session_ttl: float = option(
         "--session-ttl",

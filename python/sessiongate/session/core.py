@@ -66,7 +66,7 @@ class SessionCore:
             end_of_turn_token=settings.end_of_turn_token,
             comparator=settings.tito_comparator,
         )
-        self.memory = FreedMemory(keep=settings.warm_records_bytes)
+        self.memory = FreedMemory.for_settings(settings)
         self.table = SessionTable(settings, upstream, self.memory, stamper=stamper, store=store)
         self.reads = SessionReads(self.table, self.tito)
         self.turns = SessionTurns(self.table, self.tito, self.memory)
@@ -102,10 +102,11 @@ class SessionCore:
             return error_reply(error)
 
     def start(self) -> None:
-        """Background work that needs a running loop (idempotent): upstream health probes
-        and idle expiry."""
+        """Background work that needs a running loop (idempotent): upstream health probes,
+        idle expiry, and the records memory touched at start."""
         self.upstream.start()
         self.table.start()
+        self.memory.start()
 
     def recover(self) -> RecoveryReport | None:
         """Load the records directory's sessions (before serving); None without a store."""
