@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -36,11 +35,6 @@ pytestmark = pytest.mark.procs
 
 PARTS = [bytes([n]) * size for n, size in enumerate((9 << 20, 5, 700_000, 1 << 20))]
 BODY = b"".join(PARTS)
-
-
-def segments_left(directory: Path) -> list[str]:
-    """Segment names the router has not taken (the workers' pool of reused files apart)."""
-    return [path.name for path in directory.iterdir() if path.name != reply_files.POOL_DIR]
 
 
 def _bulk(parts: list[bytes], pause: float = 0.0) -> CoreReply:
@@ -204,13 +198,11 @@ def _frame(name: object, length: object) -> bytes:
         (_frame("present", -1), "bad reply file length"),
         (_frame("present", 4), "holds 3 bytes, not the 4 announced"),
         (b"not json", "bad BODY_FILE frame"),
-        (_frame("adir", 3), "not a regular file"),
         (b'{"file": "present"}', "bad BODY_FILE frame"),
     ],
 )
 def test_segment_frames_are_checked(tmp_path: Path, payload: bytes, message: str) -> None:
     (tmp_path / "present").write_bytes(b"abc")
-    (tmp_path / "adir").mkdir()
     outside = tmp_path.parent / "escape"
     outside.write_bytes(b"abc")
     try:
@@ -306,7 +298,7 @@ def test_records_get_is_the_same_through_files_frames_and_fronts(engine: ServerP
             assert len(body) > 1 << 20
             documents[name] = _scrub(json.loads(body))
             if directory is not None:
-                assert directory.is_dir() and not segments_left(directory)
+                assert directory.is_dir() and not list(directory.iterdir())
         if directory is not None:
             assert not directory.exists()  # removed at stop
     assert documents["compiled"] == documents["in-process"] == documents["python"]
@@ -339,11 +331,7 @@ def test_a_client_gone_mid_get_leaks_no_descriptor(engine: ServerProcess) -> Non
                     break
                 client.get("/health")
         assert len(os.listdir(f"/proc/{router}/fd")) <= before
-        assert not segments_left(directory)
-        # The worker's pooled files are all free again: nobody holds a lock on them.
-        for path in (directory / reply_files.POOL_DIR).iterdir():
-            with path.open("rb") as file:
-                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert not list(directory.iterdir())
         assert httpx.get(f"{gateway.url}/sessions/{sid}", timeout=30).content == body
 
 
@@ -426,66 +414,6 @@ def test_a_segment_survives_short_writes(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(reply_files.os, "writev", writev)
     views = [memoryview(b"abc"), memoryview(b""), memoryview(b"defghijkl"), memoryview(b"m")]
-    for keep in (0, 1):  # a file of its own, and a pooled one
-        name = asyncio.run(reply_files.SegmentPool(str(tmp_path), keep=keep).write(views, "t"))
-        assert name is not None
-        assert (tmp_path / name).read_bytes() == b"abcdefghijklm"
-
-
-def test_a_segment_file_is_written_again_only_once_nobody_reads_it(tmp_path: Path) -> None:
-    # Reusing a file spares tmpfs's fresh pages (0.39 ms per MiB against 0.08 for the copy);
-    # the router's shared lock, held until the front closes the part, says when it may be.
-    async def run() -> None:
-        pool = reply_files.SegmentPool(str(tmp_path), keep=2)
-
-        async def segment(data: bytes) -> FilePart:
-            name = await pool.write([memoryview(data)], "t")
-            assert name is not None
-            return open_segment(str(tmp_path), reply_files.segment_frame(name, len(data)))
-
-        first = await segment(b"a" * 10_000)
-        assert pool.reused == 0 and len(pool.files) == 1
-        first.close()  # the front is done with it
-        second = await segment(b"b" * 300)
-        assert pool.reused == 1 and len(pool.files) == 1  # the same file, cut to size
-        assert b"".join([chunk async for chunk in second]) == b"b" * 300  # closes it too
-        held = await segment(b"c" * 5)
-        third = await segment(b"d" * 7)  # `held` is still being read: another file
-        assert len(pool.files) == 2 and pool.reused == 2
-        own = await segment(b"e" * 3)  # both are being read, the pool is full: a file of its own
-        assert len(pool.files) == 2 and pool.reused == 2
-        assert b"".join([chunk async for chunk in held]) == b"c" * 5
-        assert b"".join([chunk async for chunk in third]) == b"d" * 7
-        assert b"".join([chunk async for chunk in own]) == b"e" * 3
-        assert not segments_left(tmp_path)
-        pool.close()
-        assert not list(tmp_path.iterdir())
-
-    asyncio.run(run())
-
-
-def test_a_file_still_being_written_is_refused(tmp_path: Path) -> None:
-    # A worker's exclusive lock means it is writing: a frame naming that file is a bug.
-    path = tmp_path / "busy"
-    path.write_bytes(b"xyz")
-    with path.open("rb") as writer:
-        fcntl.flock(writer, fcntl.LOCK_EX)
-        with pytest.raises(ValueError, match="still being written"):
-            open_segment(str(tmp_path), _frame("busy", 3))
-    assert path.exists()
-
-
-def test_pooled_files_of_a_dead_worker_are_removed(tmp_path: Path) -> None:
-    pool_dir = tmp_path / reply_files.POOL_DIR
-    pool_dir.mkdir()
-    (pool_dir / "999999999-abc").write_bytes(b"x")  # no such process
-    (pool_dir / f"{os.getpid()}-def").write_bytes(b"x")  # alive: kept
-    reply_files.SegmentPool(str(tmp_path), keep=1)
-    assert sorted(p.name for p in pool_dir.iterdir()) == [f"{os.getpid()}-def"]
-
-
-def test_the_pool_is_a_small_share_of_the_file_system(tmp_path: Path) -> None:
-    size = reply_files._pool_size(str(tmp_path))
-    stats = os.statvfs(tmp_path)
-    assert 0 <= size <= reply_files.POOL_FILES
-    assert size * reply_files.SEGMENT * reply_files.POOL_SHARE <= stats.f_blocks * stats.f_frsize
+    name = asyncio.run(reply_files.write_segment(str(tmp_path), views, "t"))
+    assert name is not None
+    assert (tmp_path / name).read_bytes() == b"abcdefghijklm"

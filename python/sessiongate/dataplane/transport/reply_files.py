@@ -6,21 +6,13 @@ copy in from the worker's socket, the decoder's copy into a payload) plus Python
 0.39-0.45 ms of router CPU per MiB, against a goal of 0.2. Here the worker writes the body in
 segments of SEGMENT bytes, each a file in a directory on tmpfs that `serve` creates for its
 children (`/dev/shm`), and sends one BODY_FILE frame naming each, paced by the same credit
-as BODY frames (at most CREDIT_WINDOW + 1 segments in flight per reply). The router opens each
+as BODY frames (at most CREDIT_WINDOW + 1 segments on tmpfs per reply). The router opens each
 file and unlinks it at once (nothing is left behind whatever happens next) and hands it on
 as a `FilePart`: the compiled front `sendfile`s it to the client (the kernel's one copy, on
 a niced thread of the front's; nothing per byte in Python), the Python front reads it. While
 the front sends one segment the worker writes the next. A segment is a list of views of the
 records' own bytes, written with one `writev`: nothing is joined on the event loop.
 `serve --no-shared-memory-replies` turns files off. docs/ipc.md, "File segments".
-
-A worker reuses its segment files (`SegmentPool`): writing into a new tmpfs file costs the
-kernel fresh pages, 0.39 ms of CPU per MiB on this machine kind, where overwriting a file's
-pages costs the copy alone, 0.08 ms. Each pooled file has a second link in `pool/`, so it
-outlives the router's unlink, and a lock says when it is free again: the router takes a
-shared `flock` before it unlinks the name a frame gave, and the lock holds until the front
-closes its last descriptor. A file the router has unlinked (one link left) whose exclusive
-lock the worker gets is read by nobody and is written again.
 
 Only channels the router opened to its own children accept BODY_FILE (a remote worker naming
 a file is refused), and a name must be a plain file name inside the directory. A worker whose
@@ -32,12 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import secrets
 import shutil
-import stat
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -78,177 +68,35 @@ def remove_reply_dir(directory: str | None) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-# The subdirectory of a reply directory where workers keep the second link of their pooled
-# segment files.
-POOL_DIR = "pool"
-# Files a worker keeps for reuse: the segments of two replies in flight (CREDIT_WINDOW + 1
-# each), at most a sixteenth of the file system's size (a container's 64 MiB /dev/shm keeps
-# one), so pooled files never crowd out the segments they would be reused for.
-POOL_FILES = 18
-POOL_SHARE = 16
-
-
-class _Pooled:
-    """A segment file a worker keeps: its descriptor and its link in `pool/`."""
-
-    def __init__(self, fd: int, path: str) -> None:
-        self.fd = fd
-        self.path = path
-        self.busy = False
-
-    def free(self) -> bool:
-        """Read by nobody: the router unlinked the name it was given, and no descriptor of
-        the router's or the front's holds the shared lock. Takes the exclusive lock then."""
-        if self.busy or os.fstat(self.fd).st_nlink != 1:
-            return False
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        self.busy = True
-        return True
-
-    def release(self) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        self.busy = False
-
-
-class SegmentPool:
-    """A worker's segment files in `directory`, kept and written again once read (see the
-    module's docstring); files beyond what it keeps are made for one segment, as before."""
-
-    def __init__(self, directory: str, keep: int | None = None) -> None:
-        self.directory = directory
-        self.pool_dir = os.path.join(directory, POOL_DIR)
-        self.keep = _pool_size(directory) if keep is None else keep
-        self.files: list[_Pooled] = []
-        self.reused = 0
-        if self.keep:
-            try:
-                os.makedirs(self.pool_dir, exist_ok=True)
-                _remove_orphans(self.pool_dir)
-            except OSError:  # the directory is gone: nothing to keep, write() says so
-                self.keep = 0
-
-    async def write(self, data: Sequence[memoryview], tag: str) -> str | None:
-        """The views of `data`, in order, as a file of the directory; its name, or None when
-        no file can be made or the directory is full.
-        The copy (and tmpfs's page faults) run in the writer thread, so the worker's event
-        loop keeps serving small requests meanwhile. On any failure or cancellation the name
-        is never linked (a pooled file stays in the pool)."""
-        name = f"{os.getpid()}-{tag}-{secrets.token_hex(6)}"
-        path = os.path.join(self.directory, name)
-        pooled = self._take()
-        if pooled is None:
-            return await _write_new(path, data)
-        try:
-            if not await _write_in_thread(pooled.fd, data, rewrite=True):
-                return None
-            os.link(pooled.path, path)
-        except OSError:  # the directory gone, or full: frames then
-            return None
-        finally:
-            pooled.release()
-        return name
-
-    def _take(self) -> _Pooled | None:
-        for pooled in self.files:
-            if pooled.free():
-                self.reused += 1
-                return pooled
-        if len(self.files) >= self.keep:
-            return None
-        path = os.path.join(self.pool_dir, f"{os.getpid()}-{secrets.token_hex(6)}")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return None
-        pooled = _Pooled(fd, path)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else has it
-        pooled.busy = True
-        self.files.append(pooled)
-        return pooled
-
-    def close(self) -> None:
-        """Unlink the kept files (the worker is ending): a file a front still sends stays
-        readable through its descriptor, and one being written is closed with the process
-        (closing it under the writer thread could hand its number to another file)."""
-        for pooled in self.files:
-            with contextlib.suppress(OSError):
-                os.unlink(pooled.path)
-            if not pooled.busy:
-                os.close(pooled.fd)
-        self.files.clear()
-        self.keep = 0
-        with contextlib.suppress(OSError):  # another worker's files still there
-            os.rmdir(self.pool_dir)
-
-
-def _pool_size(directory: str) -> int:
-    try:
-        stats = os.statvfs(directory)
-    except OSError:
-        return 0
-    return max(0, min(POOL_FILES, stats.f_blocks * stats.f_frsize // (POOL_SHARE * SEGMENT)))
-
-
-def _remove_orphans(pool_dir: str) -> None:
-    """Pooled files of workers that are gone (a worker killed before its close)."""
-    for name in os.listdir(pool_dir):
-        pid = name.split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(pool_dir, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-async def _write_new(path: str, data: Sequence[memoryview]) -> str | None:
-    """A segment in a file of its own, freed once read."""
+async def write_segment(directory: str, data: Sequence[memoryview], tag: str) -> str | None:
+    """The views of `data`, in order, as a new file of `directory`; its name, or None when no
+    file can be made or the directory is full.
+    The copy (and tmpfs's page faults) run in the writer thread, so the worker's event loop
+    keeps serving small requests meanwhile. The file is removed on any failure or cancellation."""
+    name = f"{os.getpid()}-{tag}-{secrets.token_hex(6)}"
+    path = os.path.join(directory, name)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     except OSError:  # no inode left, the directory gone, no descriptor left: frames then
         return None
     done = False
+    writing = asyncio.get_running_loop().run_in_executor(_WRITER, _write_all, fd, data)
     try:
-        done = await _write_in_thread(fd, data, rewrite=False)
-        return os.path.basename(path) if done else None
+        try:
+            full = not await asyncio.shield(writing)
+        except asyncio.CancelledError:
+            # The thread must be done with `fd` before it is closed (and its number reused).
+            await asyncio.wait({writing})
+            raise
+        if full:
+            return None
+        done = True
+        return name
     finally:
         os.close(fd)
         if not done:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-
-
-async def _write_in_thread(fd: int, data: Sequence[memoryview], *, rewrite: bool) -> bool:
-    """False when the file system is full."""
-    writing = asyncio.get_running_loop().run_in_executor(_WRITER, _write_file, fd, data, rewrite)
-    try:
-        return await asyncio.shield(writing)
-    except asyncio.CancelledError:
-        # The thread must be done with `fd` before it is closed (and its number reused).
-        await asyncio.wait({writing})
-        raise
-
-
-def _write_file(fd: int, data: Sequence[memoryview], rewrite: bool) -> bool:
-    """The views in order at the file's start; a reused file is cut to them."""
-    if rewrite:
-        os.lseek(fd, 0, os.SEEK_SET)
-    if not _write_all(fd, data):
-        return False
-    if rewrite:
-        os.ftruncate(fd, os.lseek(fd, 0, os.SEEK_CUR))
-    return True
 
 
 def _lower_priority() -> None:
@@ -304,20 +152,9 @@ def open_segment(directory: str | None, payload: bytes) -> FilePart:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
         raise ValueError(f"reply file {name} cannot be opened: {exc.strerror}") from None
-    # Held until the last descriptor of this open file closes (the front's duplicates
-    # included): the worker writes a pooled file again only once it can lock it alone.
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ValueError(f"reply file {name} is still being written") from None
     with contextlib.suppress(OSError):
         os.unlink(path)
-    stats = os.fstat(fd)
-    if not stat.S_ISREG(stats.st_mode):  # e.g. the pool's directory
-        os.close(fd)
-        raise ValueError(f"reply file {name} is not a regular file")
-    size = stats.st_size
+    size = os.fstat(fd).st_size
     if size != length:
         os.close(fd)
         raise ValueError(f"reply file {name} holds {size} bytes, not the {length} announced")

@@ -36,9 +36,9 @@ from sessiongate.dataplane.transport.frames import (
 )
 from sessiongate.dataplane.transport.reply_files import (
     SEGMENT,
-    SegmentPool,
     discard_segment,
     segment_frame,
+    write_segment,
 )
 from sessiongate.primitives import FrameError, FrameTooLarge, decode_envelope, encode_envelope
 from sessiongate.protocol import CoreReply, CoreRequest, close_stream
@@ -149,8 +149,6 @@ class WorkerLoop:
         # Where bulk replies go as files for the router (transport/reply_files.py); None
         # for a worker that is not the router's child (TCP), or without shared memory.
         self.reply_dir = reply_dir
-        # Its segment files, written again once read.
-        self.segments = SegmentPool(reply_dir) if reply_dir is not None else None
         self.handler = handler
         self.index = index
         self.generation = generation
@@ -183,8 +181,6 @@ class WorkerLoop:
             heartbeat.cancel()
             for task in list(self.tasks.values()):
                 task.cancel()
-            if self.segments is not None:
-                self.segments.close()
 
     async def _heartbeat(self) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -234,27 +230,27 @@ class WorkerLoop:
             raise RouterGone(str(exc)) from exc
 
     async def _send_segments(
-        self, request_id: int, stream: AsyncIterator[bytes], credit: _Credit, pool: SegmentPool
+        self, request_id: int, stream: AsyncIterator[bytes], credit: _Credit, directory: str
     ) -> None:
         """A bulk body as shared-memory files of SEGMENT bytes (BODY_FILE frames); once the
         directory cannot take one (full, gone), the rest as BODY frames."""
         files = True
         async for segment in _gather(stream, SEGMENT):
-            name = await pool.write(segment, str(request_id)) if files else None
+            name = await write_segment(directory, segment, str(request_id)) if files else None
             if name is not None:
                 frame = segment_frame(name, sum(len(view) for view in segment))
                 await credit.take()
                 try:
                     await self._send(FRAME_BODY_FILE, request_id, frame)
                 except BaseException:
-                    discard_segment(pool.directory, frame)
+                    discard_segment(directory, frame)
                     raise
                 continue
             if files:
                 logger.warning(
                     "worker %d: no room for segments in %s: frames for reply %d",
                     self.index,
-                    pool.directory,
+                    directory,
                     request_id,
                 )
                 files = False
@@ -280,8 +276,8 @@ class WorkerLoop:
         stream = cast("AsyncIterator[bytes] | None", reply.stream)
         if stream is None:
             parts = _single(reply.body)
-        elif reply.coalesce and self.segments is not None:
-            await self._send_segments(request_id, stream, credit, self.segments)
+        elif reply.coalesce and self.reply_dir is not None:
+            await self._send_segments(request_id, stream, credit, self.reply_dir)
             return
         elif reply.coalesce:
             parts = _coalesce(stream, CHUNK_SIZE)
