@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +418,40 @@ def test_a_segment_survives_short_writes(tmp_path: Path, monkeypatch: pytest.Mon
     name = asyncio.run(reply_files.write_segment(str(tmp_path), views, "t"))
     assert name is not None
     assert (tmp_path / name).read_bytes() == b"abcdefghijklm"
+
+
+def test_concurrent_gets_get_every_byte() -> None:
+    # Sessions of ~45 MiB (a dozen 4 MiB segments each), GET by four clients at once, twice:
+    # every body must be the first GET's bytes. (A build that wrote segment files again once
+    # the front had closed them failed here: `sendfile` leaves the file's pages in the
+    # socket's buffers until the client reads them, and they were overwritten on their way.)
+    with mock_engine("--r3-layers", "64", "--r3-topk", "32", "--completion-tokens", "16") as engine:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "32"]
+        with ServerProcess([*argv, "--backend", engine.url], port, timeout=60) as gateway:
+            directory = reply_dir_of(gateway)
+            assert directory is not None
+            with httpx.Client(base_url=gateway.url, timeout=60) as client:
+                sid = client.post("/sessions").json()["session_id"]
+                messages: list[dict[str, Any]] = [{"role": "user", "content": "word " * 2000}]
+                for turn in range(2):
+                    reply = client.post(
+                        f"/sessions/{sid}/v1/chat/completions", json={"messages": messages}
+                    )
+                    reply.raise_for_status()
+                    messages += [
+                        reply.json()["choices"][0]["message"],
+                        {"role": "tool", "content": str(turn)},
+                    ]
+                first = client.get(f"/sessions/{sid}").content
+            assert len(first) > 8 * reply_files.SEGMENT
+
+            def get() -> bytes:
+                with httpx.Client(base_url=gateway.url, timeout=60) as reader:
+                    return reader.get(f"/sessions/{sid}").content
+
+            with ThreadPoolExecutor(4) as pool:
+                for _ in range(2):
+                    bodies = list(pool.map(lambda _: get(), range(4)))
+                    assert all(body == first for body in bodies)
+            assert not list(directory.iterdir())
