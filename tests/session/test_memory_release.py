@@ -202,9 +202,13 @@ def test_nothing_is_touched_where_blocks_would_not_stay_in_the_heap() -> None:
     assert touched == 0 and resident < 8
 
 
-def test_only_r3_gateways_touch_records_memory_at_start() -> None:
+def test_only_r3_gateways_touch_records_memory_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sessiongate.session import freed_memory
     from sessiongate.session.freed_memory import FreedMemory
     from sessiongate.session.settings import SessionSettings
+
+    machine = [64 << 30]
+    monkeypatch.setattr(freed_memory, "memory_bytes", lambda: machine[0])
 
     def prefault(**fields: object) -> tuple[int, int]:
         freed = FreedMemory.for_settings(SessionSettings(**fields))  # type: ignore[arg-type]
@@ -218,3 +222,6 @@ def test_only_r3_gateways_touch_records_memory_at_start() -> None:
         1 << 28,
     )
     assert prefault(r3=True, warm_records_bytes=0) == (0, 0)
+    # A 4 GiB container: a sixteenth of it per process, whatever is kept later.
+    machine[0] = 4 << 30
+    assert prefault(r3=True, warm_records_bytes=1 << 30) == (1 << 30, 256 << 20)

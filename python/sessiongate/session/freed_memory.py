@@ -18,9 +18,13 @@ from sessiongate.process.memory import (
     prefault_free_memory,
     release_free_memory,
 )
+from sessiongate.session.limit_options import memory_bytes
 from sessiongate.session.settings import SessionSettings
 
 logger = logging.getLogger(__name__)
+
+# Memory touched at start is at most this fraction of the machine's (or cgroup's), per process.
+PREFAULT_SHARE = 16
 
 
 class FreedMemory:
@@ -42,10 +46,12 @@ class FreedMemory:
     @classmethod
     def for_settings(cls, settings: SessionSettings) -> FreedMemory:
         """Keeps --warm-records-bytes across quiet spells; with R3 also touches that much at
-        start (at most --max-records-bytes), since only R3 records (20+ MiB a turn) pay for
-        cold memory, and a gateway without them would hold the memory for nothing."""
+        start (at most --max-records-bytes, and a sixteenth of the machine's or its cgroup's
+        memory: workers touch theirs each, so a small container with many workers is not
+        filled at start), since only R3 records (20+ MiB a turn) pay for cold memory, and a
+        gateway without them would hold the memory for nothing."""
         keep = settings.warm_records_bytes
-        prefault = keep if settings.r3 else 0
+        prefault = min(keep, memory_bytes() // PREFAULT_SHARE) if settings.r3 else 0
         if settings.max_records_bytes > 0:
             prefault = min(prefault, settings.max_records_bytes)
         return cls(keep=keep, prefault=prefault)
