@@ -101,18 +101,11 @@ def release_free_memory(keep: int = 0) -> bool:
         return False
     held: list[int] = []
     try:
-        if keep > 0 and _MALLOC is not None and _FREE is not None and _SBRK is not None:
+        if keep > 0 and _FREE is not None and _SBRK is not None:
             # Only memory the heap already has: a block that grew the heap is fresh pages
             # (nothing to keep), and freed with the others it would make the heap's top
             # large enough for glibc to trim it whole, kept pages included.
-            top = _SBRK(0)
-            for _ in range(-(-keep // _KEEP_BLOCK)):
-                block = _MALLOC(_KEEP_BLOCK)
-                if not block:
-                    break
-                held.append(block)
-                if _SBRK(0) != top:
-                    break
+            held = _allocate_blocks(-(-keep // _KEEP_BLOCK), top=_SBRK(0))
         _MALLOC_TRIM(0)
     finally:
         if _FREE is not None:
@@ -121,27 +114,39 @@ def release_free_memory(keep: int = 0) -> bool:
     return True
 
 
+def _allocate_blocks(count: int, *, top: int | None = None) -> list[int]:
+    """Up to `count` blocks of _KEEP_BLOCK bytes (fewer when malloc fails); with `top` (the
+    heap's end, `sbrk(0)`), the first block that moved it is the last one taken."""
+    blocks: list[int] = []
+    if _MALLOC is None:
+        return blocks
+    for _ in range(count):
+        block = _MALLOC(_KEEP_BLOCK)
+        if not block:
+            break
+        blocks.append(block)
+        if top is not None and _SBRK is not None and _SBRK(0) != top:
+            break
+    return blocks
+
+
 def prefault_free_memory(nbytes: int) -> int:
     """Touch about `nbytes` of the heap now and leave it free for the next records; the
     bytes touched (0 where that is not available). For a process's start, in a thread: a
-    fresh gateway's first R3 turns otherwise fault in every record's pages, 37-58 ms of CPU
-    a turn of 23 MiB against 7.5-8.5 ms once warm, where touching 1 GiB up front costs about
-    0.5 s of CPU (docs/performance.md, "The cold first session").
+    fresh gateway's first R3 turns otherwise fault in every record's pages, 52-60 ms of CPU
+    a turn of 23 MiB against 7-9 ms once warm, where touching 1 GiB up front costs about
+    0.55 s of CPU (docs/performance.md, "The cold first session").
 
     The blocks are freed except the highest, which stays allocated for the process's life:
     it keeps the freed ones inside the heap rather than in its top, which glibc would trim
     at once once it passes the trim threshold, touched pages and all."""
-    if nbytes < _KEEP_BLOCK or not _records_kept_in_heap or _MALLOC is None or _FREE is None:
+    if nbytes < _KEEP_BLOCK or not _records_kept_in_heap or _FREE is None:
         return 0
-    blocks: list[int] = []
-    for _ in range(nbytes // _KEEP_BLOCK):
-        block = _MALLOC(_KEEP_BLOCK)
-        if not block:
-            break
-        ctypes.memset(block, 0, _KEEP_BLOCK)
-        blocks.append(block)
+    blocks = _allocate_blocks(nbytes // _KEEP_BLOCK)
     if not blocks:
         return 0
+    for block in blocks:
+        ctypes.memset(block, 0, _KEEP_BLOCK)
     pin = max(blocks)
     for block in blocks:
         if block != pin:

@@ -57,8 +57,9 @@ class FreedMemory:
         return cls(keep=keep, prefault=prefault)
 
     def start(self) -> None:
-        """Touch `prefault` bytes in a thread of its own, once (idempotent): about 0.5 s of
-        CPU per GiB that the first sessions' R3 turns would otherwise pay, 30-50 ms a turn."""
+        """Touch `prefault` bytes in a thread of its own, once (idempotent): about 0.55 s of
+        CPU per GiB, where the first sessions' R3 turns would otherwise pay about 45 ms more
+        each (docs/performance.md, "The cold first session")."""
         if self.prefault <= 0 or self.prefaulted is not None:
             return
         self.prefaulted = threading.Thread(target=self._prefault, name="sg-prefault", daemon=True)
