@@ -87,6 +87,8 @@ _SBRK = _load_libc_function("sbrk", [ctypes.c_ssize_t], ctypes.c_void_p)
 # Blocks the kept memory is held in during a trim: below the 32 MiB mmap threshold that
 # keep_freed_records_warm sets, so they come from the heap's free chunks.
 _KEEP_BLOCK = 1 << 20
+# Blocks the memory touched at start is allocated in: under the same threshold.
+_TOUCH_BLOCK = 8 << 20
 
 
 def release_free_memory(keep: int = 0) -> bool:
@@ -105,7 +107,7 @@ def release_free_memory(keep: int = 0) -> bool:
             # Only memory the heap already has: a block that grew the heap is fresh pages
             # (nothing to keep), and freed with the others it would make the heap's top
             # large enough for glibc to trim it whole, kept pages included.
-            held = _allocate_blocks(-(-keep // _KEEP_BLOCK), top=_SBRK(0))
+            held = _allocate_blocks(-(-keep // _KEEP_BLOCK), _KEEP_BLOCK, top=_SBRK(0))
         _MALLOC_TRIM(0)
     finally:
         if _FREE is not None:
@@ -114,14 +116,14 @@ def release_free_memory(keep: int = 0) -> bool:
     return True
 
 
-def _allocate_blocks(count: int, *, top: int | None = None) -> list[int]:
-    """Up to `count` blocks of _KEEP_BLOCK bytes (fewer when malloc fails); with `top` (the
-    heap's end, `sbrk(0)`), the first block that moved it is the last one taken."""
+def _allocate_blocks(count: int, size: int, *, top: int | None = None) -> list[int]:
+    """Up to `count` blocks of `size` bytes (fewer when malloc fails); with `top` (the heap's
+    end, `sbrk(0)`), the first block that moved it is the last one taken."""
     blocks: list[int] = []
     if _MALLOC is None:
         return blocks
     for _ in range(count):
-        block = _MALLOC(_KEEP_BLOCK)
+        block = _MALLOC(size)
         if not block:
             break
         blocks.append(block)
@@ -137,21 +139,23 @@ def prefault_free_memory(nbytes: int) -> int:
     a turn of 23 MiB against 7-9 ms once warm, where touching 1 GiB up front costs about
     0.55 s of CPU (docs/performance.md, "The cold first session").
 
-    The blocks are freed except the highest, which stays allocated for the process's life:
+    The blocks (of _TOUCH_BLOCK bytes: each ctypes call takes the GIL again, and a worker
+    serving turns meanwhile holds it for up to 5 ms at a time, so 1 MiB blocks took seconds)
+    are freed except the highest, which stays allocated for the process's life:
     it keeps the freed ones inside the heap rather than in its top, which glibc would trim
     at once once it passes the trim threshold, touched pages and all."""
-    if nbytes < _KEEP_BLOCK or not _records_kept_in_heap or _FREE is None:
+    if nbytes < _TOUCH_BLOCK or not _records_kept_in_heap or _FREE is None:
         return 0
-    blocks = _allocate_blocks(nbytes // _KEEP_BLOCK)
+    blocks = _allocate_blocks(nbytes // _TOUCH_BLOCK, _TOUCH_BLOCK)
     if not blocks:
         return 0
     for block in blocks:
-        ctypes.memset(block, 0, _KEEP_BLOCK)
+        ctypes.memset(block, 0, _TOUCH_BLOCK)
     pin = max(blocks)
     for block in blocks:
         if block != pin:
             _FREE(block)
-    return len(blocks) * _KEEP_BLOCK
+    return len(blocks) * _TOUCH_BLOCK
 
 
 class FreedMemoryTrimmer:
