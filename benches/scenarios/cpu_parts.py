@@ -87,6 +87,18 @@ def thread_cpu(pid: int, names: tuple[str, ...]) -> float:
     return total
 
 
+def has_threads(pid: int, names: tuple[str, ...]) -> bool:
+    """Whether the process runs a thread named one of `names` (the compiled front's: with
+    lent replies it may spend less than a clock tick in a round)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() in names:
+                return True
+        except FileNotFoundError:
+            continue
+    return False
+
+
 def parts(roles: dict[str, list[int]]) -> dict[str, float]:
     if "gateway" in roles:  # --workers 0
         gateway = roles["gateway"][0]
@@ -231,10 +243,9 @@ def run(rounds: int, workers: int = 1, cold_start: bool = False) -> dict[str, An
                         "get_mib": size / MIB,
                         "get_s": get_s,
                         "turns": load["turns"],
-                        "front_threads": thread_cpu(
-                            next(iter(roles[name].values()))[0], FRONT_THREADS
-                        )
-                        > 0,
+                        "front_threads": has_threads(
+                            next(iter(roles[name].values()))[0], ("sg-front",)
+                        ),
                     }
                 )
     size = int(statistics.median(get_sizes))

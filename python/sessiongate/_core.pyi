@@ -382,6 +382,11 @@ class DispatchedRequest:
         kernel (``sendfile``) without being read here. The front owns ``fd`` from this call
         on, whatever it answers, and closes it: 0 queued, -1 the client is gone.
         ValueError for a negative ``fd`` or before ``start``."""
+    def lend(self, path: str) -> bool:
+        """Lend the connection to the worker listening on the UNIX socket at ``path``: once
+        the parts before are out, the front passes it the client's socket (a chunked reply)
+        or a refusal (any other framing). Send the next part only once the worker is done.
+        False when the client is gone; ValueError before ``start``."""
     def end(self) -> bool:
         """The end of a streamed reply; False when the client is gone."""
     def abort(self) -> None:

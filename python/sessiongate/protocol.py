@@ -5,8 +5,10 @@ Import-light on purpose: the router uses these without loading the session core.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -166,14 +168,45 @@ class FilePart:
         self.close()
 
 
+class LendOffer:
+    """A part of a reply body that its worker offers to write itself on the client's
+    connection (a records GET of a local worker: dataplane/transport/lent_replies.py). The
+    worker listens on the UNIX socket at `path` for the connection or a refusal. The compiled
+    front takes the offer (`DispatchedRequest.lend`); any other front declines it, and the
+    body's bytes follow as the stream's next parts. An offer dropped unanswered costs
+    nothing: the request's cancel reaches the worker."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def decline(self) -> None:
+        """Tell the worker to send the body the usual way; a worker gone is no error (its
+        request fails on its own)."""
+        peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        peer.setblocking(False)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(peer, self.path)
+            await loop.sock_sendall(peer, LEND_REFUSED)
+        except OSError:
+            pass
+        finally:
+            peer.close()
+
+
+# The byte that declines a LendOffer (rust/front/lend.rs sends it too).
+LEND_REFUSED = b"n"
+
+
 @dataclass
 class CoreReply:
     status: int
     headers: list[tuple[str, str]]
     body: bytes = b""
     # Parts of the body; a router's reply may carry FileParts (dataplane/transport/
-    # reply_files.py), what the session core makes is bytes only.
-    stream: AsyncIterator[bytes | FilePart] | None = None
+    # reply_files.py) and a LendOffer (lent_replies.py), what the session core makes is
+    # bytes only.
+    stream: AsyncIterator[bytes | FilePart | LendOffer] | None = None
     # True for bulk streams (a records dump) whose small parts may be joined into larger
     # chunks; False for live streams (SSE) where each part should go out at once.
     coalesce: bool = False

@@ -19,6 +19,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 use super::bulk::BulkPart;
 use super::dispatch::{lock_flow, AskedRequest, DispatchedRequest, Part, SharedFlow, LOW_WATER};
 use super::head;
+use super::lend;
 use super::reply::{self, Framing};
 use super::route::{decide, has_session_header, target_path, Decision};
 use super::server::{OpenConnection, Shared};
@@ -703,7 +704,13 @@ impl Conn<'_> {
             declared.length.map_or(Framing::Chunked, Framing::Length)
         };
         reply::app_head(&mut self.out, status, &headers, framing, close);
-        let intact = self.stream_parts(id, &mut parts, &flow, framing).await;
+        let mut lent = false;
+        let intact = self
+            .stream_parts(id, &mut parts, &flow, framing, &mut lent)
+            .await;
+        if !intact && lent {
+            lend::cut(self.stream.as_raw_fd());
+        }
         if !intact {
             let mut flow = lock_flow(&flow);
             flow.gone = true;
@@ -722,6 +729,7 @@ impl Conn<'_> {
         parts: &mut mpsc::UnboundedReceiver<Part>,
         flow: &SharedFlow,
         framing: Framing,
+        lent: &mut bool,
     ) -> bool {
         let mut remaining = match framing {
             Framing::Length(n) => n,
@@ -794,6 +802,23 @@ impl Conn<'_> {
                         remaining -= n;
                     }
                     self.taken(id, flow, usize::try_from(length).unwrap_or(usize::MAX));
+                }
+                Some(Part::Lend(path)) => {
+                    if framing != Framing::Chunked {
+                        // The worker writes chunks only: it sends the body the usual way.
+                        if lend::lend(&path, None).is_err() {
+                            return false;
+                        }
+                        continue;
+                    }
+                    // The head and every earlier part must be out before the worker writes.
+                    if !self.flush().await {
+                        return false;
+                    }
+                    *lent = true;
+                    if lend::lend(&path, Some(self.stream.as_raw_fd())).is_err() {
+                        return false; // the worker is gone (cancelled): the reply is cut
+                    }
                 }
                 Some(Part::End) => {
                     if framing == Framing::Chunked {

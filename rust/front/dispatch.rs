@@ -35,6 +35,9 @@ pub enum Part {
     Body(Bytes),
     /// Body bytes in an open file: its first `u64` bytes, sent by the kernel (`sendfile`).
     File(std::fs::File, u64),
+    /// Lend the connection to the worker listening at this path: it writes the body's
+    /// chunks itself, and the parts after this one come once it is done (lend.rs).
+    Lend(std::path::PathBuf),
     End,
     /// The reply cannot be completed: cut it (close the connection).
     Abort,
@@ -292,6 +295,16 @@ impl DispatchedRequest {
             return Ok(FULL);
         }
         Ok(SENT)
+    }
+
+    /// Lend the connection to the worker listening on the UNIX socket at `path`: once the
+    /// parts before are out, the front passes it the client's socket (a chunked reply) or
+    /// a refusal (any other framing), and sends the parts after this one when they come.
+    /// The caller sends the next part only once the worker is done. False when the client
+    /// is gone.
+    fn lend(&self, path: std::path::PathBuf) -> PyResult<bool> {
+        self.check_started()?;
+        Ok(self.push(Part::Lend(path)))
     }
 
     /// The end of a streamed reply. False when the client is gone.

@@ -20,6 +20,7 @@ mod dispatch;
 pub(crate) mod failure;
 mod head;
 mod hop;
+mod lend;
 pub(crate) mod reliability;
 mod reply;
 mod route;

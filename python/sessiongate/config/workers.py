@@ -90,6 +90,15 @@ class WorkersConfig:
         "as files in /dev/shm (by default files, when it has 64 MiB free: about twice the "
         "GET throughput, the router never touches the bytes; docs/ipc.md)",
     )
+    lent_replies: bool = option(
+        "--no-lent-replies",
+        default=True,
+        kind="negated",
+        commands=ONLY_SERVE,
+        help="local workers do not write records GETs on the client's connection (by "
+        "default they do, when the compiled front serves the GET and replies go through "
+        "/dev/shm: a quarter of the gateway's CPU per MiB; docs/ipc.md)",
+    )
     ray: bool = option(
         "--ray",
         default=False,

@@ -38,6 +38,7 @@ from sessiongate.protocol import (
     CoreReply,
     CoreRequest,
     FilePart,
+    LendOffer,
     Op,
     close_stream,
     error_reply,
@@ -130,7 +131,9 @@ async def send_reply(send: Send, reply: CoreReply, head_only: bool = False) -> N
         # status line goes out (its cleanup ends an upstream exchange or a session turn).
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         async for part in reply.stream:
-            if isinstance(part, FilePart):  # a shared-memory segment of a records GET
+            if isinstance(part, LendOffer):  # only the compiled front can lend its connection
+                await part.decline()
+            elif isinstance(part, FilePart):  # a shared-memory segment of a records GET
                 async for chunk in part:
                     await yield_to_busy_cpu()
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -15,7 +15,7 @@ from typing import Any
 
 from sessiongate.errors import GatewayError
 from sessiongate.front.asgi import GatewayApp
-from sessiongate.protocol import CoreReply, FilePart, close_stream, error_reply
+from sessiongate.protocol import CoreReply, FilePart, LendOffer, close_stream, error_reply
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class DispatchedRequests:
         self,
         request: Any,
         reply: CoreReply,
-        stream: AsyncIterator[bytes | FilePart],
+        stream: AsyncIterator[bytes | FilePart | LendOffer],
         *,
         gone: bool,
     ) -> None:
@@ -98,7 +98,10 @@ class DispatchedRequests:
                     # A live stream (a session turn's SSE) runs to its end, as under the ASGI
                     # server: the turn is still recorded when its client left early.
                     continue
-                if isinstance(chunk, FilePart):
+                if isinstance(chunk, LendOffer):
+                    # The worker writes the body on the connection; its end comes after.
+                    state = SENT if request.lend(chunk.path) else GONE
+                elif isinstance(chunk, FilePart):
                     # A shared-memory segment (a records GET): the front sends the file.
                     state = request.send_file(chunk.take_fd(), chunk.length)
                 else:

@@ -387,6 +387,8 @@ class ShardRouter:
                     "rollback_steps": beat.get("rollback_steps", 0),
                     "r3_missing_turns": beat.get("r3_missing_turns", 0),
                     "relay_buffered_turns": beat.get("relay_buffered_turns", 0),
+                    # Bulk replies the worker wrote on a lent client connection.
+                    "replies_lent": beat.get("replies_lent", 0),
                     # Abuse limits (0 = off) and their usage (docs/reliability.md, "Limits").
                     **{key: beat.get(key, 0) for key in LIMIT_FIELDS},
                     "rejected": beat.get("rejected", {}),

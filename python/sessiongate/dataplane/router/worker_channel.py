@@ -23,6 +23,7 @@ from sessiongate.dataplane.transport.frames import (
     CREDIT_WINDOW,
     FRAME_BODY,
     FRAME_BODY_FILE,
+    FRAME_BODY_LEND,
     FRAME_CANCEL,
     FRAME_CREDIT,
     FRAME_END,
@@ -34,9 +35,10 @@ from sessiongate.dataplane.transport.frames import (
     FRAME_REQUEST,
     encode_credit,
 )
+from sessiongate.dataplane.transport.lent_replies import open_offer
 from sessiongate.dataplane.transport.reply_files import discard_segment, open_segment
 from sessiongate.primitives import FrameError, decode_envelope, encode_envelope
-from sessiongate.protocol import CoreReply, FilePart
+from sessiongate.protocol import CoreReply, FilePart, LendOffer
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,14 @@ class WorkerChannel:
                 return
             self.bytes_relayed += part.length
             pending.chunks.put_nowait(part)
+        elif frame_type == FRAME_BODY_LEND:
+            try:
+                offer = open_offer(self.reply_dir, payload)
+            except ValueError as exc:
+                self._abandon(request_id)
+                pending.chunks.put_nowait(WorkerFailed(f"{self.name}: {exc}"))
+                return
+            pending.chunks.put_nowait(offer)
         elif frame_type == FRAME_END:
             self.pending.pop(request_id, None)
             pending.chunks.put_nowait(_END)
@@ -232,7 +242,9 @@ class WorkerChannel:
             return CoreReply(status, headers, bytes(reply_body))
         return CoreReply(status, headers, stream=self._stream(request_id, pending))
 
-    async def _stream(self, request_id: int, pending: _Pending) -> AsyncIterator[bytes | FilePart]:
+    async def _stream(
+        self, request_id: int, pending: _Pending
+    ) -> AsyncIterator[bytes | FilePart | LendOffer]:
         consumed = 0
         finished = False
         try:
@@ -244,8 +256,10 @@ class WorkerChannel:
                 if isinstance(item, Exception):
                     finished = True
                     raise item
-                assert isinstance(item, (bytes, FilePart))
+                assert isinstance(item, (bytes, FilePart, LendOffer))
                 yield item
+                if isinstance(item, LendOffer):
+                    continue  # the offer cost the worker no credit
                 consumed += 1
                 # Return credit in batches: half a window keeps the worker busy without
                 # a control frame per chunk.

@@ -17,6 +17,10 @@ FRAME_HEARTBEAT = 9  # worker -> router, request id 0: compact JSON status
 # worker -> router, local workers only: one segment of a streamed body in a shared-memory
 # file, JSON {"file": name, "length": n} (transport/reply_files.py); costs a credit as BODY.
 FRAME_BODY_FILE = 10
+# worker -> router, local workers only: the worker offers to write the rest of a streamed
+# body on the client's connection, JSON {"socket": name} of a UNIX socket in the reply
+# directory (transport/lent_replies.py); no credit.
+FRAME_BODY_LEND = 11
 
 FRAME_NAMES = {
     FRAME_REQUEST: "REQUEST",
@@ -29,6 +33,7 @@ FRAME_NAMES = {
     FRAME_CREDIT: "CREDIT",
     FRAME_HEARTBEAT: "HEARTBEAT",
     FRAME_BODY_FILE: "BODY_FILE",
+    FRAME_BODY_LEND: "BODY_LEND",
 }
 
 # Bodies larger than this go as streamed chunks so they never hold the channel for long.

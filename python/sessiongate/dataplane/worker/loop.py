@@ -3,8 +3,9 @@
 A bad request never kills the worker: an unexpected exception becomes an ERROR frame for that
 request only. Large reply bodies go out as BODY frames of at most CHUNK_SIZE, paced by the
 router's credit, so small replies on the same channel never wait behind them. A bulk reply
-(a records GET) of a worker the router started goes as shared-memory files instead, one
-BODY_FILE frame per segment, with the same credit (transport/reply_files.py).
+(a records GET) of a worker the router started is written by the worker on the client's
+connection when the front lends it (transport/lent_replies.py), else as shared-memory files,
+one BODY_FILE frame per segment, with the same credit (transport/reply_files.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sessiongate.dataplane.transport.frames import (
     CREDIT_WINDOW,
     FRAME_BODY,
     FRAME_BODY_FILE,
+    FRAME_BODY_LEND,
     FRAME_CANCEL,
     FRAME_CREDIT,
     FRAME_END,
@@ -33,6 +35,12 @@ from sessiongate.dataplane.transport.frames import (
     FRAME_REQUEST,
     HEARTBEAT_INTERVAL,
     decode_credit,
+)
+from sessiongate.dataplane.transport.lent_replies import (
+    ClientGone,
+    Listener,
+    offer_frame,
+    write_chunks,
 )
 from sessiongate.dataplane.transport.reply_files import (
     SEGMENT,
@@ -144,8 +152,14 @@ class WorkerLoop:
         generation: int,
         status: Callable[[], dict[str, Any]] | None = None,
         reply_dir: str | None = None,
+        lend_replies: bool = False,
     ) -> None:
         self.conn = conn
+        # Offer bulk replies to be written on the client's connection (lent_replies.py);
+        # only with a reply directory, where the offer's socket lives.
+        self.lend_replies = lend_replies
+        # Bulk replies written on a lent connection (in the heartbeat, so in /health).
+        self.replies_lent = 0
         # Where bulk replies go as files for the router (transport/reply_files.py); None
         # for a worker that is not the router's child (TCP), or without shared memory.
         self.reply_dir = reply_dir
@@ -190,6 +204,7 @@ class WorkerLoop:
                     "index": self.index,
                     "generation": self.generation,
                     "inflight": len(self.tasks),
+                    "replies_lent": self.replies_lent,
                     **self.status(),
                 }
                 await self.conn.send(FRAME_HEARTBEAT, 0, json.dumps(document).encode())
@@ -260,6 +275,32 @@ class WorkerLoop:
                     await self._send(FRAME_BODY, request_id, view[start : start + CHUNK_SIZE])
         await self._send(FRAME_END, request_id)
 
+    async def _send_lent(
+        self, request_id: int, stream: AsyncIterator[bytes], directory: str
+    ) -> bool:
+        """Offer to write a bulk body on the client's connection (transport/lent_replies.py);
+        False when the front refused or did not answer (nothing of the body was sent)."""
+        try:
+            listener = Listener(directory, str(request_id))
+        except OSError:
+            return False  # no socket can be made there: files or frames then
+        try:
+            await self._send(FRAME_BODY_LEND, request_id, offer_frame(listener.name))
+            fd = await listener.answer()
+        finally:
+            listener.close()
+        if fd is None:
+            return False
+        try:
+            await write_chunks(fd, _gather(stream, SEGMENT))
+        except ClientGone as exc:
+            # The front cuts the reply; nothing for the log (a client may leave).
+            await self._send(FRAME_ERROR, request_id, str(exc).encode())
+            return True
+        self.replies_lent += 1
+        await self._send(FRAME_END, request_id)
+        return True
+
     async def _send_reply(self, request_id: int, reply: CoreReply) -> None:
         meta = {"status": reply.status, "headers": [list(h) for h in reply.headers]}
         if reply.stream is None and len(reply.body) <= CHUNK_SIZE:
@@ -277,6 +318,8 @@ class WorkerLoop:
         if stream is None:
             parts = _single(reply.body)
         elif reply.coalesce and self.reply_dir is not None:
+            if self.lend_replies and await self._send_lent(request_id, stream, self.reply_dir):
+                return
             await self._send_segments(request_id, stream, credit, self.reply_dir)
             return
         elif reply.coalesce:

@@ -77,6 +77,7 @@ async def _main(launch: WorkerLaunch, sock: socket.socket) -> str:
         generation=launch.generation,
         status=lambda: core_status(core),
         reply_dir=launch.reply_dir,
+        lend_replies=launch.config.workers.lent_replies,
     )
     serving = asyncio.create_task(loop.run())
     stop = asyncio.Event()

@@ -1,0 +1,68 @@
+//! Lending a client's connection to the worker that writes a records GET's body: the front
+//! writes the head, passes its socket to the worker over a UNIX socket (`SCM_RIGHTS`), and
+//! takes the connection back when the router says the body is done. The body then costs one
+//! copy, the worker's from its records into the socket, instead of a file on tmpfs written
+//! by the worker and `sendfile`d by the front (0.27-0.29 against 1.08-1.15 ms of CPU per MiB
+//! in a two-process measurement on loopback; docs/ipc.md, "Lent connections").
+
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+/// The one byte sent with the socket: the worker writes the body as HTTP/1.1 chunks.
+pub const CHUNKED: u8 = b'c';
+/// The one byte sent without a socket: write the body the usual way (files or frames).
+pub const REFUSED: u8 = b'n';
+
+/// Send `socket` (or, when `None`, a refusal) to the worker listening at `path`. The
+/// worker gets its own descriptor of the connection; ours stays open and ours.
+pub fn lend(path: &Path, socket: Option<RawFd>) -> io::Result<()> {
+    let peer = UnixStream::connect(path)?;
+    let byte = [if socket.is_some() { CHUNKED } else { REFUSED }];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    };
+    // Room for one control message holding one descriptor, aligned for `cmsghdr`.
+    let mut control = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid (null pointers, zero lengths); fields set below.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    if let Some(fd) = socket {
+        let fd_size = std::mem::size_of::<libc::c_int>() as u32;
+        // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+        let (space, length) = unsafe { (libc::CMSG_SPACE(fd_size), libc::CMSG_LEN(fd_size)) };
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = space as usize;
+        // SAFETY: the control buffer (64 bytes) holds CMSG_SPACE(4) = 24 bytes, so the first
+        // header exists and its data has room for one descriptor.
+        unsafe {
+            let header = libc::CMSG_FIRSTHDR(&message);
+            if header.is_null() {
+                return Err(io::Error::other("no room for the control message"));
+            }
+            (*header).cmsg_level = libc::SOL_SOCKET;
+            (*header).cmsg_type = libc::SCM_RIGHTS;
+            (*header).cmsg_len = length as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+        }
+    }
+    // SAFETY: `message` points at live locals (the byte, the iovec, the control buffer).
+    let sent = unsafe { libc::sendmsg(peer.as_raw_fd(), &message, libc::MSG_NOSIGNAL) };
+    match sent {
+        1 => Ok(()),
+        -1 => Err(io::Error::last_os_error()),
+        _ => Err(io::Error::other("short send of the lent socket")),
+    }
+}
+
+/// Cut a connection whose body a worker was writing: a worker still holding its descriptor
+/// must not keep the client waiting on a connection the front gave up.
+pub fn cut(socket: RawFd) {
+    // SAFETY: shutdown on a descriptor the caller keeps open; no memory is touched.
+    unsafe {
+        libc::shutdown(socket, libc::SHUT_RDWR);
+    }
+}
