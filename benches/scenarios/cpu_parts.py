@@ -4,6 +4,7 @@
     python benches/scenarios/cpu_parts.py --quick    # 1 round (a smoke run)
     python benches/scenarios/cpu_parts.py --workers 0  # the in-process layout
     python benches/scenarios/cpu_parts.py --cold-start # and nothing touched at start
+    python benches/scenarios/cpu_parts.py --files      # and GETs through files, not lent
 
 One `serve --workers 1 --r3` gateway per configuration (the Rust core, and the pure-Python
 twins with SESSIONGATE_IMPL=python), each with its embedded mock engine (R3 64 layers x
@@ -12,7 +13,8 @@ round runs, on every gateway in alternating order: 4 concurrent sessions x 5 tur
 GET of each session's records, then the deletes. Per part, CPU (utime + stime from /proc):
 
 - `front`: the compiled front's threads (`sg-front`, and `sg-bulk` that `sendfile`s file
-  parts) in the router process;
+  parts) in the router process; a records GET's body the worker writes itself, on the
+  connection the front lends it (docs/ipc.md, "Lent connections");
 - `router`: the rest of the router process (its Python event loop and whatever it relays);
 - `worker`: the worker process (the turn, the record, the GET's render).
 
@@ -26,7 +28,8 @@ per turn, all parts together, is reported as the cold first sessions'). Each gat
 from its start to its first round, a few seconds after it answers, is `start_cpu_ms_total`:
 with `--r3` a gateway touches its warm records memory at start (`--warm-records-bytes`).
 `--cold-start` adds the Rust core with `--warm-records-bytes 0`, which touches nothing: the
-first sessions then pay the first touch of their records.
+first sessions then pay the first touch of their records. `--files` adds the Rust core with
+`--no-lent-replies`: its GETs go through shared-memory files, `sendfile`d by the front.
 
 The copy floor, on the same machine in the same run: `memcpy` (copying a warm buffer of one
 GET's size in user space) and `socket hop` (the bytes sent over a loopback TCP connection and
@@ -196,15 +199,21 @@ CONFIGS: dict[str, tuple[dict[str, str], list[str]]] = {
 }
 # --cold-start: the Rust core with nothing touched at start (and nothing kept warm).
 UNTOUCHED = ({}, ["--warm-records-bytes", "0"])
+# --files: the Rust core with records GETs through shared-memory files, as before lending.
+FILES = ({}, ["--no-lent-replies"])
 # Seconds after a gateway answers before its first round: the memory touched at start is
 # touched in a thread by then (about 0.5 s per GiB).
 SETTLE_S = 3.0
 
 
-def run(rounds: int, workers: int = 1, cold_start: bool = False) -> dict[str, Any]:
+def run(
+    rounds: int, workers: int = 1, cold_start: bool = False, files: bool = False
+) -> dict[str, Any]:
     configs = dict(CONFIGS)
     if cold_start:
         configs["rust_untouched"] = UNTOUCHED
+    if files and workers:
+        configs["rust_files"] = FILES
     prompt = " ".join(["word"] * 2000)
     per_round: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     cold: dict[str, float] = {}
@@ -310,9 +319,15 @@ def main() -> int:
         action="store_true",
         help="also run the Rust core with --warm-records-bytes 0 (nothing touched at start)",
     )
+    parser.add_argument(
+        "--files",
+        action="store_true",
+        help="also run the Rust core with --no-lent-replies (GETs through shared-memory files)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    emit(run(1 if args.quick else args.rounds, args.workers, args.cold_start), args.json)
+    rounds = 1 if args.quick else args.rounds
+    emit(run(rounds, args.workers, args.cold_start, args.files), args.json)
     return 0
 
 

@@ -147,6 +147,8 @@ EXPECTED: dict[str, dict[str, tuple[object, bool]]] = {
         "--tls-server-name": (None, False),
         "--worker-heartbeat-timeout": (10.0, False),
         "--no-shared-memory-replies": (True, False),
+        # Added with the lent replies (docs/ipc.md, "Lent connections").
+        "--no-lent-replies": (True, False),
         "--ray": (False, False),
         "--ray-address": (None, False),
         "--worker-num-cpus": (1.0, False),

@@ -88,6 +88,7 @@ class DispatchedRequests:
         gone: bool,
     ) -> None:
         complete = False
+        lent = False
         try:
             async for chunk in stream:
                 if gone:
@@ -100,6 +101,7 @@ class DispatchedRequests:
                     continue
                 if isinstance(chunk, LendOffer):
                     # The worker writes the body on the connection; its end comes after.
+                    lent = True
                     state = SENT if request.lend(chunk.path) else GONE
                 elif isinstance(chunk, FilePart):
                     # A shared-memory segment (a records GET): the front sends the file.
@@ -111,9 +113,12 @@ class DispatchedRequests:
                 elif state == GONE:
                     gone = True
             complete = not gone
-        except Exception:
+        except Exception as exc:
             # The head is out: cutting the reply is all that can tell the client.
-            logger.exception("reply stream failed for %s %s", request.method, request.target)
+            if lent:  # most often the client left while the worker wrote: no traceback
+                logger.info("lent reply for %s %s cut: %s", request.method, request.target, exc)
+            else:
+                logger.exception("reply stream failed for %s %s", request.method, request.target)
         finally:
             await close_stream(stream)
             if complete:
