@@ -313,3 +313,74 @@ def test_the_compiled_front_lends_and_the_connection_serves_on() -> None:
                             break
                         time.sleep(0.1)
                     assert lent == (2 if name == "lent" else 0)
+
+
+def _stalled_lent_get(gw: ServerProcess) -> tuple[socket.socket, int]:
+    """A ~45 MiB session, GET by a client that reads nothing: the worker, writing on the
+    lent connection, finds it full. The client's socket, and the worker's pid."""
+    with httpx.Client(base_url=gw.url, timeout=60) as client:
+        sid = client.post("/sessions").json()["session_id"]
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "word " * 2000}]
+        for turn in range(2):
+            reply = client.post(f"/sessions/{sid}/v1/chat/completions", json={"messages": messages})
+            reply.raise_for_status()
+            messages += [
+                reply.json()["choices"][0]["message"],
+                {"role": "tool", "content": str(turn)},
+            ]
+    worker = int(httpx.get(f"{gw.url}/health", timeout=30).json()["workers"][0]["pid"])
+    raw = socket.socket()
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    raw.connect(("127.0.0.1", gw.port))
+    raw.sendall(f"GET /sessions/{sid} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    time.sleep(1.0)  # the head is out, the worker has the socket and it is full
+    return raw, worker
+
+
+def _read_to_eof(raw: socket.socket) -> bytes:
+    raw.settimeout(30)  # a cut connection must end, not hang
+    received = bytearray()
+    while chunk := raw.recv(1 << 20):
+        received += chunk
+    return bytes(received)
+
+
+@pytest.mark.procs
+def test_a_worker_killed_mid_lent_get_cuts_the_reply() -> None:
+    with mock_engine("--r3-layers", "64", "--r3-topk", "32", "--completion-tokens", "16") as engine:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "32"]
+        argv += ["--warm-records-bytes", "0", "--backend", engine.url]
+        with ServerProcess(argv, port, timeout=60) as gw:
+            raw, worker = _stalled_lent_get(gw)
+            with raw:
+                os.kill(worker, 9)
+                received = _read_to_eof(raw)
+            assert received.startswith(b"HTTP/1.1 200")
+            assert len(received) > 1 << 20
+            assert not received.endswith(b"\r\n0\r\n\r\n")  # cut, never taken as whole
+            # The gateway serves on: the replacement worker comes up.
+            for _ in range(100):
+                if httpx.get(f"{gw.url}/health", timeout=30).status_code == 200:
+                    break
+                time.sleep(0.1)
+            assert httpx.get(f"{gw.url}/health", timeout=30).status_code == 200
+
+
+@pytest.mark.procs
+def test_a_stop_during_a_stalled_lent_get_ends_both() -> None:
+    with mock_engine("--r3-layers", "64", "--r3-topk", "32", "--completion-tokens", "16") as engine:
+        port = free_port()
+        argv = ["serve", "--port", str(port), "--workers", "1", "--r3", "--r3-topk", "32"]
+        argv += ["--warm-records-bytes", "0", "--backend", engine.url]
+        with ServerProcess(argv, port, timeout=60) as gw:
+            assert gw.proc is not None
+            raw, _ = _stalled_lent_get(gw)
+            with raw:
+                stopped = time.monotonic()
+                gw.proc.send_signal(15)
+                gw.proc.wait(timeout=30)
+                received = _read_to_eof(raw)
+            assert time.monotonic() - stopped < 30
+            assert received.startswith(b"HTTP/1.1 200")
+            assert not received.endswith(b"\r\n0\r\n\r\n")
