@@ -813,6 +813,8 @@ impl Conn<'_> {
                     }
                     // The head and every earlier part must be out before the worker writes.
                     if !self.flush().await {
+                        // The client is gone: the refusal spares the worker its wait.
+                        let _ = lend::lend(&path, None);
                         return false;
                     }
                     *lent = true;

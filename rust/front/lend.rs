@@ -66,3 +66,70 @@ pub fn cut(socket: RawFd) {
         libc::shutdown(socket, libc::SHUT_RDWR);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixListener;
+
+    /// The worker's side: the byte and the descriptor that came with it, if any.
+    fn receive(listener: &UnixListener) -> (u8, Option<OwnedFd>) {
+        let (peer, _) = listener.accept().expect("accept");
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        let mut control = [0u64; 8];
+        // SAFETY: zeroed msghdr pointing at live locals, as in `lend`.
+        let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+        message.msg_iov = &mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = std::mem::size_of_val(&control);
+        // SAFETY: as above; the kernel writes within the given lengths.
+        let n = unsafe { libc::recvmsg(peer.as_raw_fd(), &mut message, 0) };
+        assert_eq!(n, 1);
+        // SAFETY: the header, if any, lies within `control`, filled by recvmsg.
+        let fd = unsafe {
+            let header = libc::CMSG_FIRSTHDR(&message);
+            (!header.is_null()).then(|| {
+                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>());
+                OwnedFd::from_raw_fd(fd)
+            })
+        };
+        (byte[0], fd)
+    }
+
+    #[test]
+    fn the_worker_gets_the_socket_itself_or_a_refusal() {
+        let dir = std::env::temp_dir().join(format!("sg-lend-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("offer.lend");
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (mut client, front) = UnixStream::pair().expect("pair");
+
+        lend(&path, Some(front.as_raw_fd())).expect("lend");
+        let (byte, fd) = receive(&listener);
+        assert_eq!(byte, CHUNKED);
+        // What the worker writes on its descriptor reaches the client.
+        let mut lent = UnixStream::from(fd.expect("a descriptor"));
+        lent.write_all(b"1\r\nx\r\n").expect("write");
+        drop(lent);
+        let mut got = [0u8; 6];
+        client.read_exact(&mut got).expect("read");
+        assert_eq!(&got, b"1\r\nx\r\n");
+
+        lend(&path, None).expect("refuse");
+        let (byte, fd) = receive(&listener);
+        assert_eq!(byte, REFUSED);
+        assert!(fd.is_none());
+
+        drop(listener);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert!(lend(&path, None).is_err()); // nobody listens: an error, not a hang
+    }
+}
