@@ -273,10 +273,12 @@ def _lent(gateway: ServerProcess) -> int:
 
 
 @pytest.mark.procs
-def test_the_compiled_front_lends_and_the_connection_serves_on() -> None:
+def test_the_compiled_front_lends_and_the_connection_serves_on(tmp_path: Path) -> None:
     with mock_engine("--r3-layers", "16", "--r3-topk", "8", "--completion-tokens", "16") as engine:
         for name, args in (
             ("lent", []),
+            # Records read back from disk are lent the same way.
+            ("lent, records on disk", ["--records-dir", str(tmp_path)]),
             ("python front", ["--front", "python"]),
             ("no-lent", ["--no-lent-replies"]),
         ):
@@ -309,10 +311,10 @@ def test_the_compiled_front_lends_and_the_connection_serves_on() -> None:
                     # The worker's heartbeat says how many replies it wrote itself.
                     for _ in range(30):
                         lent = _lent(gw)
-                        if name != "lent" or lent >= 2:
+                        if not name.startswith("lent") or lent >= 2:
                             break
                         time.sleep(0.1)
-                    assert lent == (2 if name == "lent" else 0)
+                    assert lent == (2 if name.startswith("lent") else 0)
 
 
 def _stalled_lent_get(gw: ServerProcess) -> tuple[socket.socket, int]:
