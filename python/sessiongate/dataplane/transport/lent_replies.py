@@ -25,10 +25,11 @@ client that stops reading holds no thread, only its records, as a stalled reader
 segments does. Before each MiB it pauses while the CPU is contended, as the front does
 before its file parts (front/cpu_pressure.py): four clients GETting 711 MiB each at once got
 1,455 MiB/s with small chats' p99 at 9.5 ms meanwhile, against 2,444 MiB/s and 23.8 ms
-without the pause (files: 615 MiB/s, 16.6 ms). A client
-gone fails the request with an ERROR frame (the front cuts the connection); a cancel (the
-router's client left) closes the worker's descriptor, and the front shuts the connection down
-so that no descriptor keeps it open.
+without the pause (files: 615 MiB/s, 16.6 ms).
+
+A client gone fails the request with an ERROR frame (the front cuts the connection); a
+cancel (the router's client left) closes the worker's descriptor, and the front shuts a cut
+connection down so that no descriptor still open in a worker keeps it open.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ import json
 import os
 import secrets
 import socket
-import threading
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from sessiongate.dataplane.transport.reply_files import lower_priority
 from sessiongate.front.cpu_pressure import yield_to_busy_cpu
 from sessiongate.protocol import LendOffer
 
@@ -58,21 +59,15 @@ CHUNK = 256 << 10
 SLICE = 1 << 20
 # Views per sendmsg call (Linux's IOV_MAX is 1024).
 SEND_MAX = 512
-# The sender thread's niceness: as the segment writer's (reply_files.py), it yields the
-# cores to the event loops that serve small requests.
-SENDER_NICE = 10
 
 
 class ClientGone(Exception):
     """The client's connection failed while the worker wrote the body."""
 
 
-def _lower_priority() -> None:
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SENDER_NICE)
-
-
-_SENDER = ThreadPoolExecutor(1, thread_name_prefix="sg-lent", initializer=_lower_priority)
+# At the segment writer's niceness (reply_files.py): it yields the cores to the event loops
+# that serve small requests.
+_SENDER = ThreadPoolExecutor(1, thread_name_prefix="sg-lent", initializer=lower_priority)
 
 
 def offer_frame(name: str) -> bytes:

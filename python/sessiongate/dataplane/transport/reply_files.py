@@ -99,7 +99,9 @@ async def write_segment(directory: str, data: Sequence[memoryview], tag: str) ->
                 os.unlink(path)
 
 
-def _lower_priority() -> None:
+def lower_priority() -> None:
+    """Lower the calling thread's priority to WRITER_NICE (for the threads that copy bulk
+    bodies: this one, and the sender of lent replies)."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
 
@@ -109,7 +111,7 @@ def _lower_priority() -> None:
 # requests. (Measured on 2 cores, four 711 MiB GETs with small chats meanwhile: their p99
 # was 62-78 ms with writes in the default executor, 43 ms with the writer niced, 27-33 ms
 # once segments were gathered as views and the front's sends had their own niced thread.)
-_WRITER = ThreadPoolExecutor(1, thread_name_prefix="sg-segments", initializer=_lower_priority)
+_WRITER = ThreadPoolExecutor(1, thread_name_prefix="sg-segments", initializer=lower_priority)
 
 
 def _write_all(fd: int, data: Sequence[memoryview]) -> bool:
