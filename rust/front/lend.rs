@@ -2,7 +2,7 @@
 //! writes the head, passes its socket to the worker over a UNIX socket (`SCM_RIGHTS`), and
 //! takes the connection back when the router says the body is done. The body then costs one
 //! copy, the worker's from its records into the socket, instead of a file on tmpfs written
-//! by the worker and `sendfile`d by the front (0.27-0.29 against 1.08-1.15 ms of CPU per MiB
+//! by the worker and `sendfile`d by the front (0.24-0.29 against 0.91-1.15 ms of CPU per MiB
 //! in a two-process measurement on loopback; docs/ipc.md, "Lent connections").
 
 use std::io;

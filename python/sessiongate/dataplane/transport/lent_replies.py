@@ -5,8 +5,9 @@ bytes, and nothing goes through tmpfs.
 Through shared-memory segments (reply_files.py) a MiB of GET cost the worker a fresh tmpfs
 file (0.45-0.47 ms of CPU: the page allocation, not the copy) and the front its `sendfile`
 (0.32-0.39 ms). Written on the client's socket from the records' own memory, a MiB costs one
-copy into the socket: 0.27-0.29 ms in all, measured with two processes on loopback, against
-1.08-1.15 ms through a tmpfs file and 0.76-0.88 through a pipe spliced on.
+copy into the socket: 0.24-0.29 ms in all, measured with two processes on loopback, against
+0.91-1.15 ms through a tmpfs file and 0.59-1.24 through a pipe spliced on
+(benches/scenarios/body_paths.py).
 
 How a body is lent (docs/ipc.md, "Lent connections"):
 
