@@ -10,7 +10,6 @@ import asyncio
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed
+from sessiongate.dataplane.router.worker_channel import WorkerFailed
 from sessiongate.dataplane.transport import lent_replies
-from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.lent_replies import chunked, open_offer
-from sessiongate.dataplane.worker.loop import WorkerLoop
-from sessiongate.protocol import CoreReply, CoreRequest, FilePart, LendOffer
+from sessiongate.protocol import FilePart, LendOffer
 from support.procs import ServerProcess, free_port, mock_engine
+from support.worker_pair import bulk_reply, close_pair, get_meta, open_pair
 
 PARTS = [bytes([n]) * size for n, size in enumerate((9 << 20, 5, 700_000, 1 << 20))]
 BODY = b"".join(PARTS)
@@ -78,55 +76,6 @@ def test_offer_frames_are_checked(directory: str | None, payload: bytes, message
     assert open_offer("/tmp/x", b'{"socket":"a.lend"}').path == "/tmp/x/a.lend"
 
 
-def _bulk(parts: list[bytes]) -> CoreReply:
-    async def stream() -> AsyncIterator[bytes]:
-        for part in parts:
-            yield part
-
-    return CoreReply(200, [("content-type", "application/json")], stream=stream(), coalesce=True)
-
-
-async def _pair(
-    reply: CoreReply, directory: str
-) -> tuple[WorkerChannel, WorkerLoop, asyncio.Task[str], socket.socket]:
-    router_sock, worker_sock = socket.socketpair()
-
-    async def handler(request: CoreRequest) -> CoreReply:
-        return reply
-
-    channel = WorkerChannel(0, await FrameConnection(router_sock).open(), reply_dir=directory)
-    worker = WorkerLoop(
-        await FrameConnection(worker_sock).open(),
-        handler,
-        index=0,
-        generation=0,
-        reply_dir=directory,
-        lend_replies=True,
-    )
-    serving = asyncio.create_task(worker.run())
-    channel.start()
-    while not channel.up:
-        await asyncio.sleep(0.01)
-    return channel, worker, serving, worker_sock
-
-
-async def _close(channel: WorkerChannel, serving: asyncio.Task[str], sock: socket.socket) -> None:
-    await channel.aclose()
-    sock.close()
-    await serving
-
-
-def _get_meta() -> dict[str, Any]:
-    return {
-        "op": "get",
-        "session_id": None,
-        "method": "GET",
-        "path": "/",
-        "query": "",
-        "headers": [],
-    }
-
-
 async def _lend(offer: LendOffer, client: socket.socket) -> None:
     """What the compiled front does (rust/front/lend.rs): the socket and its one byte."""
     peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -150,13 +99,15 @@ def _open_fds() -> int:
 
 def test_a_lent_reply_is_the_body_in_chunks_and_leaves_nothing(tmp_path: Path) -> None:
     async def run() -> None:
-        channel, worker, serving, sock = await _pair(_bulk(PARTS), str(tmp_path))
+        channel, worker, serving, sock = await open_pair(
+            bulk_reply(PARTS), str(tmp_path), str(tmp_path), lend_replies=True
+        )
         client, reader = socket.socketpair()
         client.setblocking(False)  # as the front's runtime keeps it
         reader.setblocking(False)
         try:
             fds = _open_fds()
-            got = await channel.request(_get_meta(), b"")
+            got = await channel.request(get_meta(), b"")
             assert got.stream is not None
             reading = asyncio.create_task(_read_all(reader))
             kinds = []
@@ -172,7 +123,7 @@ def test_a_lent_reply_is_the_body_in_chunks_and_leaves_nothing(tmp_path: Path) -
             assert kinds == ["LendOffer"] and worker.replies_lent == 1
             assert not list(tmp_path.iterdir())  # the offer's socket is gone
         finally:
-            await _close(channel, serving, sock)
+            await close_pair(channel, serving, sock)
 
     asyncio.run(run())
 
@@ -184,9 +135,11 @@ def test_a_refused_or_unanswered_offer_sends_files(
     monkeypatch.setattr(lent_replies, "ANSWER_TIMEOUT", 0.2)
 
     async def run() -> None:
-        channel, worker, serving, sock = await _pair(_bulk(PARTS), str(tmp_path))
+        channel, worker, serving, sock = await open_pair(
+            bulk_reply(PARTS), str(tmp_path), str(tmp_path), lend_replies=True
+        )
         try:
-            got = await channel.request(_get_meta(), b"")
+            got = await channel.request(get_meta(), b"")
             assert got.stream is not None
             out, kinds = bytearray(), []
             async for part in got.stream:
@@ -203,19 +156,21 @@ def test_a_refused_or_unanswered_offer_sends_files(
             assert worker.replies_lent == 0
             assert not list(tmp_path.iterdir())
         finally:
-            await _close(channel, serving, sock)
+            await close_pair(channel, serving, sock)
 
     asyncio.run(run())
 
 
 def test_a_client_gone_fails_the_request_and_closes_the_descriptor(tmp_path: Path) -> None:
     async def run() -> None:
-        channel, worker, serving, sock = await _pair(_bulk(PARTS), str(tmp_path))
+        channel, worker, serving, sock = await open_pair(
+            bulk_reply(PARTS), str(tmp_path), str(tmp_path), lend_replies=True
+        )
         client, reader = socket.socketpair()
         client.setblocking(False)
         try:
             fds = _open_fds()
-            got = await channel.request(_get_meta(), b"")
+            got = await channel.request(get_meta(), b"")
             assert got.stream is not None
             with pytest.raises(WorkerFailed, match="client's connection failed"):
                 async for part in got.stream:
@@ -227,7 +182,7 @@ def test_a_client_gone_fails_the_request_and_closes_the_descriptor(tmp_path: Pat
             assert worker.replies_lent == 0
         finally:
             client.close()
-            await _close(channel, serving, sock)
+            await close_pair(channel, serving, sock)
 
     asyncio.run(run())
 
@@ -236,12 +191,14 @@ def test_a_cancelled_lent_reply_closes_the_descriptor(tmp_path: Path) -> None:
     # The client stops reading, then its request is dropped (the router's client left): the
     # worker waits for room holding no thread, and the cancel closes its descriptor.
     async def run() -> None:
-        channel, worker, serving, sock = await _pair(_bulk(PARTS), str(tmp_path))
+        channel, worker, serving, sock = await open_pair(
+            bulk_reply(PARTS), str(tmp_path), str(tmp_path), lend_replies=True
+        )
         client, reader = socket.socketpair()
         client.setblocking(False)
         try:
             fds = _open_fds()
-            got = await channel.request(_get_meta(), b"")
+            got = await channel.request(get_meta(), b"")
             assert got.stream is not None
             stream = got.stream
             part = await stream.__anext__()
@@ -259,7 +216,7 @@ def test_a_cancelled_lent_reply_closes_the_descriptor(tmp_path: Path) -> None:
         finally:
             client.close()
             reader.close()
-            await _close(channel, serving, sock)
+            await close_pair(channel, serving, sock)
 
     asyncio.run(run())
 

@@ -22,70 +22,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sessiongate.dataplane.router.worker_channel import WorkerChannel, WorkerFailed
+from sessiongate.dataplane.router.worker_channel import WorkerFailed
 from sessiongate.dataplane.transport import reply_files
-from sessiongate.dataplane.transport.connection import FrameConnection
 from sessiongate.dataplane.transport.reply_files import open_segment
-from sessiongate.dataplane.worker.loop import WorkerLoop, _gather
-from sessiongate.protocol import CoreReply, CoreRequest, FilePart
+from sessiongate.dataplane.worker.loop import _gather
+from sessiongate.protocol import CoreReply, FilePart
 from support.dataplane import reply_dir_of
 from support.procs import ServerProcess, free_port, mock_engine
+from support.worker_pair import bulk_reply, close_pair, get_meta, open_pair
 
 # The end-to-end tests below start gateways.
 pytestmark = pytest.mark.procs
 
 PARTS = [bytes([n]) * size for n, size in enumerate((9 << 20, 5, 700_000, 1 << 20))]
 BODY = b"".join(PARTS)
-
-
-def _bulk(parts: list[bytes], pause: float = 0.0) -> CoreReply:
-    async def stream() -> AsyncIterator[bytes]:
-        for part in parts:
-            if pause:
-                await asyncio.sleep(pause)
-            yield part
-
-    return CoreReply(200, [("content-type", "application/json")], stream=stream(), coalesce=True)
-
-
-async def _pair(
-    reply: CoreReply, worker_dir: str | None, router_dir: str | None
-) -> tuple[WorkerChannel, asyncio.Task[str], socket.socket]:
-    router_sock, worker_sock = socket.socketpair()
-
-    async def handler(request: CoreRequest) -> CoreReply:
-        return reply
-
-    channel = WorkerChannel(0, await FrameConnection(router_sock).open(), reply_dir=router_dir)
-    worker = WorkerLoop(
-        await FrameConnection(worker_sock).open(),
-        handler,
-        index=0,
-        generation=0,
-        reply_dir=worker_dir,
-    )
-    serving = asyncio.create_task(worker.run())
-    channel.start()
-    while not channel.up:
-        await asyncio.sleep(0.01)
-    return channel, serving, worker_sock
-
-
-async def _close(channel: WorkerChannel, serving: asyncio.Task[str], sock: socket.socket) -> None:
-    await channel.aclose()
-    sock.close()
-    await serving
-
-
-def _get_meta() -> dict[str, Any]:
-    return {
-        "op": "get",
-        "session_id": None,
-        "method": "GET",
-        "path": "/",
-        "query": "",
-        "headers": [],
-    }
 
 
 async def _read(stream: AsyncIterator[bytes | FilePart], kinds: list[str]) -> bytes:
@@ -103,18 +53,18 @@ async def _read(stream: AsyncIterator[bytes | FilePart], kinds: list[str]) -> by
 async def _fetch(
     reply: CoreReply, worker_dir: str | None, router_dir: str | None, kinds: list[str]
 ) -> bytes:
-    channel, serving, sock = await _pair(reply, worker_dir, router_dir)
+    channel, _, serving, sock = await open_pair(reply, worker_dir, router_dir)
     try:
-        got = await channel.request(_get_meta(), b"")
+        got = await channel.request(get_meta(), b"")
         assert got.status == 200 and got.stream is not None
         return await _read(got.stream, kinds)
     finally:
-        await _close(channel, serving, sock)
+        await close_pair(channel, serving, sock)
 
 
 def test_a_bulk_reply_crosses_as_file_segments_and_leaves_nothing(tmp_path: Path) -> None:
     kinds: list[str] = []
-    body = asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), str(tmp_path), kinds))
+    body = asyncio.run(_fetch(bulk_reply(PARTS), str(tmp_path), str(tmp_path), kinds))
     assert body == BODY
     # 4 MiB segments: three of them for ~10.7 MiB, the last one short.
     assert kinds == ["file"] * -(-len(BODY) // reply_files.SEGMENT)
@@ -123,14 +73,14 @@ def test_a_bulk_reply_crosses_as_file_segments_and_leaves_nothing(tmp_path: Path
 
 def test_without_a_directory_the_reply_goes_as_frames(tmp_path: Path) -> None:
     kinds: list[str] = []
-    assert asyncio.run(_fetch(_bulk(PARTS), None, str(tmp_path), kinds)) == BODY
+    assert asyncio.run(_fetch(bulk_reply(PARTS), None, str(tmp_path), kinds)) == BODY
     assert set(kinds) == {"bytes"}
 
 
 def test_a_router_without_the_directory_refuses_file_segments(tmp_path: Path) -> None:
     # A worker that is not the router's child (a remote one) must not make it open files.
     with pytest.raises(WorkerFailed, match="not this router's child"):
-        asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), None, []))
+        asyncio.run(_fetch(bulk_reply(PARTS), str(tmp_path), None, []))
 
 
 def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
@@ -149,7 +99,7 @@ def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
 
     monkeypatch.setattr(reply_files.os, "writev", writev)
     kinds: list[str] = []
-    assert asyncio.run(_fetch(_bulk(PARTS), str(tmp_path), str(tmp_path), kinds)) == BODY
+    assert asyncio.run(_fetch(bulk_reply(PARTS), str(tmp_path), str(tmp_path), kinds)) == BODY
     assert kinds[0] == "file" and set(kinds[1:]) == {"bytes"}
     assert not list(tmp_path.iterdir())
 
@@ -157,16 +107,16 @@ def test_a_full_directory_turns_the_rest_into_frames_with_every_byte(
 def test_a_directory_that_is_gone_means_frames(tmp_path: Path) -> None:
     gone = tmp_path / "removed"
     kinds: list[str] = []
-    assert asyncio.run(_fetch(_bulk(PARTS), str(gone), str(tmp_path), kinds)) == BODY
+    assert asyncio.run(_fetch(bulk_reply(PARTS), str(gone), str(tmp_path), kinds)) == BODY
     assert set(kinds) == {"bytes"}
 
 
 def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
     async def run() -> None:
-        reply = _bulk(PARTS, pause=0.05)
-        channel, serving, sock = await _pair(reply, str(tmp_path), str(tmp_path))
+        reply = bulk_reply(PARTS, pause=0.05)
+        channel, _, serving, sock = await open_pair(reply, str(tmp_path), str(tmp_path))
         try:
-            got = await channel.request(_get_meta(), b"")
+            got = await channel.request(get_meta(), b"")
             assert got.stream is not None
             stream = aiter(got.stream)
             first = await anext(stream)  # then the consumer leaves
@@ -177,7 +127,7 @@ def test_a_cancelled_request_leaves_no_file(tmp_path: Path) -> None:
                 if not list(tmp_path.iterdir()):
                     break
         finally:
-            await _close(channel, serving, sock)
+            await close_pair(channel, serving, sock)
 
     asyncio.run(run())
     assert not list(tmp_path.iterdir())

@@ -140,23 +140,20 @@ class WorkerChannel:
         elif frame_type == FRAME_BODY:
             self.bytes_relayed += len(payload)
             pending.chunks.put_nowait(payload)
-        elif frame_type == FRAME_BODY_FILE:
+        elif frame_type in (FRAME_BODY_FILE, FRAME_BODY_LEND):
             try:
-                part = open_segment(self.reply_dir, payload)
+                part: FilePart | LendOffer = (
+                    open_segment(self.reply_dir, payload)
+                    if frame_type == FRAME_BODY_FILE
+                    else open_offer(self.reply_dir, payload)
+                )
             except ValueError as exc:
                 self._abandon(request_id)
                 pending.chunks.put_nowait(WorkerFailed(f"{self.name}: {exc}"))
                 return
-            self.bytes_relayed += part.length
+            if isinstance(part, FilePart):
+                self.bytes_relayed += part.length
             pending.chunks.put_nowait(part)
-        elif frame_type == FRAME_BODY_LEND:
-            try:
-                offer = open_offer(self.reply_dir, payload)
-            except ValueError as exc:
-                self._abandon(request_id)
-                pending.chunks.put_nowait(WorkerFailed(f"{self.name}: {exc}"))
-                return
-            pending.chunks.put_nowait(offer)
         elif frame_type == FRAME_END:
             self.pending.pop(request_id, None)
             pending.chunks.put_nowait(_END)

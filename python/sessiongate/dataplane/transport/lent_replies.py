@@ -41,7 +41,7 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from sessiongate.dataplane.transport.reply_files import lower_priority
@@ -130,15 +130,13 @@ class Listener:
             os.unlink(self.path)
 
 
-async def write_chunks(fd: int, segments: AsyncIterator[list[memoryview]]) -> int:
-    """Write every segment as one HTTP/1.1 chunk on the lent socket `fd`, then close `fd`
-    (always). The body's byte count; ClientGone when the client's connection failed."""
+async def write_chunks(fd: int, segments: AsyncIterator[list[memoryview]]) -> None:
+    """Write the segments as HTTP/1.1 chunks of CHUNK bytes on the lent socket `fd`, then
+    close `fd` (always). ClientGone when the client's connection failed."""
     loop = asyncio.get_running_loop()
-    written = 0
     try:
         async for segment in segments:
             views = chunked(segment, CHUNK)
-            size = sum(len(view) for view in segment)
             while views:
                 # As the front's file parts: a pause while the CPU is contended, so a GET
                 # takes the spare CPU and small requests keep their latency.
@@ -152,8 +150,6 @@ async def write_chunks(fd: int, segments: AsyncIterator[list[memoryview]]) -> in
                     raise
                 if views:
                     await _writable(loop, fd)
-            written += size
-        return written
     finally:
         os.close(fd)
 
@@ -217,21 +213,21 @@ def _send_some(fd: int, views: Sequence[memoryview], budget: int) -> list[memory
 
 
 async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
-    waiter = loop.create_future()
-    loop.add_writer(fd, _wake, waiter)
-    try:
-        await waiter
-    finally:
-        loop.remove_writer(fd)
+    await _ready(loop.add_writer, loop.remove_writer, fd)
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
-    waiter = loop.create_future()
-    loop.add_reader(fd, _wake, waiter)
+    await _ready(loop.add_reader, loop.remove_reader, fd)
+
+
+async def _ready(add: Callable[..., None], remove: Callable[[int], object], fd: int) -> None:
+    """Until the event loop reports `fd` ready (`add`: the loop's add_reader/add_writer)."""
+    waiter = asyncio.get_running_loop().create_future()
+    add(fd, _wake, waiter)
     try:
         await waiter
     finally:
-        loop.remove_reader(fd)
+        remove(fd)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:
